@@ -1,0 +1,1 @@
+//! The recovery procedure, in one place.

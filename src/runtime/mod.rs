@@ -1,0 +1,2 @@
+//! The orchestrator: agents, the agent tree, inboxes, turns, the `Provider`
+//! trait and tools.
