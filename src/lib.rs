@@ -13,9 +13,11 @@
 //! - [`runtime`]: the orchestrator: agents, tree, inbox, turns, tools.
 //! - [`recovery`]: the one recovery procedure.
 
+pub mod canary;
 pub mod fs;
 pub mod log;
 pub mod recovery;
 pub mod runtime;
 pub mod sqlite;
 pub mod store;
+pub mod world;

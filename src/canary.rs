@@ -1,0 +1,68 @@
+//! Canaries: a runtime switch that re-introduces known bug classes, so the
+//! harness can prove it finds them (a fault the harness claims to find must
+//! be shown found).
+//!
+//! Invariant: with [`Canaries::none`] (the default, and the only value
+//! production code ever builds) every branch guarded by a canary behaves
+//! correctly; each canary flips exactly one well-known mistake, in the
+//! component named in its doc.
+
+use std::collections::BTreeSet;
+
+/// One known bug class. The names are stable: they appear in test output,
+/// CLI flags and the README.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Canary {
+    /// Atomic writes skip the fsync of the temp file before the rename.
+    NoFsyncBeforeRename,
+    /// Atomic writes and file creation skip the directory fsync.
+    NoDirFsync,
+    /// An operation is acknowledged before its log entry is durable.
+    AckBeforeLog,
+    /// Log recovery skips truncating a partial trailing line.
+    NoPartialLineRepair,
+    /// `message.delivered` is logged before the message reaches the inbox.
+    DeliveredBeforeDelivery,
+    /// `emit()` inserts a trigger without honouring its dedup key.
+    TriggerWithoutDedup,
+    /// An irreversible tool's side effect happens before its INTENT is recorded.
+    SideEffectBeforeIntent,
+    /// Resume from a checkpoint skips rolling back messages past it.
+    CheckpointRollbackSkipped,
+}
+
+impl Canary {
+    /// Every canary, in a stable order.
+    pub const ALL: [Canary; 8] = [
+        Canary::NoFsyncBeforeRename,
+        Canary::NoDirFsync,
+        Canary::AckBeforeLog,
+        Canary::NoPartialLineRepair,
+        Canary::DeliveredBeforeDelivery,
+        Canary::TriggerWithoutDedup,
+        Canary::SideEffectBeforeIntent,
+        Canary::CheckpointRollbackSkipped,
+    ];
+}
+
+/// The set of enabled canaries (empty in production).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Canaries(BTreeSet<Canary>);
+
+impl Canaries {
+    /// No bug re-introduced: the correct runtime.
+    pub fn none() -> Self {
+        Canaries(BTreeSet::new())
+    }
+
+    /// Exactly one bug re-introduced.
+    pub fn only(canary: Canary) -> Self {
+        Canaries(BTreeSet::from([canary]))
+    }
+
+    /// Whether `canary` is enabled.
+    pub fn has(&self, canary: Canary) -> bool {
+        self.0.contains(&canary)
+    }
+}
