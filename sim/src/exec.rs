@@ -1,0 +1,316 @@
+//! The crash driver: applies ops to the model and the runtime in lockstep,
+//! crashes where a case says, recovers, and asks the oracle.
+//!
+//! Invariant: every check a case is subject to happens here, in one order:
+//! after every op the runtime's own invariants, I1 and I4 hold and, when no
+//! crash happened, the runtime equals the model; after every restart I2
+//! and I3 hold and the oracle accepts the recovered state, which then
+//! becomes the model. A case is a pure function of (seed, ops, canaries,
+//! sweep point): replaying it gives the same trace and the same verdict.
+
+use durable_agent::canary::Canaries;
+use durable_agent::fs::sim::Outcome;
+use durable_agent::fs::Fault;
+use serde::{Deserialize, Serialize};
+
+use crate::driver::Driver;
+use crate::model::{Action, Model, State, Status};
+use crate::op::{CrashKind, Op};
+use crate::oracle;
+use crate::report::{CrashSite, Failure};
+
+/// A sweep crash: the `point`-th I/O point of the whole run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GlobalCrash {
+    pub point: u64,
+    pub kind: CrashKind,
+}
+
+/// Everything needed to replay a run (what case files hold).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Case {
+    /// Seeds the runtime's ids and SimFs's power-loss choices.
+    pub seed: u64,
+    pub ops: Vec<Op>,
+    #[serde(default)]
+    pub canaries: Canaries,
+    /// Sweep mode: crash at this global point; `Op::Crash` is then ignored.
+    #[serde(default)]
+    pub crash_at: Option<GlobalCrash>,
+}
+
+/// What a passing run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// I/O points the run performed (all ops and recoveries).
+    pub points: u64,
+    /// Restarts (crashes and clean recovers) checked by the oracle.
+    pub restarts: u64,
+    /// Injected crash points that were hit.
+    pub crashes: u64,
+}
+
+/// Bound on back-to-back crashes while recovering (a crash armed into a
+/// recovery, then the recovery of that).
+const MAX_RECOVERY_ATTEMPTS: u32 = 3;
+
+/// The runtime and the model in lockstep.
+#[derive(Debug)]
+pub struct Exec {
+    seed: u64,
+    canaries: Canaries,
+    global: Option<GlobalCrash>,
+    driver: Driver,
+    model: Model,
+    armed: Option<(u16, CrashKind)>,
+    history: Vec<Op>,
+    restarts: u64,
+    crashes: u64,
+}
+
+fn suspended(state: &State) -> State {
+    let mut s = state.clone();
+    for a in s.agents.values_mut() {
+        a.status = Status::Suspended;
+    }
+    s
+}
+
+impl Exec {
+    /// A fresh disk and an opened runtime.
+    pub fn new(seed: u64, canaries: Canaries, global: Option<GlobalCrash>) -> Result<Exec, Box<Failure>> {
+        let mut exec = Exec {
+            seed,
+            canaries: canaries.clone(),
+            global,
+            driver: Driver::new(seed, canaries),
+            model: Model::default(),
+            armed: None,
+            history: Vec::new(),
+            restarts: 0,
+            crashes: 0,
+        };
+        if let Some(g) = global {
+            exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
+        }
+        match exec.driver.open() {
+            Ok(()) => {}
+            Err(_) if exec.driver.fs.crashed() => {
+                let model = exec.model.clone();
+                exec.restart(
+                    global.map(|g| g.kind).unwrap_or(CrashKind::Process),
+                    &model,
+                    None,
+                    None,
+                )?;
+            }
+            Err(e) => return Err(exec.fail("opening a fresh runtime failed", e.to_string(), None)),
+        }
+        Ok(exec)
+    }
+
+    /// The model the harness currently holds (the acknowledged state).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Stats so far.
+    pub fn stats(&self) -> RunStats {
+        RunStats {
+            points: self.driver.fs.points(),
+            restarts: self.restarts,
+            crashes: self.crashes,
+        }
+    }
+
+    /// Kill the process; counts it when an injected crash point was hit.
+    fn kill(&mut self, kind: CrashKind) {
+        if self.driver.fs.crashed() {
+            self.crashes += 1;
+        }
+        self.driver.crash(kind.mode());
+    }
+
+    /// The case that replays this run up to now.
+    pub fn case(&self) -> Case {
+        Case {
+            seed: self.seed,
+            ops: self.history.clone(),
+            canaries: self.canaries.clone(),
+            crash_at: self.global,
+        }
+    }
+
+    fn fail(&self, what: &str, detail: String, states: Option<(State, State)>) -> Box<Failure> {
+        let trace = self.driver.fs.trace();
+        let crash = trace
+            .iter()
+            .rposition(|e| e.outcome == Outcome::Crashed)
+            .map(|i| CrashSite::around(&trace, i));
+        let (expected, recovered) = match states {
+            Some((e, r)) => (Some(e), Some(r)),
+            None => (None, None),
+        };
+        Box::new(Failure {
+            case: self.case(),
+            step: self.history.len().saturating_sub(1),
+            what: what.to_string(),
+            detail,
+            crash,
+            expected,
+            recovered,
+        })
+    }
+
+    /// Apply one op. `Err` is a property violation, fully described.
+    pub fn step(&mut self, op: &Op) -> Result<(), Box<Failure>> {
+        self.history.push(op.clone());
+        match op {
+            Op::Crash { offset, kind } => {
+                if self.global.is_none() {
+                    self.armed = Some((*offset, *kind));
+                }
+                Ok(())
+            }
+            Op::Recover => {
+                // A clean stop, then reopen; an armed crash lands inside the
+                // recovery itself (recovery must be restartable).
+                let model = self.model.clone();
+                let armed = self.armed.take();
+                self.kill(CrashKind::Process);
+                if let Some((offset, _)) = armed {
+                    self.driver.fs.set_fault(Some(Fault::CrashAt(
+                        self.driver.fs.points() + 1 + u64::from(offset),
+                    )));
+                }
+                let kind = armed
+                    .map(|(_, k)| k)
+                    .or(self.global.map(|g| g.kind))
+                    .unwrap_or(CrashKind::Process);
+                self.reopen_and_judge(kind, &model, None, None)
+            }
+            _ => self.action(op),
+        }
+    }
+
+    fn action(&mut self, op: &Op) -> Result<(), Box<Failure>> {
+        let Some(action) = self.model.resolve(op) else {
+            return Ok(()); // no agent fits: skipped, on both sides
+        };
+        let before = self.model.clone();
+        let mut after = before.clone();
+        after.apply(&action);
+        let armed = self.armed.take();
+        if let Some((offset, _)) = armed {
+            self.driver.fs.set_fault(Some(Fault::CrashAt(
+                self.driver.fs.points() + 1 + u64::from(offset),
+            )));
+        }
+        let result = self.driver.exec(&action);
+        let kind = armed.map(|(_, k)| k).or(self.global.map(|g| g.kind));
+        if self.driver.fs.crashed() {
+            let kind = kind.unwrap_or(CrashKind::Process);
+            if result.is_ok() {
+                // The runtime acknowledged the op although an I/O point
+                // inside it died: acknowledged means durable, so "after"
+                // is the only candidate.
+                return self.restart(kind, &after, None, None);
+            }
+            return self.restart(kind, &before, Some(&after), Some(&action));
+        }
+        if let Err(e) = result {
+            return Err(self.fail(
+                "the runtime refused a valid operation with no fault injected",
+                e.to_string(),
+                None,
+            ));
+        }
+        self.model = after;
+        self.check_step()?;
+        let recovered = suspended(&self.driver.state().0);
+        let expected = suspended(&self.model.state);
+        if recovered != expected {
+            return Err(self.fail(
+                "the runtime diverged from the model with no crash",
+                "state after the op differs (session residency ignored)".into(),
+                Some((expected, recovered)),
+            ));
+        }
+        if let Some((_, kind)) = armed {
+            // The armed point lay past this op: the process dies right after it.
+            self.driver.fs.set_fault(None);
+            let model = self.model.clone();
+            return self.restart(kind, &model, None, None);
+        }
+        Ok(())
+    }
+
+    fn check_step(&mut self) -> Result<(), Box<Failure>> {
+        let (state, mut violations) = self.driver.state();
+        violations.extend(oracle::state_invariants(&state));
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(self.fail("an invariant broke", violations.join("\n"), None))
+        }
+    }
+
+    /// Crash the process with `kind`, recover, and judge.
+    fn restart(
+        &mut self,
+        kind: CrashKind,
+        before: &Model,
+        after: Option<&Model>,
+        action: Option<&Action>,
+    ) -> Result<(), Box<Failure>> {
+        self.kill(kind);
+        self.reopen_and_judge(kind, before, after, action)
+    }
+
+    fn reopen_and_judge(
+        &mut self,
+        kind: CrashKind,
+        before: &Model,
+        after: Option<&Model>,
+        action: Option<&Action>,
+    ) -> Result<(), Box<Failure>> {
+        self.restarts += 1;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.driver.open() {
+                Ok(()) => break,
+                Err(_) if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS => self.kill(kind),
+                Err(e) => return Err(self.fail("recovery failed", e.to_string(), None)),
+            }
+        }
+        self.driver.fs.set_fault(None);
+        let (state, mut violations) = self.driver.state();
+        violations.extend(oracle::state_invariants(&state));
+        violations.extend(oracle::recovery_invariants(&state));
+        violations.extend(oracle::log_invariants(&self.driver.disk()));
+        if !violations.is_empty() {
+            return Err(self.fail("an invariant broke after recovery", violations.join("\n"), None));
+        }
+        match oracle::judge(before, after, action, &state) {
+            Ok(accepted) => {
+                self.model = accepted.adopted;
+                Ok(())
+            }
+            Err(rejected) => Err(self.fail(
+                "the recovered state matches neither the model before nor after the interrupted op",
+                rejected.reason,
+                Some((rejected.expected, state)),
+            )),
+        }
+    }
+}
+
+/// Replay a case from scratch. `Ok` means every check passed.
+pub fn run_case(case: &Case) -> Result<RunStats, Box<Failure>> {
+    let mut exec = Exec::new(case.seed, case.canaries.clone(), case.crash_at)?;
+    for op in &case.ops {
+        exec.step(op)?;
+    }
+    Ok(exec.stats())
+}

@@ -1,0 +1,279 @@
+//! The reference model: the runtime's ACKNOWLEDGED state as plain data, and
+//! what each operation does to it.
+//!
+//! Invariant: [`Model::apply`] is pure and total over the actions
+//! [`Model::resolve`] produces, and a [`State`] is exactly what the runtime
+//! promises to keep across a crash: the agent tree, each agent's completed
+//! turns, pending and delivered messages, and the irreversible effects the
+//! external world received. Nothing here knows about files, fsync or the
+//! runtime's types; the driver projects the runtime onto a [`State`] and the
+//! oracle compares.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::op::{Op, ToolStep};
+
+/// Whether an agent's session holds a provider slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Holds a slot (created, restored, or used by a turn).
+    Resident,
+    /// Evicted, or recovered after a restart.
+    Suspended,
+}
+
+/// A message as the model knows it (ids are the runtime's business).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Msg {
+    pub from: String,
+    pub payload: String,
+}
+
+/// A completed (acknowledged) turn.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Turn {
+    pub prompt: String,
+    pub tools: Vec<ToolStep>,
+    pub response: String,
+}
+
+/// One live agent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Agent {
+    pub parent: Option<String>,
+    pub status: Status,
+    pub turns: Vec<Turn>,
+    /// Enqueued, not yet delivered, in enqueue order.
+    pub pending: Vec<Msg>,
+    /// Delivered, in delivery order.
+    pub delivered: Vec<Msg>,
+}
+
+/// The acknowledged state of the whole runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct State {
+    /// Live agents by name (terminated agents are gone).
+    pub agents: BTreeMap<String, Agent>,
+    /// Idempotency keys of irreversible effects the world received, in order.
+    pub outbox: Vec<String>,
+}
+
+/// A resolved operation: concrete names and payloads, ready for both the
+/// model and the runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    CreateRoot {
+        name: String,
+    },
+    SpawnChild {
+        parent: String,
+        name: String,
+    },
+    RunTurn {
+        agent: String,
+        prompt: String,
+        tools: Vec<ToolStep>,
+        response: String,
+    },
+    SendMessage {
+        from: String,
+        to: String,
+        payload: String,
+    },
+    Deliver {
+        agent: String,
+    },
+    Evict {
+        agent: String,
+    },
+    Restore {
+        agent: String,
+    },
+    Terminate {
+        agent: String,
+    },
+}
+
+/// The idempotency key of the `index`-th tool of the turn with `prompt`:
+/// prompts are unique, so a duplicate in the outbox is a real double side
+/// effect.
+pub fn effect_key(prompt: &str, index: usize) -> String {
+    format!("{prompt}#{index}")
+}
+
+/// A turn's prompt: unique (`p<n>`) and carrying the tool script, so the
+/// stateless scripted provider can follow it: `p7:Ir` = an irreversible
+/// tool that succeeds, then a reversible one that fails.
+pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
+    let script: String = tools
+        .iter()
+        .map(|t| match (t.irreversible, t.ok) {
+            (true, true) => 'I',
+            (true, false) => 'i',
+            (false, true) => 'R',
+            (false, false) => 'r',
+        })
+        .collect();
+    format!("p{n}:{script}")
+}
+
+/// The model: acknowledged state plus the counter that names new things.
+/// The counter is harness bookkeeping, never compared with the runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Model {
+    pub state: State,
+    pub counter: u64,
+}
+
+fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
+    if names.is_empty() {
+        None
+    } else {
+        Some(names[r as usize % names.len()])
+    }
+}
+
+impl Model {
+    fn names(&self, keep: impl Fn(&Agent) -> bool) -> Vec<&String> {
+        self.state
+            .agents
+            .iter()
+            .filter(|(_, a)| keep(a))
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    fn has_children(&self, name: &str) -> bool {
+        self.state
+            .agents
+            .values()
+            .any(|a| a.parent.as_deref() == Some(name))
+    }
+
+    /// Turn an abstract op into a concrete action against this state, or
+    /// `None` when no agent fits (the op is then skipped). Control ops
+    /// (crash, recover) have no action.
+    pub fn resolve(&self, op: &Op) -> Option<Action> {
+        let n = self.counter;
+        let all = self.names(|_| true);
+        Some(match op {
+            Op::CreateRoot => Action::CreateRoot {
+                name: format!("a{n:03}"),
+            },
+            Op::SpawnChild { parent } => Action::SpawnChild {
+                parent: pick(&all, parent.0)?.clone(),
+                name: format!("a{n:03}"),
+            },
+            Op::RunTurn { agent, tools } => Action::RunTurn {
+                agent: pick(&all, agent.0)?.clone(),
+                prompt: script_prompt(n, tools),
+                tools: tools.clone(),
+                response: format!("r{n}"),
+            },
+            Op::SendMessage { from, to } => Action::SendMessage {
+                from: pick(&all, from.0)?.clone(),
+                to: pick(&all, to.0)?.clone(),
+                payload: format!("m{n}"),
+            },
+            Op::Deliver { agent } => Action::Deliver {
+                agent: pick(&self.names(|a| !a.pending.is_empty()), agent.0)?.clone(),
+            },
+            Op::Evict { agent } => Action::Evict {
+                agent: pick(&self.names(|a| a.status == Status::Resident), agent.0)?.clone(),
+            },
+            Op::Restore { agent } => Action::Restore {
+                agent: pick(&self.names(|a| a.status == Status::Suspended), agent.0)?.clone(),
+            },
+            Op::Terminate { agent } => {
+                let leaves: Vec<&String> = all.iter().copied().filter(|n| !self.has_children(n)).collect();
+                Action::Terminate {
+                    agent: pick(&leaves, agent.0)?.clone(),
+                }
+            }
+            Op::Crash { .. } | Op::Recover => return None,
+        })
+    }
+
+    /// The state after `action` is acknowledged. Actions come from
+    /// [`Model::resolve`] on this same model, so they always fit.
+    pub fn apply(&mut self, action: &Action) {
+        self.counter += 1;
+        let agents = &mut self.state.agents;
+        let fresh = |parent: Option<String>| Agent {
+            parent,
+            status: Status::Resident,
+            turns: Vec::new(),
+            pending: Vec::new(),
+            delivered: Vec::new(),
+        };
+        match action {
+            Action::CreateRoot { name } => {
+                agents.insert(name.clone(), fresh(None));
+            }
+            Action::SpawnChild { parent, name } => {
+                agents.insert(name.clone(), fresh(Some(parent.clone())));
+            }
+            Action::RunTurn {
+                agent,
+                prompt,
+                tools,
+                response,
+            } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    a.status = Status::Resident;
+                    a.turns.push(Turn {
+                        prompt: prompt.clone(),
+                        tools: tools.clone(),
+                        response: response.clone(),
+                    });
+                }
+                for (i, t) in tools.iter().enumerate() {
+                    if t.irreversible && t.ok {
+                        self.state.outbox.push(effect_key(prompt, i));
+                    }
+                }
+            }
+            Action::SendMessage { from, to, payload } => {
+                if let Some(a) = agents.get_mut(to) {
+                    a.pending.push(Msg {
+                        from: from.clone(),
+                        payload: payload.clone(),
+                    });
+                }
+            }
+            Action::Deliver { agent } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    let msgs = std::mem::take(&mut a.pending);
+                    a.delivered.extend(msgs);
+                }
+            }
+            Action::Evict { agent } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    a.status = Status::Suspended;
+                }
+            }
+            Action::Restore { agent } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    a.status = Status::Resident;
+                }
+            }
+            Action::Terminate { agent } => {
+                agents.remove(agent);
+            }
+        }
+    }
+
+    /// What a restart does to acknowledged state: every session is
+    /// suspended (nothing holds a slot until it is used again).
+    pub fn restarted(&self) -> Model {
+        let mut m = self.clone();
+        for a in m.state.agents.values_mut() {
+            a.status = Status::Suspended;
+        }
+        m
+    }
+}
