@@ -66,6 +66,13 @@ pub struct Exec {
     history: Vec<Op>,
     restarts: u64,
     crashes: u64,
+    /// I/O points done before the current op (the crash site is searched
+    /// after it, never in an earlier op).
+    step_start: u64,
+    /// The crash mode of the current op's crash, and the point it fell
+    /// after when it landed between ops.
+    crash_mode: Option<CrashKind>,
+    boundary: Option<u64>,
 }
 
 fn suspended(state: &State) -> State {
@@ -89,6 +96,9 @@ impl Exec {
             history: Vec::new(),
             restarts: 0,
             crashes: 0,
+            step_start: 0,
+            crash_mode: None,
+            boundary: None,
         };
         if let Some(g) = global {
             exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
@@ -143,10 +153,22 @@ impl Exec {
 
     fn fail(&self, what: &str, detail: String, states: Option<(State, State)>) -> Box<Failure> {
         let trace = self.driver.fs.trace();
-        let crash = trace
+        let start = self.step_start;
+        let hit = trace
             .iter()
-            .rposition(|e| e.outcome == Outcome::Crashed)
-            .map(|i| CrashSite::around(&trace, i));
+            .position(|e| e.point > start && e.outcome == Outcome::Crashed);
+        let site = match (hit, self.boundary) {
+            (Some(i), _) => Some(CrashSite::around(&trace, i, false)),
+            (None, Some(p)) => trace
+                .iter()
+                .rposition(|e| e.point <= p)
+                .map(|i| CrashSite::around(&trace, i, true)),
+            (None, None) => None,
+        };
+        let crash = site.map(|mut s| {
+            s.mode = self.crash_mode;
+            s
+        });
         let (expected, recovered) = match states {
             Some((e, r)) => (Some(e), Some(r)),
             None => (None, None),
@@ -165,6 +187,9 @@ impl Exec {
     /// Apply one op. `Err` is a property violation, fully described.
     pub fn step(&mut self, op: &Op) -> Result<(), Box<Failure>> {
         self.history.push(op.clone());
+        self.step_start = self.driver.fs.points();
+        self.crash_mode = None;
+        self.boundary = None;
         match op {
             Op::Crash { offset, kind } => {
                 if self.global.is_none() {
@@ -187,6 +212,7 @@ impl Exec {
                     .map(|(_, k)| k)
                     .or(self.global.map(|g| g.kind))
                     .unwrap_or(CrashKind::Process);
+                self.crash_mode = Some(kind);
                 self.reopen_and_judge(kind, &model, None, None)
             }
             _ => self.action(op),
@@ -239,6 +265,7 @@ impl Exec {
         if let Some((_, kind)) = armed {
             // The armed point lay past this op: the process dies right after it.
             self.driver.fs.set_fault(None);
+            self.boundary = Some(self.driver.fs.points());
             let model = self.model.clone();
             return self.restart(kind, &model, None, None);
         }
@@ -263,6 +290,7 @@ impl Exec {
         after: Option<&Model>,
         action: Option<&Action>,
     ) -> Result<(), Box<Failure>> {
+        self.crash_mode = Some(kind);
         self.kill(kind);
         self.reopen_and_judge(kind, before, after, action)
     }
@@ -298,7 +326,11 @@ impl Exec {
                 Ok(())
             }
             Err(rejected) => Err(self.fail(
-                "the recovered state matches neither the model before nor after the interrupted op",
+                if after.is_some() {
+                    "the recovered state matches neither the model before nor after the interrupted op"
+                } else {
+                    "the recovered state differs from the acknowledged state"
+                },
                 rejected.reason,
                 Some((rejected.expected, state)),
             )),

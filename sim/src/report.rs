@@ -15,7 +15,7 @@ use similar::{ChangeTag, TextDiff};
 
 use crate::exec::Case;
 use crate::model::State;
-use crate::op::render;
+use crate::op::{render, CrashKind};
 
 /// Trace entries shown on each side of the crash point.
 pub const TRACE_CONTEXT: usize = 5;
@@ -26,13 +26,17 @@ pub struct CrashSite {
     pub point: u64,
     pub label: String,
     pub path: String,
+    /// The crash fell between ops, right after `point` (the armed point lay
+    /// past the op), rather than at `point`.
+    pub between_ops: bool,
+    pub mode: Option<CrashKind>,
     /// The trace around the point (±[`TRACE_CONTEXT`] entries).
     pub window: Vec<TraceEntry>,
 }
 
 impl CrashSite {
     /// The site of `trace[index]` with its window.
-    pub fn around(trace: &[TraceEntry], index: usize) -> CrashSite {
+    pub fn around(trace: &[TraceEntry], index: usize, between_ops: bool) -> CrashSite {
         let lo = index.saturating_sub(TRACE_CONTEXT);
         let hi = (index + TRACE_CONTEXT + 1).min(trace.len());
         let e = &trace[index];
@@ -40,6 +44,8 @@ impl CrashSite {
             point: e.point,
             label: e.label.clone(),
             path: e.path.clone(),
+            between_ops,
+            mode: None,
             window: trace[lo..hi].to_vec(),
         }
     }
@@ -159,9 +165,15 @@ impl fmt::Display for Failure {
         writeln!(f, "why:\n  {}", self.detail.replace('\n', "\n  "))?;
         match &self.crash {
             Some(site) => {
+                let at = if site.between_ops {
+                    "right after point"
+                } else {
+                    "point"
+                };
+                let mode = site.mode.map(|m| format!("{m:?}")).unwrap_or_else(|| "?".into());
                 writeln!(
                     f,
-                    "crash point: {} \"{}\" on {}",
+                    "crash ({mode}) at {at} {} \"{}\" on {}",
                     site.point, site.label, site.path
                 )?;
                 writeln!(f, "trace around it:")?;
