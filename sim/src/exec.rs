@@ -139,6 +139,19 @@ impl Exec {
             self.crashes += 1;
         }
         self.driver.crash(kind.mode());
+        self.disarm();
+    }
+
+    /// Clear the op's armed crash; in sweep mode keep (re-arm) the global
+    /// crash point until it has been hit (a restart disarms SimFs).
+    fn disarm(&mut self) {
+        let fault = match self.global {
+            Some(g) if self.crashes == 0 && g.point > self.driver.fs.points() => {
+                Some(Fault::CrashAt(g.point))
+            }
+            _ => None,
+        };
+        self.driver.fs.set_fault(fault);
     }
 
     /// The case that replays this run up to now.
@@ -264,7 +277,7 @@ impl Exec {
         }
         if let Some((_, kind)) = armed {
             // The armed point lay past this op: the process dies right after it.
-            self.driver.fs.set_fault(None);
+            self.disarm();
             self.boundary = Some(self.driver.fs.points());
             let model = self.model.clone();
             return self.restart(kind, &model, None, None);
@@ -312,7 +325,7 @@ impl Exec {
                 Err(e) => return Err(self.fail("recovery failed", e.to_string(), None)),
             }
         }
-        self.driver.fs.set_fault(None);
+        self.disarm();
         let (state, mut violations) = self.driver.state();
         violations.extend(oracle::state_invariants(&state));
         violations.extend(oracle::recovery_invariants(&state));

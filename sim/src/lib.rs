@@ -20,6 +20,7 @@ pub mod profile;
 pub mod report;
 pub mod search;
 pub mod sweep;
+pub mod tour;
 
 pub use exec::{run_case, Case, Exec, GlobalCrash, RunStats};
 pub use profile::Profile;

@@ -183,10 +183,10 @@ impl Model {
                 agent: pick(&self.names(|a| !a.pending.is_empty()), agent.0)?.clone(),
             },
             Op::Evict { agent } => Action::Evict {
-                agent: pick(&self.names(|a| a.status == Status::Resident), agent.0)?.clone(),
+                agent: pick(&all, agent.0)?.clone(),
             },
             Op::Restore { agent } => Action::Restore {
-                agent: pick(&self.names(|a| a.status == Status::Suspended), agent.0)?.clone(),
+                agent: pick(&all, agent.0)?.clone(),
             },
             Op::Terminate { agent } => {
                 let leaves: Vec<&String> = all.iter().copied().filter(|n| !self.has_children(n)).collect();

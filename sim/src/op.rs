@@ -70,9 +70,11 @@ pub enum Op {
     SendMessage { from: AgentRef, to: AgentRef },
     /// Deliver every pending message of an agent that has some.
     Deliver { agent: AgentRef },
-    /// Evict a resident agent's session (suspend it).
+    /// Evict an agent's session (a no-op when already suspended). Residency
+    /// is not durable state (the LRU also evicts on its own), so the model
+    /// tracks it only to state I2; it is never compared between restarts.
     Evict { agent: AgentRef },
-    /// Restore a suspended agent's session.
+    /// Restore an agent's session (a recency touch when already resident).
     Restore { agent: AgentRef },
     /// Terminate a leaf agent.
     Terminate { agent: AgentRef },

@@ -175,7 +175,11 @@ pub fn judge(
     let lost = if after.is_some() { effects_of(action) } else { none };
     match against(before, recovered, &lost) {
         Ok(adopted) => Ok(Accepted {
-            side: Side::Before,
+            side: if after.is_some() {
+                Side::Before
+            } else {
+                Side::After
+            },
             adopted,
         }),
         Err(before_err) => {

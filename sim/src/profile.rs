@@ -39,7 +39,7 @@ impl Profile {
     pub fn ci() -> Profile {
         Profile {
             name: "ci",
-            cases: 48,
+            cases: 256,
             max_steps: 30,
             seed: Some(CI_SEED),
             max_shrink_iters: 400,

@@ -34,7 +34,16 @@ fn ci_profile_catches_every_implemented_canary() {
         }
         let out = search(&profile, &Canaries::only(canary), false);
         match (&out.failure, out.first_failure_at) {
-            (Some(f), Some(n)) => rows.push(format!("{canary:<28?} caught after {n:>4} cases: {}", f.what)),
+            (Some(f), Some(n)) => {
+                let saved = f.case.save().map(|p| p.display().to_string()).unwrap_or_default();
+                rows.push(format!(
+                    "{canary:<28?} caught after {n:>4} cases ({} runs with shrinking), shrunk to {} ops: {}\n{:>30}case: {saved}",
+                    out.runs,
+                    f.case.ops.len(),
+                    f.what,
+                    ""
+                ));
+            }
             _ => {
                 rows.push(format!("{canary:<28?} MISSED in {} cases", out.runs));
                 missed.push(canary);
