@@ -73,6 +73,8 @@ pub struct Exec {
     /// after when it landed between ops.
     crash_mode: Option<CrashKind>,
     boundary: Option<u64>,
+    /// One line per accepted restart, for the report.
+    restart_notes: Vec<String>,
 }
 
 fn suspended(state: &State) -> State {
@@ -99,6 +101,7 @@ impl Exec {
             step_start: 0,
             crash_mode: None,
             boundary: None,
+            restart_notes: Vec::new(),
         };
         if let Some(g) = global {
             exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
@@ -164,7 +167,8 @@ impl Exec {
         }
     }
 
-    fn fail(&self, what: &str, detail: String, states: Option<(State, State)>) -> Box<Failure> {
+    /// Where the current op's crash hit, if it did.
+    fn site(&self) -> Option<CrashSite> {
         let trace = self.driver.fs.trace();
         let start = self.step_start;
         let hit = trace
@@ -178,10 +182,14 @@ impl Exec {
                 .map(|i| CrashSite::around(&trace, i, true)),
             (None, None) => None,
         };
-        let crash = site.map(|mut s| {
+        site.map(|mut s| {
             s.mode = self.crash_mode;
             s
-        });
+        })
+    }
+
+    fn fail(&self, what: &str, detail: String, states: Option<(State, State)>) -> Box<Failure> {
+        let crash = self.site();
         let (expected, recovered) = match states {
             Some((e, r)) => (Some(e), Some(r)),
             None => (None, None),
@@ -194,6 +202,7 @@ impl Exec {
             crash,
             expected,
             recovered,
+            earlier_restarts: self.restart_notes.clone(),
         })
     }
 
@@ -336,6 +345,15 @@ impl Exec {
         match oracle::judge(before, after, action, &state) {
             Ok(accepted) => {
                 self.model = accepted.adopted;
+                let site = self
+                    .site()
+                    .map(|c| format!(" at point {} \"{}\"", c.point, c.label))
+                    .unwrap_or_default();
+                self.restart_notes.push(format!(
+                    "op #{}: {kind:?} crash{site}; recovered state accepted as {:?}",
+                    self.history.len(),
+                    accepted.side
+                ));
                 Ok(())
             }
             Err(rejected) => Err(self.fail(

@@ -65,6 +65,9 @@ pub struct Failure {
     pub crash: Option<CrashSite>,
     pub expected: Option<State>,
     pub recovered: Option<State>,
+    /// Earlier restarts the oracle accepted (context for the failing one).
+    #[serde(default)]
+    pub earlier_restarts: Vec<String>,
 }
 
 /// FNV-1a 64: a stable file name for a case (six lines instead of a
@@ -161,6 +164,12 @@ impl fmt::Display for Failure {
         for (i, op) in self.case.ops.iter().enumerate() {
             let mark = if i == self.step { ">>" } else { "  " };
             writeln!(f, "  {mark} {:>3}. {}", i + 1, render(op))?;
+        }
+        if !self.earlier_restarts.is_empty() {
+            writeln!(f, "earlier restarts (accepted):")?;
+            for note in &self.earlier_restarts {
+                writeln!(f, "  {note}")?;
+            }
         }
         writeln!(f, "why:\n  {}", self.detail.replace('\n', "\n  "))?;
         match &self.crash {

@@ -85,6 +85,7 @@ pub fn search(profile: &Profile, canaries: &Canaries, persist: bool) -> SearchOu
                     crash: None,
                     expected: None,
                     recovered: None,
+                    earlier_restarts: Vec::new(),
                 }),
             })
         }
@@ -101,6 +102,7 @@ pub fn search(profile: &Profile, canaries: &Canaries, persist: bool) -> SearchOu
             crash: None,
             expected: None,
             recovered: None,
+            earlier_restarts: Vec::new(),
         })),
     };
     let first_failure_at = *first.lock().unwrap_or_else(|e| e.into_inner());
