@@ -1,0 +1,171 @@
+//! Crash sweep shared by the `store_crash_*` tests: run a scenario on SQLite
+//! over SimFs, crash it at EVERY I/O point under each crash mode, restart,
+//! recover, and collect what the scenario's checker says is violated.
+//!
+//! A scenario is three closures: `setup` (not swept: the durable starting
+//! state), `run` (the swept operations; it records what was acknowledged in
+//! the model and stops at the first error, as the runtime bails on any I/O
+//! error), and `check` (recovery on the rebooted database, then invariants;
+//! returns violations as text). The model lives outside the `Fs`, like the
+//! external world, so it survives the crash.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
+use durable_agent::sqlite::{open, Db, SqliteOptions};
+use durable_agent::store::schema::migrate;
+
+pub const DB_PATH: &str = "/data/sessions.db";
+
+pub const MODES: [CrashMode; 3] = [
+    CrashMode::ProcessCrash,
+    CrashMode::PowerLoss(DirModel::Strict),
+    CrashMode::PowerLoss(DirModel::Eager),
+];
+
+/// One violated invariant at one crash point.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub mode: CrashMode,
+    /// Crash point relative to the start of `run` (1-based; 0 = no crash).
+    pub point: u64,
+    pub label: String,
+    pub what: String,
+}
+
+/// What a sweep did and found.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// I/O points in one uncrashed `run` (the sweep crashes at each).
+    pub points: u64,
+    /// Crash cases executed (points × modes).
+    pub cases: usize,
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// Distinct crashed cases (mode, point > 0) with at least one violation.
+    pub fn violating_crash_cases(&self) -> usize {
+        let cases: std::collections::BTreeSet<(String, u64)> = self
+            .violations
+            .iter()
+            .filter(|v| v.point > 0)
+            .map(|v| (format!("{:?}", v.mode), v.point))
+            .collect();
+        cases.len()
+    }
+
+    /// Panic with a readable summary if anything was violated.
+    pub fn assert_clean(&self, name: &str) {
+        if self.violations.is_empty() {
+            return;
+        }
+        let shown: Vec<String> = self
+            .violations
+            .iter()
+            .take(10)
+            .map(|v| {
+                format!(
+                    "  {:?} crash at run point {} [{}]: {}",
+                    v.mode, v.point, v.label, v.what
+                )
+            })
+            .collect();
+        panic!(
+            "{name}: {} violations in {} cases ({} points per run), first:\n{}",
+            self.violations.len(),
+            self.cases,
+            self.points,
+            shown.join("\n")
+        );
+    }
+}
+
+fn boot(seed: u64) -> (SimFs, Arc<dyn Fs>) {
+    let sim = SimFs::new(SimConfig::new(seed));
+    let fs: Arc<dyn Fs> = Arc::new(sim.clone());
+    (sim, fs)
+}
+
+/// Open the database and bring its schema current.
+pub fn open_db(fs: &Arc<dyn Fs>) -> Result<Db, String> {
+    let db = open(fs.clone(), Path::new(DB_PATH), &SqliteOptions::default())
+        .map_err(|e| format!("reopen failed: {e}"))?;
+    migrate(db.conn(), DB_PATH).map_err(|e| format!("migrate failed: {e}"))?;
+    Ok(db)
+}
+
+fn fresh(seed: u64, setup: &dyn Fn(&Db)) -> (SimFs, Arc<dyn Fs>, Db) {
+    let (sim, fs) = boot(seed);
+    fs.create_dir_all(Path::new("/data"), "test mkdir /data").unwrap();
+    fs.sync_dir(Path::new("/"), "test sync_dir /").unwrap();
+    let db = open_db(&fs).unwrap();
+    setup(&db);
+    (sim, fs, db)
+}
+
+/// Sweep every crash point of `run` under every mode in `modes`.
+pub fn sweep<M>(
+    modes: &[CrashMode],
+    new_model: &dyn Fn() -> M,
+    setup: &dyn Fn(&Db),
+    run: &dyn Fn(&Db, &mut M) -> Result<(), String>,
+    check: &dyn Fn(&Db, &M) -> Vec<String>,
+) -> Report {
+    // Probe: the uncrashed run, its length, and a clean-restart check.
+    let (sim, fs, db) = fresh(0, setup);
+    let base = sim.points();
+    let mut model = new_model();
+    run(&db, &mut model).unwrap_or_else(|e| panic!("uncrashed run failed: {e}"));
+    let points = sim.points() - base;
+    drop(db);
+    let db = open_db(&fs).unwrap();
+    let clean = check(&db, &model);
+    drop(db);
+
+    let mut report = Report {
+        points,
+        ..Report::default()
+    };
+    report.violations.extend(clean.into_iter().map(|what| Violation {
+        mode: CrashMode::ProcessCrash,
+        point: 0,
+        label: "<no crash: clean restart>".to_string(),
+        what,
+    }));
+    for &mode in modes {
+        for n in 1..=points {
+            report.cases += 1;
+            let (sim, fs, db) = fresh(n, setup);
+            let crash_at = sim.points() + n;
+            sim.set_fault(Some(Fault::CrashAt(crash_at)));
+            let mut model = new_model();
+            let _ = run(&db, &mut model);
+            let label = sim
+                .trace()
+                .iter()
+                .find(|t| t.point == crash_at)
+                .map_or_else(|| "<no such point>".to_string(), |t| t.label.clone());
+            let mut found = Vec::new();
+            if !sim.crashed() {
+                found.push("run finished without reaching the crash point".to_string());
+            }
+            drop(db);
+            sim.restart(mode);
+            match open_db(&fs) {
+                Ok(db) => found.extend(check(&db, &model)),
+                Err(e) => found.push(e),
+            }
+            report.violations.extend(found.into_iter().map(|what| Violation {
+                mode,
+                point: n,
+                label: label.clone(),
+                what,
+            }));
+        }
+    }
+    report
+}
