@@ -8,10 +8,11 @@ mod store_crash_common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use durable_agent::canary::{Canaries, Canary};
+use durable_agent::fs::{CrashMode, DirModel};
 use durable_agent::sqlite::Db;
 use durable_agent::store::triggers::*;
 use serde_json::json;
-use store_crash_common::{sweep, Report, MODES};
+use store_crash_common::{sweep, sweep_with_options, unsynced, Report, MODES};
 
 const KEYS: [&str; 3] = ["scheduled-once:a", "resume:task-b", "proactive:daily:c"];
 const LEASE_MS: u64 = 1_000;
@@ -164,6 +165,34 @@ fn canary_trigger_without_dedup_is_caught_at_a_crash_point() {
     );
     eprintln!(
         "TriggerWithoutDedup caught in {} of {} crash cases",
+        report.violating_crash_cases(),
+        report.cases
+    );
+}
+
+#[test]
+fn sweep_sees_lost_triggers_when_sqlite_does_not_fsync() {
+    // The harness proves itself: with synchronous=OFF power loss must lose
+    // acknowledged emits, so a clean sweep above means something.
+    let store = store(&Canaries::none());
+    let report = sweep_with_options(
+        &unsynced(),
+        &[CrashMode::PowerLoss(DirModel::Strict)],
+        &Model::default,
+        &|_| {},
+        &|db, m| run(db, m, &store),
+        &|db, m| check(db, m, &store),
+    );
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.what.contains("lost although emit returned Ok")),
+        "no loss seen with synchronous=OFF: {:?}",
+        report.violations.first()
+    );
+    eprintln!(
+        "synchronous=OFF: loss in {} of {} power-loss cases",
         report.violating_crash_cases(),
         report.cases
     );

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
-use durable_agent::sqlite::{open, Db, SqliteOptions};
+use durable_agent::sqlite::{open, Db, SqliteOptions, Synchronous};
 use durable_agent::store::schema::migrate;
 
 pub const DB_PATH: &str = "/data/sessions.db";
@@ -91,23 +91,23 @@ fn boot(seed: u64) -> (SimFs, Arc<dyn Fs>) {
 }
 
 /// Open the database and bring its schema current.
-pub fn open_db(fs: &Arc<dyn Fs>) -> Result<Db, String> {
-    let db = open(fs.clone(), Path::new(DB_PATH), &SqliteOptions::default())
-        .map_err(|e| format!("reopen failed: {e}"))?;
+pub fn open_db(fs: &Arc<dyn Fs>, opts: &SqliteOptions) -> Result<Db, String> {
+    let db = open(fs.clone(), Path::new(DB_PATH), opts).map_err(|e| format!("reopen failed: {e}"))?;
     migrate(db.conn(), DB_PATH).map_err(|e| format!("migrate failed: {e}"))?;
     Ok(db)
 }
 
-fn fresh(seed: u64, setup: &dyn Fn(&Db)) -> (SimFs, Arc<dyn Fs>, Db) {
+fn fresh(seed: u64, opts: &SqliteOptions, setup: &dyn Fn(&Db)) -> (SimFs, Arc<dyn Fs>, Db) {
     let (sim, fs) = boot(seed);
     fs.create_dir_all(Path::new("/data"), "test mkdir /data").unwrap();
     fs.sync_dir(Path::new("/"), "test sync_dir /").unwrap();
-    let db = open_db(&fs).unwrap();
+    let db = open_db(&fs, opts).unwrap();
     setup(&db);
     (sim, fs, db)
 }
 
-/// Sweep every crash point of `run` under every mode in `modes`.
+/// Sweep every crash point of `run` under every mode in `modes`, on the
+/// runtime's SQLite settings (WAL, synchronous=FULL).
 pub fn sweep<M>(
     modes: &[CrashMode],
     new_model: &dyn Fn() -> M,
@@ -115,14 +115,27 @@ pub fn sweep<M>(
     run: &dyn Fn(&Db, &mut M) -> Result<(), String>,
     check: &dyn Fn(&Db, &M) -> Vec<String>,
 ) -> Report {
+    sweep_with_options(&SqliteOptions::default(), modes, new_model, setup, run, check)
+}
+
+/// [`sweep`] with explicit SQLite settings (to show the sweep sees loss
+/// when durability is switched off).
+pub fn sweep_with_options<M>(
+    opts: &SqliteOptions,
+    modes: &[CrashMode],
+    new_model: &dyn Fn() -> M,
+    setup: &dyn Fn(&Db),
+    run: &dyn Fn(&Db, &mut M) -> Result<(), String>,
+    check: &dyn Fn(&Db, &M) -> Vec<String>,
+) -> Report {
     // Probe: the uncrashed run, its length, and a clean-restart check.
-    let (sim, fs, db) = fresh(0, setup);
+    let (sim, fs, db) = fresh(0, opts, setup);
     let base = sim.points();
     let mut model = new_model();
     run(&db, &mut model).unwrap_or_else(|e| panic!("uncrashed run failed: {e}"));
     let points = sim.points() - base;
     drop(db);
-    let db = open_db(&fs).unwrap();
+    let db = open_db(&fs, opts).unwrap();
     let clean = check(&db, &model);
     drop(db);
 
@@ -139,7 +152,7 @@ pub fn sweep<M>(
     for &mode in modes {
         for n in 1..=points {
             report.cases += 1;
-            let (sim, fs, db) = fresh(n, setup);
+            let (sim, fs, db) = fresh(n, opts, setup);
             let crash_at = sim.points() + n;
             sim.set_fault(Some(Fault::CrashAt(crash_at)));
             let mut model = new_model();
@@ -155,7 +168,7 @@ pub fn sweep<M>(
             }
             drop(db);
             sim.restart(mode);
-            match open_db(&fs) {
+            match open_db(&fs, opts) {
                 Ok(db) => found.extend(check(&db, &model)),
                 Err(e) => found.push(e),
             }
@@ -168,4 +181,12 @@ pub fn sweep<M>(
         }
     }
     report
+}
+
+/// SQLite settings that give up durability (synchronous=OFF).
+pub fn unsynced() -> SqliteOptions {
+    SqliteOptions {
+        synchronous: Synchronous::Off,
+        ..SqliteOptions::default()
+    }
 }
