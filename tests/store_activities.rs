@@ -15,18 +15,15 @@ fn db() -> Connection {
 }
 
 fn email(seq: u64) -> IrreversibleCall {
-    IrreversibleCall {
-        task_id: "task-1".into(),
-        action_seq: seq,
-        action: "send_email".into(),
-        payload: json!({"to": "a@b.c", "seq": seq}),
-    }
+    IrreversibleCall::minted("task-1", seq, "send_email", json!({"to": "a@b.c", "seq": seq}))
 }
 
 #[test]
 fn key_is_stable_per_task_and_action_sequence() {
     assert_eq!(mint_key("task-1", 3), "activity:task-1:3");
-    assert_eq!(email(3).idem_key(), mint_key("task-1", 3));
+    assert_eq!(email(3).idem_key, mint_key("task-1", 3));
+    let own = IrreversibleCall::with_key("s1-42", "task-1", "send_email", json!({}));
+    assert_eq!(own.idem_key, "s1-42");
 }
 
 #[test]

@@ -24,12 +24,12 @@ struct Model {
 }
 
 fn call(seq: u64) -> IrreversibleCall {
-    IrreversibleCall {
-        task_id: "task-1".into(),
-        action_seq: seq,
-        action: "send_email".into(),
-        payload: json!({ "to": "ops@example.com", "seq": seq }),
-    }
+    IrreversibleCall::minted(
+        "task-1",
+        seq,
+        "send_email",
+        json!({ "to": "ops@example.com", "seq": seq }),
+    )
 }
 
 fn run(db: &Db, m: &mut Model, store: &ActivityStore) -> Result<(), String> {

@@ -38,16 +38,33 @@ pub fn mint_key(task_id: &str, action_seq: u64) -> String {
 /// One irreversible action the runtime wants performed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IrreversibleCall {
+    /// Stable across restarts: the same action must carry the same key.
+    pub idem_key: String,
     pub task_id: String,
-    /// Position of this action within its task (stable across restarts).
-    pub action_seq: u64,
     pub action: String,
     pub payload: serde_json::Value,
 }
 
 impl IrreversibleCall {
-    pub fn idem_key(&self) -> String {
-        mint_key(&self.task_id, self.action_seq)
+    /// Action number `action_seq` of `task_id`, keyed with [`mint_key`].
+    pub fn minted(task_id: &str, action_seq: u64, action: &str, payload: serde_json::Value) -> Self {
+        IrreversibleCall {
+            idem_key: mint_key(task_id, action_seq),
+            task_id: task_id.to_string(),
+            action: action.to_string(),
+            payload,
+        }
+    }
+
+    /// With a key the caller already holds stably (the runtime's
+    /// `ToolContext::idempotency_key`, derived from its event log).
+    pub fn with_key(idem_key: &str, task_id: &str, action: &str, payload: serde_json::Value) -> Self {
+        IrreversibleCall {
+            idem_key: idem_key.to_string(),
+            task_id: task_id.to_string(),
+            action: action.to_string(),
+            payload,
+        }
     }
 }
 
@@ -113,7 +130,7 @@ impl ActivityStore {
         call: &IrreversibleCall,
         now_ms: u64,
     ) -> Result<ActivityOutcome, ActivityError> {
-        let idem_key = call.idem_key();
+        let idem_key = call.idem_key.clone();
         if let Some(rec) = self.get(conn, &idem_key)? {
             return self.resume_record(conn, outbox, rec, now_ms);
         }
