@@ -13,7 +13,7 @@ use durable_agent::sqlite::Db;
 use durable_agent::store::activities::*;
 use durable_agent::world::{Outbox, World};
 use serde_json::json;
-use store_crash_common::{sweep, Report, MODES};
+use store_crash_common::{sweep, Kill, Report, CRASHES, KILLS};
 
 const ACTIONS: u64 = 3;
 
@@ -92,7 +92,7 @@ fn check(db: &Db, m: &Model, store: &ActivityStore) -> Vec<String> {
     bad
 }
 
-fn sweep_with(canaries: Canaries, dedup: bool) -> Report {
+fn sweep_with(canaries: Canaries, dedup: bool, kills: &[Kill]) -> Report {
     let store = ActivityStore::new(canaries);
     let new_model = || Model {
         world: if dedup {
@@ -103,7 +103,7 @@ fn sweep_with(canaries: Canaries, dedup: bool) -> Report {
         acked: BTreeMap::new(),
     };
     sweep(
-        &MODES,
+        kills,
         &new_model,
         &|_| {},
         &|db, m| run(db, m, &store),
@@ -113,7 +113,7 @@ fn sweep_with(canaries: Canaries, dedup: bool) -> Report {
 
 #[test]
 fn no_side_effect_twice_and_dedup_provider_completes_every_action_at_every_crash_point() {
-    let report = sweep_with(Canaries::none(), true);
+    let report = sweep_with(Canaries::none(), true, &KILLS);
     report.assert_clean("activities (dedup provider)");
     assert!(
         report.points > 10,
@@ -121,24 +121,24 @@ fn no_side_effect_twice_and_dedup_provider_completes_every_action_at_every_crash
         report.points
     );
     eprintln!(
-        "activities dedup: {} points per run, {} crash cases, 0 violations",
+        "activities dedup: {} points per run, {} faulted cases, 0 violations",
         report.points, report.cases
     );
 }
 
 #[test]
 fn no_side_effect_twice_and_no_blind_rerun_without_provider_dedup_at_every_crash_point() {
-    let report = sweep_with(Canaries::none(), false);
+    let report = sweep_with(Canaries::none(), false, &KILLS);
     report.assert_clean("activities (no dedup)");
     eprintln!(
-        "activities no-dedup: {} points per run, {} crash cases, 0 violations",
+        "activities no-dedup: {} points per run, {} faulted cases, 0 violations",
         report.points, report.cases
     );
 }
 
 #[test]
 fn canary_side_effect_before_intent_is_caught_as_a_duplicate_delivery() {
-    let report = sweep_with(Canaries::only(Canary::SideEffectBeforeIntent), false);
+    let report = sweep_with(Canaries::only(Canary::SideEffectBeforeIntent), false, &CRASHES);
     let dup = report
         .violations
         .iter()

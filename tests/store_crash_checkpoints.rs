@@ -11,7 +11,7 @@ use durable_agent::canary::{Canaries, Canary};
 use durable_agent::sqlite::Db;
 use durable_agent::store::checkpoints::*;
 use durable_agent::store::StoreError;
-use store_crash_common::{sweep, Report, MODES};
+use store_crash_common::{sweep, Kill, Report, CRASHES, KILLS};
 
 const ROUNDS: u64 = 3;
 const RUN: &str = "run-1";
@@ -159,10 +159,10 @@ fn check(db: &Db, m: &Model, store: &CheckpointStore) -> Vec<String> {
     bad
 }
 
-fn sweep_with(canaries: Canaries) -> Report {
+fn sweep_with(canaries: Canaries, kills: &[Kill]) -> Report {
     let store = CheckpointStore::new(canaries);
     sweep(
-        &MODES,
+        kills,
         &Model::default,
         &|db| setup(db, &store),
         &|db, m| run(db, m, &store),
@@ -170,10 +170,10 @@ fn sweep_with(canaries: Canaries) -> Report {
     )
 }
 
-fn sweep_resume_with(canaries: Canaries) -> Report {
+fn sweep_resume_with(canaries: Canaries, kills: &[Kill]) -> Report {
     let store = CheckpointStore::new(canaries);
     sweep(
-        &MODES,
+        kills,
         &Model::default,
         &|db| setup_crashed_mid_round(db, &store),
         &|db, m| run_resume(db, m, &store),
@@ -183,13 +183,13 @@ fn sweep_resume_with(canaries: Canaries) -> Report {
 
 #[test]
 fn crash_during_resume_and_rollback_still_resumes_consistently_at_every_point() {
-    let report = sweep_resume_with(Canaries::none());
+    let report = sweep_resume_with(Canaries::none(), &KILLS);
     report.assert_clean("checkpoint resume");
     eprintln!(
-        "checkpoint resume: {} points per run, {} crash cases, 0 violations",
+        "checkpoint resume: {} points per run, {} faulted cases, 0 violations",
         report.points, report.cases
     );
-    let canary = sweep_resume_with(Canaries::only(Canary::CheckpointRollbackSkipped));
+    let canary = sweep_resume_with(Canaries::only(Canary::CheckpointRollbackSkipped), &CRASHES);
     assert!(
         canary.violating_crash_cases() > 0,
         "canary not caught in the resume sweep"
@@ -198,7 +198,7 @@ fn crash_during_resume_and_rollback_still_resumes_consistently_at_every_point() 
 
 #[test]
 fn resume_lands_on_a_consistent_round_boundary_at_every_crash_point() {
-    let report = sweep_with(Canaries::none());
+    let report = sweep_with(Canaries::none(), &KILLS);
     report.assert_clean("checkpoints");
     assert!(
         report.points > 10,
@@ -206,21 +206,21 @@ fn resume_lands_on_a_consistent_round_boundary_at_every_crash_point() {
         report.points
     );
     eprintln!(
-        "checkpoints: {} points per run, {} crash cases, 0 violations",
+        "checkpoints: {} points per run, {} faulted cases, 0 violations",
         report.points, report.cases
     );
 }
 
 #[test]
 fn canary_checkpoint_rollback_skipped_is_caught_at_a_crash_point() {
-    let report = sweep_with(Canaries::only(Canary::CheckpointRollbackSkipped));
+    let report = sweep_with(Canaries::only(Canary::CheckpointRollbackSkipped), &CRASHES);
     let hit = report.violations.iter().find(|v| v.point > 0);
     assert!(hit.is_some(), "canary not caught");
     eprintln!(
         "CheckpointRollbackSkipped caught in {} of {} crash cases (first: {:?} point {} [{}]: {})",
         report.violating_crash_cases(),
         report.cases,
-        hit.map(|v| v.mode),
+        hit.map(|v| v.kill),
         hit.map_or(0, |v| v.point),
         hit.map_or("", |v| v.label.as_str()),
         hit.map_or("", |v| v.what.as_str()),

@@ -12,7 +12,7 @@ use durable_agent::fs::{CrashMode, DirModel};
 use durable_agent::sqlite::Db;
 use durable_agent::store::triggers::*;
 use serde_json::json;
-use store_crash_common::{sweep, sweep_with_options, unsynced, Report, MODES};
+use store_crash_common::{sweep, sweep_with_options, unsynced, Kill, Report, CRASHES, KILLS};
 
 const KEYS: [&str; 3] = ["scheduled-once:a", "resume:task-b", "proactive:daily:c"];
 const LEASE_MS: u64 = 1_000;
@@ -127,10 +127,10 @@ fn check(db: &Db, m: &Model, store: &TriggerStore) -> Vec<String> {
     bad
 }
 
-fn sweep_with(canaries: Canaries) -> Report {
+fn sweep_with(canaries: Canaries, kills: &[Kill]) -> Report {
     let store = store(&canaries);
     sweep(
-        &MODES,
+        kills,
         &Model::default,
         &|_| {},
         &|db, m| run(db, m, &store),
@@ -140,7 +140,7 @@ fn sweep_with(canaries: Canaries) -> Report {
 
 #[test]
 fn trigger_never_lost_after_emit_and_never_done_twice_at_every_crash_point() {
-    let report = sweep_with(Canaries::none());
+    let report = sweep_with(Canaries::none(), &KILLS);
     report.assert_clean("triggers");
     assert!(
         report.points > 20,
@@ -148,14 +148,14 @@ fn trigger_never_lost_after_emit_and_never_done_twice_at_every_crash_point() {
         report.points
     );
     eprintln!(
-        "triggers: {} points per run, {} crash cases, 0 violations",
+        "triggers: {} points per run, {} faulted cases, 0 violations",
         report.points, report.cases
     );
 }
 
 #[test]
 fn canary_trigger_without_dedup_is_caught_at_a_crash_point() {
-    let report = sweep_with(Canaries::only(Canary::TriggerWithoutDedup));
+    let report = sweep_with(Canaries::only(Canary::TriggerWithoutDedup), &CRASHES);
     let crashed: Vec<_> = report.violations.iter().filter(|v| v.point > 0).collect();
     assert!(!crashed.is_empty(), "canary not caught");
     assert!(
@@ -177,7 +177,7 @@ fn sweep_sees_lost_triggers_when_sqlite_does_not_fsync() {
     let store = store(&Canaries::none());
     let report = sweep_with_options(
         &unsynced(),
-        &[CrashMode::PowerLoss(DirModel::Strict)],
+        &[Kill::Crash(CrashMode::PowerLoss(DirModel::Strict))],
         &Model::default,
         &|_| {},
         &|db, m| run(db, m, &store),

@@ -14,22 +14,64 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use durable_agent::fs::sim::FailKind;
 use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
 use durable_agent::sqlite::{open, Db, SqliteOptions, Synchronous};
 use durable_agent::store::schema::migrate;
 
 pub const DB_PATH: &str = "/data/sessions.db";
 
-pub const MODES: [CrashMode; 3] = [
-    CrashMode::ProcessCrash,
-    CrashMode::PowerLoss(DirModel::Strict),
-    CrashMode::PowerLoss(DirModel::Eager),
+/// How the process dies at the swept point, and how the machine restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kill {
+    /// Crash at the point, then restart in this mode.
+    Crash(CrashMode),
+    /// The point takes effect but its caller gets EIO; the runtime bails
+    /// out, then the machine restarts in this mode.
+    LostReply(CrashMode),
+    /// The point fails with this error; the runtime bails out, then the
+    /// machine restarts in this mode.
+    Fail(FailKind, CrashMode),
+}
+
+impl Kill {
+    fn fault(self, at: u64) -> Fault {
+        match self {
+            Kill::Crash(_) => Fault::CrashAt(at),
+            Kill::LostReply(_) => Fault::LostReplyAt(at),
+            Kill::Fail(kind, _) => Fault::FailAt(at, kind),
+        }
+    }
+
+    fn restart_mode(self) -> CrashMode {
+        match self {
+            Kill::Crash(m) | Kill::LostReply(m) | Kill::Fail(_, m) => m,
+        }
+    }
+}
+
+/// Crashes under each crash mode.
+pub const CRASHES: [Kill; 3] = [
+    Kill::Crash(CrashMode::ProcessCrash),
+    Kill::Crash(CrashMode::PowerLoss(DirModel::Strict)),
+    Kill::Crash(CrashMode::PowerLoss(DirModel::Eager)),
+];
+
+/// Crashes, plus lost replies and injected errors followed by a restart
+/// (power loss where it is the harsher test).
+pub const KILLS: [Kill; 6] = [
+    CRASHES[0],
+    CRASHES[1],
+    CRASHES[2],
+    Kill::LostReply(CrashMode::PowerLoss(DirModel::Strict)),
+    Kill::Fail(FailKind::Eio, CrashMode::PowerLoss(DirModel::Strict)),
+    Kill::Fail(FailKind::Enospc, CrashMode::ProcessCrash),
 ];
 
 /// One violated invariant at one crash point.
 #[derive(Debug, Clone)]
 pub struct Violation {
-    pub mode: CrashMode,
+    pub kill: Kill,
     /// Crash point relative to the start of `run` (1-based; 0 = no crash).
     pub point: u64,
     pub label: String,
@@ -41,19 +83,19 @@ pub struct Violation {
 pub struct Report {
     /// I/O points in one uncrashed `run` (the sweep crashes at each).
     pub points: u64,
-    /// Crash cases executed (points × modes).
+    /// Cases executed (points × kills).
     pub cases: usize,
     pub violations: Vec<Violation>,
 }
 
 impl Report {
-    /// Distinct crashed cases (mode, point > 0) with at least one violation.
+    /// Distinct faulted cases (kill, point > 0) with at least one violation.
     pub fn violating_crash_cases(&self) -> usize {
         let cases: std::collections::BTreeSet<(String, u64)> = self
             .violations
             .iter()
             .filter(|v| v.point > 0)
-            .map(|v| (format!("{:?}", v.mode), v.point))
+            .map(|v| (format!("{:?}", v.kill), v.point))
             .collect();
         cases.len()
     }
@@ -69,8 +111,8 @@ impl Report {
             .take(10)
             .map(|v| {
                 format!(
-                    "  {:?} crash at run point {} [{}]: {}",
-                    v.mode, v.point, v.label, v.what
+                    "  {:?} at run point {} [{}]: {}",
+                    v.kill, v.point, v.label, v.what
                 )
             })
             .collect();
@@ -106,23 +148,23 @@ fn fresh(seed: u64, opts: &SqliteOptions, setup: &dyn Fn(&Db)) -> (SimFs, Arc<dy
     (sim, fs, db)
 }
 
-/// Sweep every crash point of `run` under every mode in `modes`, on the
+/// Sweep every I/O point of `run` under every kill in `kills`, on the
 /// runtime's SQLite settings (WAL, synchronous=FULL).
 pub fn sweep<M>(
-    modes: &[CrashMode],
+    kills: &[Kill],
     new_model: &dyn Fn() -> M,
     setup: &dyn Fn(&Db),
     run: &dyn Fn(&Db, &mut M) -> Result<(), String>,
     check: &dyn Fn(&Db, &M) -> Vec<String>,
 ) -> Report {
-    sweep_with_options(&SqliteOptions::default(), modes, new_model, setup, run, check)
+    sweep_with_options(&SqliteOptions::default(), kills, new_model, setup, run, check)
 }
 
 /// [`sweep`] with explicit SQLite settings (to show the sweep sees loss
 /// when durability is switched off).
 pub fn sweep_with_options<M>(
     opts: &SqliteOptions,
-    modes: &[CrashMode],
+    kills: &[Kill],
     new_model: &dyn Fn() -> M,
     setup: &dyn Fn(&Db),
     run: &dyn Fn(&Db, &mut M) -> Result<(), String>,
@@ -144,36 +186,35 @@ pub fn sweep_with_options<M>(
         ..Report::default()
     };
     report.violations.extend(clean.into_iter().map(|what| Violation {
-        mode: CrashMode::ProcessCrash,
+        kill: Kill::Crash(CrashMode::ProcessCrash),
         point: 0,
         label: "<no crash: clean restart>".to_string(),
         what,
     }));
-    for &mode in modes {
+    for &kill in kills {
         for n in 1..=points {
             report.cases += 1;
             let (sim, fs, db) = fresh(n, opts, setup);
             let crash_at = sim.points() + n;
-            sim.set_fault(Some(Fault::CrashAt(crash_at)));
+            sim.set_fault(Some(kill.fault(crash_at)));
             let mut model = new_model();
             let _ = run(&db, &mut model);
-            let label = sim
-                .trace()
-                .iter()
-                .find(|t| t.point == crash_at)
+            let hit = sim.trace().into_iter().find(|t| t.point == crash_at);
+            let label = hit
+                .as_ref()
                 .map_or_else(|| "<no such point>".to_string(), |t| t.label.clone());
             let mut found = Vec::new();
-            if !sim.crashed() {
-                found.push("run finished without reaching the crash point".to_string());
+            if hit.is_none() {
+                found.push("run finished without reaching the faulted point".to_string());
             }
             drop(db);
-            sim.restart(mode);
+            sim.restart(kill.restart_mode());
             match open_db(&fs, opts) {
                 Ok(db) => found.extend(check(&db, &model)),
                 Err(e) => found.push(e),
             }
             report.violations.extend(found.into_iter().map(|what| Violation {
-                mode,
+                kill,
                 point: n,
                 label: label.clone(),
                 what,
