@@ -1,11 +1,12 @@
 //! Same seed → the same SQLite I/O: identical SimFs traces (every op, path
-//! and label) and identical disk bytes, including a crash and recovery.
-//! A different SQLite seed changes the bytes (WAL salts come from the PRNG
-//! we reseed), which shows the seed is what pins them.
+//! and label, and their hash) and identical disk bytes, including a crash,
+//! power loss and recovery. A different SQLite seed changes the bytes (WAL
+//! salts and randomblob come from the PRNG we reseed), which shows the seed
+//! is what pins them.
 //!
-//! One #[test] only: SQLite's PRNG is process-global, so a concurrently
-//! running test in this binary could draw from it between our reseed and
-//! our writes.
+//! One test function only: SQLite's PRNG is process-global, so another test
+//! running concurrently in this binary could draw from it between our
+//! reseed and our writes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,12 @@ use std::sync::Arc;
 use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs, TraceEntry};
 use durable_agent::sqlite::{open, SqliteOptions};
 
-type Run = (Vec<TraceEntry>, BTreeMap<PathBuf, Vec<u8>>);
+struct Run {
+    trace: Vec<TraceEntry>,
+    image: BTreeMap<PathBuf, Vec<u8>>,
+    trace_hash: u64,
+    image_hash: u64,
+}
 
 fn run(sim_seed: u64, sqlite_seed: u64, crash_at: Option<u64>) -> Run {
     let sim = SimFs::new(SimConfig::new(sim_seed));
@@ -51,34 +57,46 @@ fn run(sim_seed: u64, sqlite_seed: u64, crash_at: Option<u64>) -> Run {
     } else {
         result.unwrap();
     }
-    (sim.trace(), sim.disk_image())
+    Run {
+        trace: sim.trace(),
+        image: sim.disk_image(),
+        trace_hash: sim.trace_hash(),
+        image_hash: sim.image_hash(),
+    }
+}
+
+fn assert_same(a: &Run, b: &Run, what: &str) {
+    assert_eq!(a.trace_hash, b.trace_hash, "trace hashes differ {what}");
+    assert_eq!(a.trace, b.trace, "traces differ {what}");
+    assert_eq!(a.image_hash, b.image_hash, "image hashes differ {what}");
+    assert_eq!(a.image, b.image, "disk images differ {what}");
 }
 
 #[test]
 fn same_seed_gives_identical_sqlite_trace_and_disk_bytes() {
     let a = run(11, 42, None);
     let b = run(11, 42, None);
-    assert!(a.0.len() > 50, "the workload does real I/O: {} points", a.0.len());
-    assert_eq!(a.0, b.0, "traces differ for one seed");
-    assert_eq!(a.1, b.1, "disk images differ for one seed");
+    assert!(
+        a.trace.len() > 50,
+        "the workload does real I/O: {} points",
+        a.trace.len()
+    );
+    assert_same(&a, &b, "for one seed");
 
-    let crash = Some(a.0.len() as u64 / 2);
+    // Crash mid-run, lose power, recover: still byte-identical.
+    let crash = Some(a.trace.len() as u64 / 2);
     let c = run(11, 42, crash);
     let d = run(11, 42, crash);
-    assert_eq!(c.0, d.0, "traces differ for one seed with a crash and recovery");
-    assert_eq!(
-        c.1, d.1,
-        "disk images differ for one seed with a crash and recovery"
-    );
+    assert_same(&c, &d, "for one seed with a crash and recovery");
 
     let e = run(11, 43, None);
     assert_eq!(
-        a.0.len(),
-        e.0.len(),
+        a.trace.len(),
+        e.trace.len(),
         "the SQLite seed does not change the I/O sequence"
     );
     assert_ne!(
-        a.1, e.1,
+        a.image, e.image,
         "another SQLite seed must change the bytes (WAL salts, randomblob)"
     );
 }
