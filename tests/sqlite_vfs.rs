@@ -178,3 +178,110 @@ fn missing_directory_is_a_typed_cant_open_error() {
     assert!(matches!(err, SqliteError::CantOpen { .. }), "{err:?}");
     assert!(err.to_string().contains("/nope/x.db"), "{err}");
 }
+
+#[test]
+fn sqlite_now_reads_the_logical_clock() {
+    let (_sim, fs) = sim();
+    let opts = SqliteOptions {
+        clock_unix_ms: 1_234_567_890_000,
+        ..SqliteOptions::default()
+    };
+    let db = open(fs, Path::new("/data/clock.db"), &opts).unwrap();
+    let now: i64 = db
+        .conn()
+        .query_row("SELECT unixepoch('now')", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(now, 1_234_567_890);
+    db.set_clock_unix_ms(1_300_000_000_500);
+    let now: String = db
+        .conn()
+        .query_row("SELECT datetime('now')", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(now, "2011-03-13 07:06:40");
+}
+
+/// Wraps SimFs; once `full` is set every write fails with ENOSPC.
+#[derive(Debug)]
+struct FullFs {
+    inner: SimFs,
+    full: std::sync::atomic::AtomicBool,
+}
+
+impl Fs for FullFs {
+    fn create_dir_all(&self, p: &Path, l: &str) -> std::io::Result<()> {
+        self.inner.create_dir_all(p, l)
+    }
+    fn open(&self, p: &Path, m: OpenMode, l: &str) -> std::io::Result<()> {
+        self.inner.open(p, m, l)
+    }
+    fn write_at(&self, p: &Path, o: u64, d: &[u8], l: &str) -> std::io::Result<()> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "test ENOSPC",
+            ));
+        }
+        self.inner.write_at(p, o, d, l)
+    }
+    fn append(&self, p: &Path, d: &[u8], l: &str) -> std::io::Result<u64> {
+        self.inner.append(p, d, l)
+    }
+    fn read_at(&self, p: &Path, o: u64, b: &mut [u8], l: &str) -> std::io::Result<usize> {
+        self.inner.read_at(p, o, b, l)
+    }
+    fn read(&self, p: &Path, l: &str) -> std::io::Result<Vec<u8>> {
+        self.inner.read(p, l)
+    }
+    fn len(&self, p: &Path, l: &str) -> std::io::Result<u64> {
+        self.inner.len(p, l)
+    }
+    fn truncate(&self, p: &Path, n: u64, l: &str) -> std::io::Result<()> {
+        self.inner.truncate(p, n, l)
+    }
+    fn sync(&self, p: &Path, l: &str) -> std::io::Result<()> {
+        self.inner.sync(p, l)
+    }
+    fn sync_dir(&self, p: &Path, l: &str) -> std::io::Result<()> {
+        self.inner.sync_dir(p, l)
+    }
+    fn rename(&self, f: &Path, t: &Path, l: &str) -> std::io::Result<()> {
+        self.inner.rename(f, t, l)
+    }
+    fn remove(&self, p: &Path, l: &str) -> std::io::Result<()> {
+        self.inner.remove(p, l)
+    }
+    fn list(&self, p: &Path, l: &str) -> std::io::Result<Vec<String>> {
+        self.inner.list(p, l)
+    }
+    fn exists(&self, p: &Path, l: &str) -> std::io::Result<bool> {
+        self.inner.exists(p, l)
+    }
+}
+
+#[test]
+fn disk_full_is_a_typed_full_error_and_the_commit_is_not_visible() {
+    let (sim, _) = sim();
+    let full = Arc::new(FullFs {
+        inner: sim.clone(),
+        full: false.into(),
+    });
+    let fs: Arc<dyn Fs> = full.clone();
+    let path = Path::new("/data/full.db");
+    let db = open(fs.clone(), path, &SqliteOptions::default()).unwrap();
+    db.conn().execute_batch("CREATE TABLE t (x)").unwrap();
+    full.full.store(true, std::sync::atomic::Ordering::SeqCst);
+    let e = db
+        .conn()
+        .execute("INSERT INTO t VALUES (zeroblob(100000))", [])
+        .unwrap_err();
+    let err = db.error("insert", e);
+    assert!(matches!(err, SqliteError::Full { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("/data/full.db") && msg.contains("ENOSPC"), "{msg}");
+    full.full.store(false, std::sync::atomic::Ordering::SeqCst);
+    let n: i64 = db
+        .conn()
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0);
+}

@@ -51,9 +51,9 @@ pub(super) unsafe extern "C" fn x_check_reserved_lock(
         // SAFETY: opened file.
         let st = unsafe { state(file) };
         let reserved = match &st.backing {
-            Backing::Fs(path) if st.kind == Kind::Db => {
-                st.lock < ffi::SQLITE_LOCK_RESERVED && st.vfs.locks.reserved(path)
-            }
+            // As unixCheckReservedLock: any connection of this process,
+            // this one included, holding RESERVED or higher.
+            Backing::Fs(path) if st.kind == Kind::Db => st.vfs.locks.reserved(path),
             _ => false,
         };
         // SAFETY: valid out pointer from SQLite.

@@ -18,6 +18,8 @@ mod file_lock;
 mod lock;
 mod shm;
 mod vfs;
+#[cfg(test)]
+mod vfs_tests;
 
 pub use connection::{open, Db, JournalMode, SqliteOptions, Synchronous};
 pub use error::SqliteError;

@@ -166,6 +166,12 @@ impl Vfs {
         self.name.to_str().unwrap_or("durable-agent-?")
     }
 
+    /// The registered `sqlite3_vfs`, for calling callbacks directly in tests.
+    #[cfg(test)]
+    pub(crate) fn raw_ptr(&self) -> *mut ffi::sqlite3_vfs {
+        std::ptr::from_ref::<ffi::sqlite3_vfs>(&self.raw).cast_mut()
+    }
+
     /// Set the logical clock SQLite reads through xCurrentTime.
     pub fn set_clock_unix_ms(&self, ms: i64) {
         self.inner.clock_unix_ms.store(ms, Ordering::SeqCst);
