@@ -99,3 +99,72 @@ fn database_with_damaged_pages_gives_an_error_not_a_panic() {
     let res = store.pending(&conn, 0);
     assert!(res.is_err(), "damaged table must not read as empty: {res:?}");
 }
+
+mod over_the_vfs {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
+    use durable_agent::sqlite::{SqliteError, SqliteOptions};
+    use durable_agent::store::schema::{open_store, SCHEMA_VERSION};
+    use durable_agent::store::StoreError;
+
+    fn sim_with(bytes: Option<&[u8]>) -> Arc<dyn Fs> {
+        let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(3)));
+        fs.create_dir_all(Path::new("/data"), "test mkdir").unwrap();
+        if let Some(bytes) = bytes {
+            let p = Path::new("/data/sessions.db");
+            fs.open(p, OpenMode::CreateNew, "test create").unwrap();
+            fs.write_at(p, 0, bytes, "test write").unwrap();
+        }
+        fs
+    }
+
+    #[test]
+    fn store_opens_and_migrates_on_simfs() {
+        let fs = sim_with(None);
+        let db = open_store(
+            fs.clone(),
+            Path::new("/data/sessions.db"),
+            &SqliteOptions::default(),
+        )
+        .unwrap();
+        let v: u32 = db
+            .conn()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn garbage_database_on_simfs_is_a_typed_error_naming_the_path() {
+        let fs = sim_with(Some(&[0x5Au8; 4096]));
+        let err = open_store(fs, Path::new("/data/sessions.db"), &SqliteOptions::default()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Open(SqliteError::NotADatabase { .. }) | StoreError::Corrupt { .. }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("/data/sessions.db"), "{err}");
+    }
+
+    #[test]
+    fn future_schema_on_simfs_is_refused() {
+        let fs = sim_with(None);
+        let path = Path::new("/data/sessions.db");
+        {
+            let db = durable_agent::sqlite::open(fs.clone(), path, &SqliteOptions::default()).unwrap();
+            db.conn()
+                .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+                .unwrap();
+        }
+        let err = open_store(fs, path, &SqliteOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, StoreError::FutureSchema { found, .. } if found == SCHEMA_VERSION + 1),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("/data/sessions.db"), "{err}");
+    }
+}

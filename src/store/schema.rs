@@ -68,6 +68,10 @@ pub enum StoreError {
     /// The row does not exist.
     #[error("{table} row {id} not found")]
     NotFound { table: &'static str, id: String },
+    /// Opening the database over the `Fs` seam failed (I/O, not a
+    /// database, …); the error names the path.
+    #[error(transparent)]
+    Open(#[from] crate::sqlite::SqliteError),
     /// A loop checkpoint was written by a newer build (seed 003).
     #[error(
         "loop checkpoint for run {run_id} has schema version {found} but this build supports at \
@@ -130,6 +134,19 @@ pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
     tx.commit().map_err(classify)?;
     tracing::info!(db, from = found, to = SCHEMA_VERSION, "schema migrated");
     Ok(found)
+}
+
+/// Open the stores' database at `path` on `fs` (WAL + synchronous=FULL
+/// unless `opts` say otherwise) and migrate it: the one way the runtime
+/// gets a store connection.
+pub fn open_store(
+    fs: std::sync::Arc<dyn crate::fs::Fs>,
+    path: &std::path::Path,
+    opts: &crate::sqlite::SqliteOptions,
+) -> Result<crate::sqlite::Db, StoreError> {
+    let db = crate::sqlite::open(fs, path, opts)?;
+    migrate(db.conn(), &path.display().to_string())?;
+    Ok(db)
 }
 
 /// The stored schema version (`PRAGMA user_version`).

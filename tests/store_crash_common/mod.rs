@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use durable_agent::fs::sim::FailKind;
 use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
-use durable_agent::sqlite::{open, Db, SqliteOptions, Synchronous};
-use durable_agent::store::schema::migrate;
+use durable_agent::sqlite::{Db, SqliteOptions, Synchronous};
+use durable_agent::store::schema::open_store;
 
 pub const DB_PATH: &str = "/data/sessions.db";
 
@@ -35,7 +35,7 @@ pub enum Kill {
 }
 
 impl Kill {
-    fn fault(self, at: u64) -> Fault {
+    pub fn fault(self, at: u64) -> Fault {
         match self {
             Kill::Crash(_) => Fault::CrashAt(at),
             Kill::LostReply(_) => Fault::LostReplyAt(at),
@@ -43,7 +43,7 @@ impl Kill {
         }
     }
 
-    fn restart_mode(self) -> CrashMode {
+    pub fn restart_mode(self) -> CrashMode {
         match self {
             Kill::Crash(m) | Kill::LostReply(m) | Kill::Fail(_, m) => m,
         }
@@ -134,9 +134,7 @@ fn boot(seed: u64) -> (SimFs, Arc<dyn Fs>) {
 
 /// Open the database and bring its schema current.
 pub fn open_db(fs: &Arc<dyn Fs>, opts: &SqliteOptions) -> Result<Db, String> {
-    let db = open(fs.clone(), Path::new(DB_PATH), opts).map_err(|e| format!("reopen failed: {e}"))?;
-    migrate(db.conn(), DB_PATH).map_err(|e| format!("migrate failed: {e}"))?;
-    Ok(db)
+    open_store(fs.clone(), Path::new(DB_PATH), opts).map_err(|e| format!("reopen failed: {e}"))
 }
 
 fn fresh(seed: u64, opts: &SqliteOptions, setup: &dyn Fn(&Db)) -> (SimFs, Arc<dyn Fs>, Db) {
