@@ -92,8 +92,16 @@ fn check(db: &Db, m: &Model, store: &TriggerStore) -> Vec<String> {
     }
     // Recovery: reclaim orphaned leases, producers re-emit, consumer drains.
     let now = 1_000_000;
+    let mut bad_rehydrate = Vec::new();
     let drained = (|| -> Result<(), durable_agent::store::StoreError> {
         store.reclaim_expired(c, now)?;
+        // Rehydration: every trigger still due from before the crash is
+        // overdue now and carries the catch-up note.
+        for t in store.pending(c, now)? {
+            if t.overdue_by_ms != Some(now - t.fire_at_ms) || t.overdue_note().is_none() {
+                bad_rehydrate.push(format!("rehydrated {} without overdue note", t.description));
+            }
+        }
         for i in 0..KEYS.len() {
             store.emit(c, &spec(i), now)?;
         }
@@ -105,6 +113,7 @@ fn check(db: &Db, m: &Model, store: &TriggerStore) -> Vec<String> {
         }
         Ok(())
     })();
+    bad.append(&mut bad_rehydrate);
     if let Err(e) = drained {
         bad.push(format!("recovery failed: {e}"));
         return bad;
