@@ -332,6 +332,10 @@ unsafe extern "C" fn x_dl_sym(_vfs: *mut ffi::sqlite3_vfs, _h: *mut c_void, _z: 
 
 unsafe extern "C" fn x_dl_close(_vfs: *mut ffi::sqlite3_vfs, _h: *mut c_void) {}
 
+// Deterministic from the VFS seed. SQLite itself seeds its PRNG from the
+// *default* VFS's xRandomness, or, once SQLITE_TESTCTRL_PRNG_SEED set a
+// seed (as `connection::open` does), from that seed alone; this callback
+// covers any other caller.
 unsafe extern "C" fn x_randomness(vfs: *mut ffi::sqlite3_vfs, n: c_int, out: *mut c_char) -> c_int {
     guard(0, || {
         // SAFETY: our VFS; `out` has room for n bytes.
