@@ -1,0 +1,239 @@
+//! Shared test harness for the runtime's crash tests: a tiny op language,
+//! a dry run that records the observable state after each op and the I/O
+//! trace, and a crash run that kills the process at a chosen I/O point,
+//! restarts under a crash mode, recovers and checks:
+//! - recovery succeeds and the on-disk invariants hold;
+//! - the recovered state is the state before the interrupted op or after
+//!   it (the in-flight op is all-or-nothing), never anything else.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use durable_agent::canary::Canaries;
+use durable_agent::fs::sim::TraceEntry;
+use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
+use durable_agent::recovery::{check_invariants, RecoveryReport};
+use durable_agent::runtime::{AgentId, Runtime, RuntimeConfig, RuntimeError, RuntimeState};
+
+pub const ROOT: &str = "/data";
+
+pub const MODES: [CrashMode; 3] = [
+    CrashMode::ProcessCrash,
+    CrashMode::PowerLoss(DirModel::Strict),
+    CrashMode::PowerLoss(DirModel::Eager),
+];
+
+/// One runtime operation; agents are named by creation index.
+#[derive(Debug, Clone)]
+pub enum Op {
+    CreateRoot(&'static str),
+    Spawn(usize, &'static str),
+    Turn(usize, &'static str),
+    Send(usize, usize, &'static str),
+    Deliver(usize),
+    Evict(usize),
+    Terminate(usize),
+}
+
+pub fn config(seed: u64, canaries: &Canaries) -> RuntimeConfig {
+    RuntimeConfig::new(seed)
+        .with_slots(2)
+        .with_canaries(canaries.clone())
+}
+
+pub fn open(sim: &SimFs, seed: u64, canaries: &Canaries) -> Result<(Runtime, RecoveryReport), RuntimeError> {
+    let fs: Arc<dyn Fs> = Arc::new(sim.clone());
+    Runtime::open(fs, Path::new(ROOT), config(seed, canaries))
+}
+
+pub fn apply(rt: &mut Runtime, agents: &mut Vec<AgentId>, op: &Op) -> Result<(), RuntimeError> {
+    match op {
+        Op::CreateRoot(name) => agents.push(rt.create_root(name, "instructions")?),
+        Op::Spawn(p, name) => {
+            let parent = agents[*p].clone();
+            agents.push(rt.spawn_child(&parent, name, "child instructions")?);
+        }
+        Op::Turn(a, prompt) => drop(rt.run_turn(&agents[*a], prompt)?),
+        Op::Send(f, t, payload) => drop(rt.send_message(&agents[*f], &agents[*t], payload)?),
+        Op::Deliver(a) => drop(rt.deliver(&agents[*a])?),
+        Op::Evict(a) => rt.evict(&agents[*a])?,
+        Op::Terminate(a) => rt.terminate(&agents[*a])?,
+    }
+    Ok(())
+}
+
+/// A crash-free run: normalized state before the ops (index 0) and after
+/// each op, the trace, and the I/O points of each op as (first, last).
+pub struct DryRun {
+    pub states: Vec<RuntimeState>,
+    pub trace: Vec<TraceEntry>,
+    pub op_points: Vec<(u64, u64)>,
+}
+
+pub fn dry_run(seed: u64, ops: &[Op]) -> DryRun {
+    let sim = SimFs::new(SimConfig::new(seed));
+    let (mut rt, _) = open(&sim, seed, &Canaries::none()).unwrap();
+    let mut agents = Vec::new();
+    let mut states = vec![rt.state().normalized()];
+    let mut op_points = Vec::new();
+    for op in ops {
+        let first = sim.points() + 1;
+        apply(&mut rt, &mut agents, op).unwrap();
+        op_points.push((first, sim.points()));
+        states.push(rt.state().normalized());
+    }
+    DryRun {
+        states,
+        trace: sim.trace(),
+        op_points,
+    }
+}
+
+/// The first point in op `op_index` (0-based) whose label is `label`.
+pub fn point_of(dry: &DryRun, op_index: usize, label: &str) -> u64 {
+    let (first, last) = dry.op_points[op_index];
+    dry.trace
+        .iter()
+        .find(|t| t.point >= first && t.point <= last && t.label == label)
+        .unwrap_or_else(|| panic!("no I/O point labelled {label:?} in op {op_index}"))
+        .point
+}
+
+/// The first point labelled `label` in op `op_index` that comes after the
+/// first point labelled `anchor` in it.
+pub fn point_after(dry: &DryRun, op_index: usize, anchor: &str, label: &str) -> u64 {
+    let start = point_of(dry, op_index, anchor);
+    let (_, last) = dry.op_points[op_index];
+    dry.trace
+        .iter()
+        .find(|t| t.point > start && t.point <= last && t.label == label)
+        .unwrap_or_else(|| panic!("no I/O point labelled {label:?} after {anchor:?} in op {op_index}"))
+        .point
+}
+
+/// Result of one crash run.
+pub struct CrashRun {
+    /// Index of the op that observed the crash (0-based).
+    pub failed_op: usize,
+    pub runtime: Runtime,
+    pub report: RecoveryReport,
+    pub sim: SimFs,
+    pub agents: Vec<AgentId>,
+}
+
+/// Run `ops`, crash at I/O point `point`, restart with `mode`, recover.
+/// Errors describe a violated guarantee.
+pub fn crash_run(
+    seed: u64,
+    ops: &[Op],
+    point: u64,
+    mode: CrashMode,
+    canaries: &Canaries,
+) -> Result<Option<CrashRun>, String> {
+    let sim = SimFs::new(SimConfig::new(seed));
+    let (mut rt, _) = open(&sim, seed, canaries).map_err(|e| e.to_string())?;
+    sim.set_fault(Some(Fault::CrashAt(point)));
+    let mut agents = Vec::new();
+    let mut failed_op = None;
+    for (i, op) in ops.iter().enumerate() {
+        if apply(&mut rt, &mut agents, op).is_err() {
+            failed_op = Some(i);
+            break;
+        }
+    }
+    let Some(failed_op) = failed_op else {
+        return Ok(None);
+    };
+    drop(rt);
+    sim.restart(mode);
+    let (runtime, report) = open(&sim, seed, canaries).map_err(|e| format!("recovery failed: {e}"))?;
+    check_invariants(&sim, Path::new(ROOT)).map_err(|v| format!("on-disk invariants: {v:#?}"))?;
+    let mem = runtime.check_invariants();
+    if !mem.is_empty() {
+        return Err(format!("in-memory invariants: {mem:#?}"));
+    }
+    Ok(Some(CrashRun {
+        failed_op,
+        runtime,
+        report,
+        sim,
+        agents,
+    }))
+}
+
+/// Check the recovered state is the state before or after the failed op.
+pub fn check_all_or_nothing(dry: &DryRun, run: &CrashRun) -> Result<(), String> {
+    let got = run.runtime.state().normalized();
+    let k = run.failed_op;
+    if got == dry.states[k] || got == dry.states[k + 1] {
+        return Ok(());
+    }
+    let diff_before = similar_diff(&dry.states[k], &got);
+    Err(format!(
+        "crash in op {k}: recovered state is neither the state before nor after it\n--- before op vs recovered:\n{diff_before}"
+    ))
+}
+
+fn similar_diff(a: &RuntimeState, b: &RuntimeState) -> String {
+    let a = serde_json::to_string_pretty(a).unwrap();
+    let b = serde_json::to_string_pretty(b).unwrap();
+    let mut out = String::new();
+    for (la, lb) in a.lines().zip(b.lines()) {
+        if la != lb {
+            out.push_str(&format!("- {la}\n+ {lb}\n"));
+        }
+    }
+    if a.lines().count() != b.lines().count() {
+        out.push_str(&format!(
+            "(line counts differ: {} vs {})\n",
+            a.lines().count(),
+            b.lines().count()
+        ));
+    }
+    out
+}
+
+/// Crash at every I/O point of `ops` under `mode`; returns every violation
+/// (point, label, message).
+pub fn sweep(seed: u64, ops: &[Op], mode: CrashMode, canaries: &Canaries) -> Vec<(u64, String, String)> {
+    let dry = dry_run(seed, ops);
+    let (first, _) = dry.op_points[0];
+    let (_, last) = *dry.op_points.last().unwrap();
+    let mut violations = Vec::new();
+    for point in first..=last + 1 {
+        let label = dry
+            .trace
+            .iter()
+            .find(|t| t.point == point)
+            .map(|t| t.label.clone())
+            .unwrap_or_default();
+        let result = crash_run(seed, ops, point, mode, canaries).and_then(|run| match run {
+            Some(run) => check_all_or_nothing(&dry, &run),
+            None => Ok(()),
+        });
+        if let Err(e) = result {
+            violations.push((point, label, e));
+        }
+    }
+    violations
+}
+
+/// A scenario touching every operation: tree, turns with tools, messages,
+/// eviction/restore, termination.
+pub fn full_scenario() -> Vec<Op> {
+    vec![
+        Op::CreateRoot("alpha"),
+        Op::Spawn(0, "worker"),
+        Op::Turn(0, "plan the lookup"),
+        Op::Turn(1, "send_email to the client"),
+        Op::Send(1, 0, "report"),
+        Op::CreateRoot("beta"),
+        Op::Send(0, 1, "more work"),
+        Op::Deliver(0),
+        Op::Evict(1),
+        Op::Turn(1, "write_note about it"),
+        Op::Deliver(1),
+        Op::Terminate(1),
+    ]
+}
