@@ -66,6 +66,8 @@ impl Runtime {
         let now = self.clock.now();
         let slot = self.slot_mut(agent)?;
         slot.record.state = SessionState::Active;
+        // The conversation is rebuilt from the log; a kept blob would go stale.
+        slot.record.provider_state = None;
         slot.record.updated_ts = now;
         let record = slot.record.clone();
         self.store.write(&record)?;
