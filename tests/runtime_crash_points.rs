@@ -7,6 +7,7 @@
 mod runtime_support;
 
 use durable_agent::canary::Canaries;
+use durable_agent::fs::CrashMode;
 use durable_agent::runtime::ConversationItem;
 use runtime_support::{
     check_all_or_nothing, crash_run, dry_run, point_after, point_of, CrashRun, DryRun, Op, MODES,
@@ -16,13 +17,19 @@ const SEED: u64 = 11;
 
 /// Crash at the first point labelled `label` in op `op_index`, under every
 /// mode; `check` gets the dry run and each recovered run.
-fn at_label(ops: &[Op], op_index: usize, label: &str, check: impl Fn(&DryRun, &CrashRun)) {
+fn at_label(ops: &[Op], op_index: usize, label: &str, check: impl Fn(&DryRun, &CrashRun, CrashMode)) {
     let dry = dry_run(SEED, ops);
     crash_everywhere(&dry, ops, op_index, point_of(&dry, op_index, label), label, check);
 }
 
 /// Like [`at_label`], for the first `label` after `anchor` in the op.
-fn after_label(ops: &[Op], op_index: usize, anchor: &str, label: &str, check: impl Fn(&DryRun, &CrashRun)) {
+fn after_label(
+    ops: &[Op],
+    op_index: usize,
+    anchor: &str,
+    label: &str,
+    check: impl Fn(&DryRun, &CrashRun, CrashMode),
+) {
     let dry = dry_run(SEED, ops);
     let point = point_after(&dry, op_index, anchor, label);
     crash_everywhere(&dry, ops, op_index, point, label, check);
@@ -34,7 +41,7 @@ fn crash_everywhere(
     op_index: usize,
     point: u64,
     label: &str,
-    check: impl Fn(&DryRun, &CrashRun),
+    check: impl Fn(&DryRun, &CrashRun, CrashMode),
 ) {
     for mode in MODES {
         let run = crash_run(SEED, ops, point, mode, &Canaries::none())
@@ -45,7 +52,7 @@ fn crash_everywhere(
             "{mode:?}: crash observed by the wrong op"
         );
         check_all_or_nothing(dry, &run).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
-        check(dry, &run);
+        check(dry, &run, mode);
     }
 }
 
@@ -62,7 +69,7 @@ fn crash_after_session_dir_before_record_leaves_no_agent_and_cleans_the_orphan()
         2,
         "session dir mkdir",
         "session.json.tmp create",
-        |dry, run| {
+        |dry, run, _mode| {
             assert_eq!(run.runtime.state().normalized(), dry.states[2]);
             assert_eq!(run.report.orphans_cleaned.len(), 1);
         },
@@ -73,22 +80,30 @@ fn crash_after_session_dir_before_record_leaves_no_agent_and_cleans_the_orphan()
 fn crash_after_record_before_agent_created_cleans_the_orphan_session() {
     let mut ops = base();
     ops.push(Op::CreateRoot("beta"));
-    at_label(&ops, 2, "events.pending create agent.created", |dry, run| {
-        assert_eq!(run.runtime.state().normalized(), dry.states[2]);
-        assert_eq!(run.report.orphans_cleaned.len(), 1, "{:?}", run.report);
-    });
+    at_label(
+        &ops,
+        2,
+        "events.pending create agent.created",
+        |dry, run, _mode| {
+            assert_eq!(run.runtime.state().normalized(), dry.states[2]);
+            assert_eq!(run.report.orphans_cleaned.len(), 1, "{:?}", run.report);
+        },
+    );
 }
 
 #[test]
 fn crash_after_pending_agent_created_replays_it_and_keeps_the_agent() {
     let mut ops = base();
     ops.push(Op::CreateRoot("beta"));
-    at_label(&ops, 2, "events.jsonl append agent.created", |dry, run| {
-        // The pending entry was fsynced: recovery may replay it (the
-        // unacknowledged create completes) but never half-applies it.
+    at_label(&ops, 2, "events.jsonl append agent.created", |dry, run, mode| {
+        // The pending entry was fsynced (its directory entry was not): the
+        // unacknowledged create completes when the pending file survived,
+        // and it always survives a process crash.
         let got = run.runtime.state().normalized();
-        if got == dry.states[3] {
-            assert!(run.report.logs_repaired.values().any(|r| r.pending_replayed));
+        let replayed = run.report.logs_repaired.values().any(|r| r.pending_replayed);
+        assert_eq!(got == dry.states[3], replayed);
+        if mode == CrashMode::ProcessCrash {
+            assert!(replayed);
         }
     });
 }
@@ -97,17 +112,22 @@ fn crash_after_pending_agent_created_replays_it_and_keeps_the_agent() {
 fn crash_after_agent_created_before_spawn_success_keeps_the_child() {
     let mut ops = base();
     ops.push(Op::Spawn(1, "grandchild"));
-    at_label(&ops, 2, "events.pending unlink agent.created", |dry, run| {
-        assert_eq!(run.runtime.state().normalized(), dry.states[3]);
-        assert_eq!(run.runtime.tree().nodes().len(), 3);
-    });
+    at_label(
+        &ops,
+        2,
+        "events.pending unlink agent.created",
+        |dry, run, _mode| {
+            assert_eq!(run.runtime.state().normalized(), dry.states[3]);
+            assert_eq!(run.runtime.tree().nodes().len(), 3);
+        },
+    );
 }
 
 #[test]
 fn crash_before_spawn_is_logged_makes_the_unacknowledged_child_vanish() {
     let mut ops = base();
     ops.push(Op::Spawn(1, "grandchild"));
-    at_label(&ops, 2, "session dir mkdir", |dry, run| {
+    at_label(&ops, 2, "session dir mkdir", |dry, run, _mode| {
         assert_eq!(run.runtime.state().normalized(), dry.states[2]);
         assert_eq!(run.runtime.tree().nodes().len(), 2);
     });
@@ -118,14 +138,19 @@ fn crash_after_provider_reply_before_logging_response_loses_only_that_turn() {
     let mut ops = base();
     ops.push(Op::Turn(0, "first question"));
     ops.push(Op::Turn(0, "second question"));
-    at_label(&ops, 3, "events.pending create turn.complete", |dry, run| {
-        let got = run.runtime.state().normalized();
-        assert_eq!(got, dry.states[3]);
-        let conv = &got.conversations[&run.agents[0]];
-        assert!(!conv.contains(&ConversationItem::Prompt {
-            text: "second question".into()
-        }));
-    });
+    at_label(
+        &ops,
+        3,
+        "events.pending create turn.complete",
+        |dry, run, _mode| {
+            let got = run.runtime.state().normalized();
+            assert_eq!(got, dry.states[3]);
+            let conv = &got.conversations[&run.agents[0]];
+            assert!(!conv.contains(&ConversationItem::Prompt {
+                text: "second question".into()
+            }));
+        },
+    );
 }
 
 #[test]
@@ -133,16 +158,21 @@ fn crash_after_logging_response_before_delivering_reply_keeps_the_turn_without_t
     let mut ops = base();
     ops.push(Op::Turn(1, "work on it"));
     ops.push(Op::Send(1, 0, "the reply"));
-    at_label(&ops, 3, "events.pending create message.enqueued", |dry, run| {
-        let got = run.runtime.state().normalized();
-        assert_eq!(got, dry.states[3]);
-        let worker = &run.agents[1];
-        assert!(matches!(
-            got.conversations[worker].last(),
-            Some(ConversationItem::Response { .. })
-        ));
-        assert!(got.pending[&run.agents[0]].is_empty());
-    });
+    at_label(
+        &ops,
+        3,
+        "events.pending create message.enqueued",
+        |dry, run, _mode| {
+            let got = run.runtime.state().normalized();
+            assert_eq!(got, dry.states[3]);
+            let worker = &run.agents[1];
+            assert!(matches!(
+                got.conversations[worker].last(),
+                Some(ConversationItem::Response { .. })
+            ));
+            assert!(got.pending[&run.agents[0]].is_empty());
+        },
+    );
 }
 
 #[test]
@@ -150,26 +180,36 @@ fn crash_after_enqueue_before_logging_delivery_reinjects_the_message() {
     let mut ops = base();
     ops.push(Op::Send(1, 0, "hello parent"));
     ops.push(Op::Deliver(0));
-    at_label(&ops, 3, "events.pending create message.delivered", |dry, run| {
-        let got = run.runtime.state().normalized();
-        assert_eq!(got, dry.states[3]);
-        let root = &run.agents[0];
-        assert_eq!(got.pending[root].len(), 1);
-        assert_eq!(got.pending[root][0].payload, "hello parent");
-        assert_eq!(
-            run.report.messages_reinjected[root],
-            vec![got.pending[root][0].id.clone()]
-        );
-    });
+    at_label(
+        &ops,
+        3,
+        "events.pending create message.delivered",
+        |dry, run, _mode| {
+            let got = run.runtime.state().normalized();
+            assert_eq!(got, dry.states[3]);
+            let root = &run.agents[0];
+            assert_eq!(got.pending[root].len(), 1);
+            assert_eq!(got.pending[root][0].payload, "hello parent");
+            assert_eq!(
+                run.report.messages_reinjected[root],
+                vec![got.pending[root][0].id.clone()]
+            );
+        },
+    );
 }
 
 #[test]
 fn crash_after_agent_terminated_before_tree_removal_keeps_it_terminated() {
     let mut ops = base();
     ops.push(Op::Terminate(1));
-    at_label(&ops, 2, "events.pending unlink agent.terminated", |dry, run| {
-        assert_eq!(run.runtime.state().normalized(), dry.states[3]);
-        assert_eq!(run.report.terminated_records_fixed.len(), 1);
-        assert_eq!(run.runtime.tree().nodes().len(), 1);
-    });
+    at_label(
+        &ops,
+        2,
+        "events.pending unlink agent.terminated",
+        |dry, run, _mode| {
+            assert_eq!(run.runtime.state().normalized(), dry.states[3]);
+            assert_eq!(run.report.terminated_records_fixed.len(), 1);
+            assert_eq!(run.runtime.tree().nodes().len(), 1);
+        },
+    );
 }

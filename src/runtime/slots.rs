@@ -28,8 +28,11 @@ impl Runtime {
     }
 
     fn suspend(&mut self, agent: &AgentId) -> Result<(), RuntimeError> {
-        let blob = serde_json::to_string(&self.slot(agent)?.conversation).map_err(|e| {
-            RuntimeError::Recovery(format!("cannot serialize the conversation of {agent}: {e}"))
+        let blob = serde_json::to_string(&self.slot(agent)?.conversation).map_err(|source| {
+            RuntimeError::Serialize {
+                what: format!("the conversation of {agent}"),
+                source,
+            }
         })?;
         self.log_to(
             agent,
