@@ -1,149 +1,150 @@
-//! [`SimFs`]: an in-memory, fault-injecting [`Fs`], deterministic from a seed.
+//! [`SimFs`]: an in-memory, fault-injecting [`Fs`](crate::fs::Fs), deterministic from a seed.
 //!
-//! SKELETON: this version keeps only the process's view (so it behaves like
-//! `ProcessCrash` for every crash mode). The durable image, power loss, torn
-//! appends, directory models and injected errors land behind this same API.
+//! # The fault model
+//!
+//! This is the one place the fault model is written down. Every other test,
+//! harness and oracle refers here.
+//!
+//! **State.** Per file (an inode: identity independent of its name): the
+//! *visible* bytes (the page cache; what `read` returns) and a *durable*
+//! base plus a log of unsynced writes/truncates. Per directory: the visible
+//! entries and the durable entries plus a log of unsynced creates, renames,
+//! removes and mkdirs. `rename` moves an entry to the same inode, so a
+//! file's data durability (`sync`) and its entry's durability (`sync_dir`)
+//! are separate facts, as on a real filesystem.
+//!
+//! **I/O points.** Every [`Fs`](crate::fs::Fs) call is one numbered point (from 1), recorded
+//! in [`SimFs::trace`] with the caller's label and its [`Outcome`]. A
+//! [`Fault`] is armed at one point number. All random choices draw from one
+//! ChaCha8 RNG seeded by [`SimConfig::seed`], in a fixed order, so a seed and
+//! an op sequence replay to byte-identical disks and traces
+//! ([`SimFs::image_hash`], [`SimFs::trace_hash`]).
+//!
+//! | Fault | Stands for | Effect |
+//! |---|---|---|
+//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), any other op whole — else not at all; every later call errors until [`SimFs::restart`] |
+//! | `FailAt(n, Eio)` | a media error, a yanked or dm-error'd device, a failing NFS/FUSE backend | point `n` returns EIO (`ErrorKind::Other`) and changes nothing — except a failed `sync`, see below |
+//! | `FailAt(n, Enospc)` | a full disk or quota (ext4 can also report it from `fsync` under delayed allocation) | as EIO, with `ErrorKind::StorageFull` |
+//! | `LostReplyAt(n)` | the kernel completed the op but the caller saw an error (EINTR after completion, a dropped NFS reply, an error from a different page reported on this `fsync`) | point `n` takes full effect; the caller gets EIO |
+//! | unsynced write lost | the page cache, or the drive's volatile write cache, dies with the power | at power loss each unsynced write/truncate survives with `unsynced_write_survival`, independently: any subset, applied in original order (writeback reorders; a lost append before a kept one leaves zeros) |
+//! | torn write | only some sectors of a multi-sector write reached the platter | a surviving unsynced write lands as a strict prefix with `torn_write_probability` (byte granular: harsher than 512-byte sectors) |
+//! | unsynced directory op lost or kept | the journal commit holding the create/rename/remove had or had not happened | each undecided dir op reaches disk with `dir_op_survival`; a rename is atomic (both halves or neither) |
+//! | failed `fsync` | Linux since 4.13 ("fsyncgate", PostgreSQL 2018): after a writeback error the dirty pages are marked clean and the error is reported once | the file's unsynced writes become *unknown*: a power loss may keep or drop each, and a later successful `sync` does **not** make them durable; the process still reads them (they stay in the page cache). A failed `sync_dir` changes nothing: its dir ops stay undecided and a later `sync_dir` makes them durable (journal commits are retried) |
+//!
+//! **Restart.** [`SimFs::restart`] applies a [`CrashMode`] and reboots:
+//! - `ProcessCrash`: the OS survives, so the disk is exactly the visible
+//!   image; nothing becomes durable that was not (a later power loss can
+//!   still drop unsynced writes made before the process crash).
+//! - `PowerLoss(model)`: each inode falls back to its durable image plus the
+//!   seeded subset of undecided writes; the namespace to its durable entries
+//!   plus the seeded subset of undecided dir ops; entries whose directory did
+//!   not survive are dropped, and inodes no entry names are gone (a file
+//!   `sync`ed but never `sync_dir`ed can vanish).
+//!
+//! A directory op is durable under [`DirModel::Strict`] once `sync_dir` of a
+//! directory it changes completes (for a cross-directory rename either
+//! directory suffices: the rename is one journal transaction).
+//! Under [`DirModel::Eager`] (ext4 data=ordered, where `fsync` commits the
+//! running journal transaction) it is also durable once a later `sync` of a
+//! file `f` completes, when the op (a) changes an entry of `f`'s directory,
+//! (b) creates or renames `f`'s inode (wherever), or (c) creates a directory
+//! that is an ancestor of `f`. Removes elsewhere stay undecided.
+//!
+//! # Compared with turmoil-fs
+//!
+//! Read: `tokio-rs/turmoil`, `crates/turmoil-fs/src/lib.rs`. It agrees with
+//! us that writes are pending until `sync_all` (data only, not the entry),
+//! that `sync_dir` makes a directory's creates/renames/removes durable, that
+//! a never-dir-synced file is deleted by a crash, that torn writes are
+//! prefixes, and that one seeded RNG makes every choice; its options are
+//! plain config fields, as ours are. It differs: turmoil-fs drops *all*
+//! pending data at a crash and instead flushes randomly during the run
+//! (`sync_probability`), where we decide at power-loss time which subset of
+//! unsynced writes survived (so one recorded run can be restarted under
+//! every crash mode); it tears by `block_size`, we by byte; it injects EIO
+//! by probability (`io_error_probability`), where we name the exact I/O
+//! point; it tracks pending ops by path, we by inode. It models file
+//! descriptors, permissions, timestamps, links, O_DIRECT, latency, a page
+//! cache and read corruption, which our path-based seam does not need.
+//! Ours adds: the crash counter (`CrashAt`, sweepable point by point), the
+//! labelled trace, lost replies, failed-fsync "unknown" data, a process
+//! crash distinct from power loss, both directory models, and it backs a
+//! SQLite VFS and runs under madsim (an explicit handle, no thread-local
+//! context), not turmoil.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod hash;
+mod ops;
+mod power;
+mod state;
+mod types;
+
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Fs, OpenMode};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
-/// When an unsynced directory operation reaches disk under power loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum DirModel {
-    /// Creates/renames/removes are durable only after `sync_dir` of their
-    /// directory; before that each may or may not have reached disk.
-    Strict,
-    /// ext4-like (data=ordered, auto_da_alloc): a directory operation is
-    /// durable once a later `sync` of a file in the same directory, or of the
-    /// renamed file, has completed.
-    Eager,
+pub use types::{CrashMode, DirModel, FailKind, Fault, IoOp, Outcome, SimConfig, TraceEntry};
+
+use state::Image;
+
+/// How much of the op at a crash point took effect (decided by `point`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Apply {
+    Whole,
+    /// A write lands as a strict prefix chosen by this draw.
+    Torn(u64),
 }
 
-/// What a crash does to the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum CrashMode {
-    /// kill -9 / OOM: the OS page cache survives, so everything written does.
-    ProcessCrash,
-    /// Power loss: each file falls back to its durable image plus a seeded
-    /// subset of unsynced writes (appends possibly torn); unsynced directory
-    /// operations per the [`DirModel`].
-    PowerLoss(DirModel),
-}
-
-/// Kind of an injected I/O error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum FailKind {
-    /// EIO (`ErrorKind::Other`). A failed `sync` leaves unsynced data unknown.
-    Eio,
-    /// ENOSPC (`ErrorKind::StorageFull`).
-    Enospc,
-}
-
-/// A fault armed at one numbered I/O point (points count from 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Fault {
-    /// Points `1..n` happen; point `n` is torn or not done; every later call
-    /// fails until [`SimFs::restart`].
-    CrashAt(u64),
-    /// Point `n` fails with the given error and has no effect (a failed
-    /// `sync` leaves that file's unsynced data unknown).
-    FailAt(u64, FailKind),
-    /// Point `n` takes effect but the caller gets EIO.
-    LostReplyAt(u64),
-}
-
-/// Tunables of the fault model. Every random choice draws from `seed`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SimConfig {
-    pub seed: u64,
-}
-
-impl SimConfig {
-    pub fn new(seed: u64) -> Self {
-        SimConfig { seed }
+impl Apply {
+    /// The bytes of `data` this application writes.
+    fn cut(self, data: &[u8]) -> &[u8] {
+        match self {
+            Apply::Torn(draw) if data.len() > 1 => {
+                let keep = 1 + (draw % (data.len() as u64 - 1)) as usize;
+                &data[..keep]
+            }
+            _ => data,
+        }
     }
 }
 
-/// The operation an I/O point performed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum IoOp {
-    CreateDir,
-    Open,
-    WriteAt,
-    Append,
-    ReadAt,
-    Read,
-    Len,
-    Truncate,
-    Sync,
-    SyncDir,
-    Rename,
-    Remove,
-    List,
-    Exists,
-}
-
-impl IoOp {
-    /// Whether the op can change the disk (reads and listings cannot).
-    pub fn mutates(self) -> bool {
-        !matches!(
-            self,
-            IoOp::ReadAt | IoOp::Read | IoOp::Len | IoOp::List | IoOp::Exists
-        )
-    }
-}
-
-/// What happened at an I/O point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Outcome {
-    Ok,
-    Err,
-    Crashed,
-    Failed(FailKind),
-    LostReply,
-}
-
-/// One numbered I/O point in the trace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct TraceEntry {
-    pub point: u64,
-    pub op: IoOp,
-    pub path: String,
-    pub label: String,
-    pub outcome: Outcome,
-}
-
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
-    files: BTreeMap<PathBuf, Vec<u8>>,
-    dirs: BTreeSet<PathBuf>,
+    image: Image,
     points: u64,
     fault: Option<Fault>,
     crashed: bool,
     trace: Vec<TraceEntry>,
+    rng: ChaCha8Rng,
 }
 
 /// The simulated disk. Cheap to clone: clones share one disk.
 #[derive(Debug, Clone)]
 pub struct SimFs {
-    config: SimConfig,
+    config: Arc<SimConfig>,
     state: Arc<Mutex<State>>,
 }
 
 fn crash_error() -> io::Error {
-    io::Error::other("simulated crash: the process is dead")
+    io::Error::other("simulated crash: the process is dead; call SimFs::restart")
 }
 
 impl SimFs {
     pub fn new(config: SimConfig) -> Self {
-        let mut state = State::default();
-        state.dirs.insert(PathBuf::from("/"));
+        let config = config.sanitized();
+        let state = State {
+            image: Image::new(),
+            points: 0,
+            fault: None,
+            crashed: false,
+            trace: Vec::new(),
+            rng: ChaCha8Rng::seed_from_u64(config.seed),
+        };
         SimFs {
-            config,
+            config: Arc::new(config),
             state: Arc::new(Mutex::new(state)),
         }
     }
@@ -154,7 +155,7 @@ impl SimFs {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A poisoned lock means a panic mid-operation in a test; the state is
-        // still a consistent map, so keep going rather than cascade panics.
+        // still consistent between ops, so keep going rather than cascade.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -174,11 +175,22 @@ impl SimFs {
     }
 
     /// Apply a crash with `mode` and reboot: the process's view becomes what
-    /// survived on disk, the fault is disarmed, I/O works again.
-    pub fn restart(&self, _mode: CrashMode) {
+    /// survived on disk, the fault is disarmed, I/O works again. Point
+    /// numbering and the trace continue.
+    pub fn restart(&self, mode: CrashMode) {
         let mut s = self.lock();
+        let s = &mut *s;
+        if let CrashMode::PowerLoss(model) = mode {
+            let mut chooser = power::Seeded {
+                rng: &mut s.rng,
+                config: &self.config,
+            };
+            let disk = power::resolve(&s.image, model, &mut chooser);
+            s.image.install(disk.ns, disk.data);
+        }
         s.crashed = false;
         s.fault = None;
+        tracing::debug!(?mode, points = s.points, "simfs restart");
     }
 
     /// The labelled trace of every I/O point so far.
@@ -186,216 +198,109 @@ impl SimFs {
         self.lock().trace.clone()
     }
 
-    /// The files the process sees, by path.
+    /// The files the process sees, by path. Right after a `restart` this is
+    /// the disk.
     pub fn disk_image(&self) -> BTreeMap<PathBuf, Vec<u8>> {
-        self.lock().files.clone()
+        self.lock().image.visible_files()
     }
 
+    /// The files every power loss preserves, under either [`DirModel`]:
+    /// synced data under `sync_dir`ed entries, nothing undecided.
+    pub fn durable_image(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        let s = self.lock();
+        let disk = power::resolve(&s.image, DirModel::Strict, &mut power::Nothing);
+        state::files_of(&disk.ns, |ino| disk.data.get(&ino))
+    }
+
+    /// Stable hash (FNV-1a) of the visible image: paths, directories and
+    /// file bytes.
+    pub fn image_hash(&self) -> u64 {
+        let s = self.lock();
+        hash::image_hash(&s.image.ns, &s.image.visible_files())
+    }
+
+    /// Stable hash (FNV-1a) of the trace: point, op, outcome, path, label.
+    pub fn trace_hash(&self) -> u64 {
+        hash::trace_hash(&self.lock().trace)
+    }
+
+    /// Run one I/O point: count it, fire the armed fault if it is this
+    /// point, apply `f` to the image as the fault dictates, trace it.
     fn point<T>(
         &self,
         op: IoOp,
         path: &Path,
+        to: Option<&Path>,
         label: &str,
-        f: impl FnOnce(&mut State) -> io::Result<T>,
+        f: impl FnOnce(&mut Image, Apply) -> io::Result<T>,
     ) -> io::Result<T> {
         let mut s = self.lock();
+        let s = &mut *s;
         if s.crashed {
             return Err(crash_error());
         }
         s.points += 1;
         let point = s.points;
-        let (result, outcome) = match s.fault {
-            Some(Fault::CrashAt(n)) if n == point => {
+        let fault = s.fault.filter(|f| match f {
+            Fault::CrashAt(n) | Fault::FailAt(n, _) | Fault::LostReplyAt(n) => *n == point,
+        });
+        let (result, outcome) = match fault {
+            Some(Fault::CrashAt(_)) => {
                 s.crashed = true;
+                if s.rng.random_bool(self.config.crash_point_done_probability) {
+                    let apply = if s.rng.random_bool(self.config.torn_write_probability) {
+                        Apply::Torn(s.rng.random())
+                    } else {
+                        Apply::Whole
+                    };
+                    // The process is dead: nobody sees this op's result.
+                    let _ = f(&mut s.image, apply);
+                }
                 (Err(crash_error()), Outcome::Crashed)
             }
-            Some(Fault::FailAt(n, kind)) if n == point => {
+            Some(Fault::FailAt(_, kind)) => {
+                if op == IoOp::Sync {
+                    if let Ok(inode) = s.image.inode_mut(path) {
+                        inode.sync_failed();
+                    }
+                }
                 let err = match kind {
-                    FailKind::Eio => io::Error::other("simulated EIO"),
-                    FailKind::Enospc => io::Error::new(io::ErrorKind::StorageFull, "simulated ENOSPC"),
+                    FailKind::Eio => io::Error::other(format!(
+                        "simulated EIO at I/O point {point} on {}",
+                        path.display()
+                    )),
+                    FailKind::Enospc => io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        format!("simulated ENOSPC at I/O point {point} on {}", path.display()),
+                    ),
                 };
                 (Err(err), Outcome::Failed(kind))
             }
-            Some(Fault::LostReplyAt(n)) if n == point => {
-                let _ = f(&mut s);
-                (Err(io::Error::other("simulated lost reply")), Outcome::LostReply)
+            Some(Fault::LostReplyAt(_)) => {
+                let _ = f(&mut s.image, Apply::Whole);
+                let err = io::Error::other(format!(
+                    "simulated lost reply at I/O point {point} on {}: the op may have happened",
+                    path.display()
+                ));
+                (Err(err), Outcome::LostReply)
             }
-            _ => {
-                let r = f(&mut s);
+            None => {
+                let r = f(&mut s.image, Apply::Whole);
                 let o = if r.is_ok() { Outcome::Ok } else { Outcome::Err };
                 (r, o)
             }
         };
+        let path = match to {
+            Some(to) => format!("{} -> {}", path.display(), to.display()),
+            None => path.display().to_string(),
+        };
         s.trace.push(TraceEntry {
             point,
             op,
-            path: path.display().to_string(),
+            path,
             label: label.to_string(),
             outcome,
         });
         result
-    }
-}
-
-fn not_found(path: &Path) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::NotFound,
-        format!("{}: no such file", path.display()),
-    )
-}
-
-fn parent_exists(s: &State, path: &Path) -> io::Result<()> {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() && !s.dirs.contains(p) => Err(not_found(p)),
-        _ => Ok(()),
-    }
-}
-
-impl Fs for SimFs {
-    fn create_dir_all(&self, path: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::CreateDir, path, label, |s| {
-            for a in path.ancestors() {
-                if !a.as_os_str().is_empty() {
-                    s.dirs.insert(a.to_path_buf());
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn open(&self, path: &Path, mode: OpenMode, label: &str) -> io::Result<()> {
-        self.point(IoOp::Open, path, label, |s| {
-            let exists = s.files.contains_key(path);
-            match mode {
-                OpenMode::Existing if !exists => return Err(not_found(path)),
-                OpenMode::CreateNew if exists => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::AlreadyExists,
-                        path.display().to_string(),
-                    ))
-                }
-                _ => {}
-            }
-            parent_exists(s, path)?;
-            let file = s.files.entry(path.to_path_buf()).or_default();
-            if mode == OpenMode::Truncate {
-                file.clear();
-            }
-            Ok(())
-        })
-    }
-
-    fn write_at(&self, path: &Path, offset: u64, data: &[u8], label: &str) -> io::Result<()> {
-        self.point(IoOp::WriteAt, path, label, |s| {
-            let file = s.files.get_mut(path).ok_or_else(|| not_found(path))?;
-            let start = offset as usize;
-            let end = start + data.len();
-            if file.len() < end {
-                file.resize(end, 0);
-            }
-            file[start..end].copy_from_slice(data);
-            Ok(())
-        })
-    }
-
-    fn append(&self, path: &Path, data: &[u8], label: &str) -> io::Result<u64> {
-        self.point(IoOp::Append, path, label, |s| {
-            let file = s.files.get_mut(path).ok_or_else(|| not_found(path))?;
-            let at = file.len() as u64;
-            file.extend_from_slice(data);
-            Ok(at)
-        })
-    }
-
-    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize> {
-        self.point(IoOp::ReadAt, path, label, |s| {
-            let file = s.files.get(path).ok_or_else(|| not_found(path))?;
-            let start = (offset as usize).min(file.len());
-            let n = buf.len().min(file.len() - start);
-            buf[..n].copy_from_slice(&file[start..start + n]);
-            Ok(n)
-        })
-    }
-
-    fn read(&self, path: &Path, label: &str) -> io::Result<Vec<u8>> {
-        self.point(IoOp::Read, path, label, |s| {
-            s.files.get(path).cloned().ok_or_else(|| not_found(path))
-        })
-    }
-
-    fn len(&self, path: &Path, label: &str) -> io::Result<u64> {
-        self.point(IoOp::Len, path, label, |s| {
-            s.files
-                .get(path)
-                .map(|f| f.len() as u64)
-                .ok_or_else(|| not_found(path))
-        })
-    }
-
-    fn truncate(&self, path: &Path, len: u64, label: &str) -> io::Result<()> {
-        self.point(IoOp::Truncate, path, label, |s| {
-            let file = s.files.get_mut(path).ok_or_else(|| not_found(path))?;
-            file.resize(len as usize, 0);
-            Ok(())
-        })
-    }
-
-    fn sync(&self, path: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::Sync, path, label, |s| {
-            if s.files.contains_key(path) {
-                Ok(())
-            } else {
-                Err(not_found(path))
-            }
-        })
-    }
-
-    fn sync_dir(&self, path: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::SyncDir, path, label, |s| {
-            if s.dirs.contains(path) {
-                Ok(())
-            } else {
-                Err(not_found(path))
-            }
-        })
-    }
-
-    fn rename(&self, from: &Path, to: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::Rename, from, label, |s| {
-            parent_exists(s, to)?;
-            let data = s.files.remove(from).ok_or_else(|| not_found(from))?;
-            s.files.insert(to.to_path_buf(), data);
-            Ok(())
-        })
-    }
-
-    fn remove(&self, path: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::Remove, path, label, |s| {
-            s.files.remove(path).map(drop).ok_or_else(|| not_found(path))
-        })
-    }
-
-    fn list(&self, dir: &Path, label: &str) -> io::Result<Vec<String>> {
-        self.point(IoOp::List, dir, label, |s| {
-            if !s.dirs.contains(dir) {
-                return Err(not_found(dir));
-            }
-            let mut names: BTreeSet<String> = BTreeSet::new();
-            let children = s.files.keys().chain(s.dirs.iter());
-            for p in children {
-                if p.parent() == Some(dir) {
-                    if let Some(n) = p.file_name() {
-                        names.insert(n.to_string_lossy().into_owned());
-                    }
-                }
-            }
-            Ok(names.into_iter().collect())
-        })
-    }
-
-    fn exists(&self, path: &Path, label: &str) -> io::Result<bool> {
-        self.point(IoOp::Exists, path, label, |s| {
-            Ok(s.files.contains_key(path) || s.dirs.contains(path))
-        })
     }
 }

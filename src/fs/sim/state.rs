@@ -1,0 +1,366 @@
+//! The simulated disk: a visible image (what the process sees, i.e. the
+//! page cache) and a durable image (what survives any power loss), for file
+//! data and for directory entries separately.
+//!
+//! Invariants:
+//! - File identity is an inode number. A directory entry maps a path to an
+//!   inode; `rename` moves the entry, never the data. A file's data
+//!   durability (`sync`) is separate from its entry's durability (`sync_dir`).
+//! - For each inode, `visible == apply(base, every op in log)`; `base` plus
+//!   the `Synced` ops of `log` is what is guaranteed on disk.
+//! - `ns == apply(ns_base, every op in dir_log)` for the process's view;
+//!   `ns_base` holds only entries durable under both directory models.
+//! - Leading durable ops are folded into the bases, so logs only hold what a
+//!   power loss could still decide.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub(super) type Ino = u64;
+
+/// A change to a file's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum DataOp {
+    Write { offset: u64, data: Vec<u8> },
+    Truncate { len: u64 },
+}
+
+impl DataOp {
+    /// Apply to an image. Lengths were checked against `max_file_bytes`
+    /// when the op was accepted, so they fit in memory.
+    pub(super) fn apply(&self, image: &mut Vec<u8>) {
+        match self {
+            DataOp::Write { offset, data } => {
+                let start = to_usize(*offset);
+                let end = start + data.len();
+                if image.len() < end {
+                    image.resize(end, 0);
+                }
+                image[start..end].copy_from_slice(data);
+            }
+            DataOp::Truncate { len } => image.resize(to_usize(*len), 0),
+        }
+    }
+}
+
+fn to_usize(n: u64) -> usize {
+    // Callers bound every length by `max_file_bytes`; on a 32-bit host a
+    // larger config is a setup bug, not a simulated fault.
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// How much the kernel has promised about one data op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// Written to the page cache only.
+    Unsynced,
+    /// A `sync` covering it failed: it may or may not be on disk, and no
+    /// later `sync` will say otherwise (Linux marks the pages clean).
+    Unknown,
+    /// A `sync` covering it completed.
+    Synced,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct LoggedOp {
+    pub op: DataOp,
+    pub durability: Durability,
+}
+
+/// One file's data, identified by inode, independent of any name.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Inode {
+    pub visible: Vec<u8>,
+    pub base: Vec<u8>,
+    pub log: Vec<LoggedOp>,
+}
+
+impl Inode {
+    pub(super) fn push(&mut self, op: DataOp) {
+        op.apply(&mut self.visible);
+        self.log.push(LoggedOp {
+            op,
+            durability: Durability::Unsynced,
+        });
+    }
+
+    /// `fsync` completed: everything written so far is durable, except ops
+    /// already `Unknown` (their fate was sealed by the earlier failure).
+    pub(super) fn synced(&mut self) {
+        for entry in &mut self.log {
+            if entry.durability == Durability::Unsynced {
+                entry.durability = Durability::Synced;
+            }
+        }
+        let durable = self
+            .log
+            .iter()
+            .take_while(|e| e.durability == Durability::Synced)
+            .count();
+        for entry in self.log.drain(..durable) {
+            entry.op.apply(&mut self.base);
+        }
+    }
+
+    /// `fsync` failed: unsynced ops become unknown (Linux fsync semantics).
+    pub(super) fn sync_failed(&mut self) {
+        for entry in &mut self.log {
+            if entry.durability == Durability::Unsynced {
+                entry.durability = Durability::Unknown;
+            }
+        }
+    }
+}
+
+/// A directory entry's target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Node {
+    Dir,
+    File(Ino),
+}
+
+/// A change to the namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum DirOpKind {
+    Mkdir { path: PathBuf },
+    Create { path: PathBuf, ino: Ino },
+    Rename { from: PathBuf, to: PathBuf, ino: Ino },
+    Remove { path: PathBuf, ino: Ino },
+}
+
+impl DirOpKind {
+    /// Apply to a namespace by inode identity: a rename or remove whose
+    /// source entry no longer names that inode on this image (because an
+    /// earlier op did not reach disk) only does the part that still makes
+    /// sense, as a journal replay of that one op would.
+    pub(super) fn apply(&self, ns: &mut BTreeMap<PathBuf, Node>) {
+        match self {
+            DirOpKind::Mkdir { path } => {
+                ns.entry(path.clone()).or_insert(Node::Dir);
+            }
+            DirOpKind::Create { path, ino } => {
+                ns.insert(path.clone(), Node::File(*ino));
+            }
+            DirOpKind::Rename { from, to, ino } => {
+                if ns.get(from) == Some(&Node::File(*ino)) {
+                    ns.remove(from);
+                }
+                ns.insert(to.clone(), Node::File(*ino));
+            }
+            DirOpKind::Remove { path, ino } => {
+                if ns.get(path) == Some(&Node::File(*ino)) {
+                    ns.remove(path);
+                }
+            }
+        }
+    }
+
+    /// Whether the op changes an entry of directory `dir`.
+    pub(super) fn touches_dir(&self, dir: &Path) -> bool {
+        let in_dir = |p: &PathBuf| p.parent() == Some(dir);
+        match self {
+            DirOpKind::Mkdir { path } => in_dir(path),
+            DirOpKind::Create { path, .. } | DirOpKind::Remove { path, .. } => in_dir(path),
+            DirOpKind::Rename { from, to, .. } => in_dir(from) || in_dir(to),
+        }
+    }
+
+    /// The ext4-like rule (`DirModel::Eager`) for a completed `sync` of
+    /// `path` (inode `ino`): ops in the same directory, ops that create or
+    /// move that inode, and the creation of its ancestor directories.
+    pub(super) fn made_durable_by_file_sync(&self, path: &Path, ino: Ino) -> bool {
+        if let Some(parent) = path.parent() {
+            if self.touches_dir(parent) {
+                return true;
+            }
+        }
+        match self {
+            DirOpKind::Mkdir { path: dir } => path.starts_with(dir),
+            DirOpKind::Create { ino: i, .. } | DirOpKind::Rename { ino: i, .. } => *i == ino,
+            DirOpKind::Remove { .. } => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct DirOp {
+    pub kind: DirOpKind,
+    /// Durable under `DirModel::Strict` (its directory was `sync_dir`ed).
+    pub durable_strict: bool,
+    /// Durable under `DirModel::Eager` (implied by `durable_strict`).
+    pub durable_eager: bool,
+}
+
+/// Namespace plus inodes; no faults, no trace, no randomness.
+#[derive(Debug, Clone)]
+pub(super) struct Image {
+    pub ns: BTreeMap<PathBuf, Node>,
+    pub ns_base: BTreeMap<PathBuf, Node>,
+    pub dir_log: Vec<DirOp>,
+    pub inodes: BTreeMap<Ino, Inode>,
+    next_ino: Ino,
+}
+
+pub(super) fn not_found(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{}: no such file or directory", path.display()),
+    )
+}
+
+fn is_root(path: &Path) -> bool {
+    path.as_os_str().is_empty() || path == Path::new("/")
+}
+
+impl Image {
+    pub(super) fn new() -> Self {
+        let root = BTreeMap::from([(PathBuf::from("/"), Node::Dir)]);
+        Image {
+            ns: root.clone(),
+            ns_base: root,
+            dir_log: Vec::new(),
+            inodes: BTreeMap::new(),
+            next_ino: 1,
+        }
+    }
+
+    pub(super) fn is_dir(&self, path: &Path) -> bool {
+        is_root(path) || self.ns.get(path) == Some(&Node::Dir)
+    }
+
+    pub(super) fn parent_is_dir(&self, path: &Path) -> io::Result<()> {
+        match path.parent() {
+            Some(p) if !self.is_dir(p) => Err(not_found(p)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The inode a regular-file path names in the process's view.
+    pub(super) fn file(&self, path: &Path) -> io::Result<Ino> {
+        match self.ns.get(path) {
+            Some(Node::File(ino)) => Ok(*ino),
+            Some(Node::Dir) => Err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                format!("{}: is a directory, expected a file", path.display()),
+            )),
+            None => Err(not_found(path)),
+        }
+    }
+
+    pub(super) fn inode(&self, path: &Path) -> io::Result<&Inode> {
+        let ino = self.file(path)?;
+        self.inodes.get(&ino).ok_or_else(|| not_found(path))
+    }
+
+    pub(super) fn inode_mut(&mut self, path: &Path) -> io::Result<&mut Inode> {
+        let ino = self.file(path)?;
+        self.inodes.get_mut(&ino).ok_or_else(|| not_found(path))
+    }
+
+    /// Record a namespace change: visible now, durable once synced.
+    pub(super) fn dir_op(&mut self, kind: DirOpKind) {
+        kind.apply(&mut self.ns);
+        self.dir_log.push(DirOp {
+            kind,
+            durable_strict: false,
+            durable_eager: false,
+        });
+    }
+
+    pub(super) fn create_file(&mut self, path: &Path) -> Ino {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.inodes.insert(ino, Inode::default());
+        self.dir_op(DirOpKind::Create {
+            path: path.to_path_buf(),
+            ino,
+        });
+        ino
+    }
+
+    /// `sync_dir(dir)` completed.
+    pub(super) fn dir_synced(&mut self, dir: &Path) {
+        for op in &mut self.dir_log {
+            if op.kind.touches_dir(dir) {
+                op.durable_strict = true;
+                op.durable_eager = true;
+            }
+        }
+        self.fold_dir_log();
+    }
+
+    /// `sync(path)` completed: data durable, plus the Eager directory rule.
+    pub(super) fn file_synced(&mut self, path: &Path) -> io::Result<()> {
+        let ino = self.file(path)?;
+        self.inode_mut(path)?.synced();
+        for op in &mut self.dir_log {
+            if op.kind.made_durable_by_file_sync(path, ino) {
+                op.durable_eager = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn fold_dir_log(&mut self) {
+        let durable = self.dir_log.iter().take_while(|op| op.durable_strict).count();
+        for op in self.dir_log.drain(..durable) {
+            op.kind.apply(&mut self.ns_base);
+        }
+    }
+
+    /// Names directly inside `dir`, sorted.
+    pub(super) fn children(&self, dir: &Path) -> Vec<String> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        // Path ordering is by component, so a directory's descendants sort
+        // contiguously right after it.
+        self.ns
+            .range::<Path, _>((Excluded(dir), Unbounded))
+            .take_while(|(p, _)| p.starts_with(dir))
+            .filter(|(p, _)| p.parent() == Some(dir))
+            .filter_map(|(p, _)| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Replace everything with a resolved on-disk state (after a power
+    /// loss): the visible image is the disk, nothing is pending.
+    pub(super) fn install(&mut self, ns: BTreeMap<PathBuf, Node>, data: BTreeMap<Ino, Vec<u8>>) {
+        self.inodes = data
+            .into_iter()
+            .map(|(ino, bytes)| {
+                let inode = Inode {
+                    visible: bytes.clone(),
+                    base: bytes,
+                    log: Vec::new(),
+                };
+                (ino, inode)
+            })
+            .collect();
+        self.ns_base = ns.clone();
+        self.ns = ns;
+        self.dir_log.clear();
+        debug_assert!(self.ns.values().all(|n| match n {
+            Node::File(ino) => self.inodes.contains_key(ino),
+            Node::Dir => true,
+        }));
+    }
+
+    /// The files the process sees, by path.
+    pub(super) fn visible_files(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        files_of(&self.ns, |ino| self.inodes.get(&ino).map(|i| &i.visible))
+    }
+}
+
+/// Files of a namespace with their bytes, by path.
+pub(super) fn files_of<'a>(
+    ns: &BTreeMap<PathBuf, Node>,
+    bytes: impl Fn(Ino) -> Option<&'a Vec<u8>>,
+) -> BTreeMap<PathBuf, Vec<u8>> {
+    ns.iter()
+        .filter_map(|(p, n)| match n {
+            Node::File(ino) => bytes(*ino).map(|b| (p.clone(), b.clone())),
+            Node::Dir => None,
+        })
+        .collect()
+}
