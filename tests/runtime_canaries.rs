@@ -27,7 +27,6 @@ fn delivered_before_delivery_loses_acknowledged_messages_under_process_crash() {
 }
 
 #[test]
-#[ignore = "needs the PowerLoss model landing on branch simfs"]
 fn no_fsync_before_rename_is_caught_under_power_loss() {
     let n = caught(
         Canary::NoFsyncBeforeRename,
@@ -37,7 +36,6 @@ fn no_fsync_before_rename_is_caught_under_power_loss() {
 }
 
 #[test]
-#[ignore = "needs the PowerLoss model landing on branch simfs"]
 fn no_dir_fsync_is_caught_under_strict_power_loss() {
     assert!(caught(Canary::NoDirFsync, CrashMode::PowerLoss(DirModel::Strict)) > 0);
 }
