@@ -81,6 +81,7 @@ impl RecoveryReport {
 /// In-memory state rebuilt by recovery, handed to the runtime.
 #[derive(Debug)]
 pub(crate) struct Recovered {
+    pub store: SessionStore,
     pub tree: AgentTree,
     pub agents: BTreeMap<AgentId, AgentSlot>,
     pub inbox: Inboxes,
@@ -189,6 +190,7 @@ pub(crate) fn recover(
     );
     Ok((
         Recovered {
+            store,
             tree,
             agents,
             inbox,

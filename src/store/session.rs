@@ -111,13 +111,20 @@ impl SessionStore {
         if !missing.is_empty() {
             fs.create_dir_all(&agents_dir, "agents dir mkdir")
                 .map_err(io_err(&agents_dir, "mkdir"))?;
-            if !canaries.has(Canary::NoDirFsync) {
-                // Deepest first: each new entry is synced in its parent.
-                for dir in &missing {
-                    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                        fs.sync_dir(parent, "parent dir fsync (agents mkdir)")
-                            .map_err(io_err(parent, "dir fsync"))?;
-                    }
+        }
+        if !canaries.has(Canary::NoDirFsync) {
+            // Every new entry is synced in its parent, deepest first. The
+            // chain root/agents is synced even when it already existed: a
+            // process crash may have cut its first creation short of the
+            // fsync, and everything acknowledged later depends on it.
+            let mut dirs: Vec<&Path> = missing.iter().filter_map(|d| d.parent()).collect();
+            dirs.extend([agents_dir.as_path(), root]);
+            dirs.extend(root.parent());
+            let mut done = std::collections::BTreeSet::new();
+            for dir in dirs {
+                if !dir.as_os_str().is_empty() && done.insert(dir) {
+                    fs.sync_dir(dir, "dir fsync (agents chain)")
+                        .map_err(io_err(dir, "dir fsync"))?;
                 }
             }
         }

@@ -122,6 +122,16 @@ pub struct CrashRun {
     pub agents: Vec<AgentId>,
 }
 
+/// How the process comes back after the fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restart {
+    /// The op got an error but the process lives: drop the (poisoned)
+    /// runtime and reopen it on the same disk.
+    SameProcess,
+    /// The process died: apply the crash mode, reboot, reopen.
+    Crash(CrashMode),
+}
+
 /// Run `ops`, crash at I/O point `point`, restart with `mode`, recover.
 /// Errors describe a violated guarantee.
 pub fn crash_run(
@@ -131,9 +141,21 @@ pub fn crash_run(
     mode: CrashMode,
     canaries: &Canaries,
 ) -> Result<Option<CrashRun>, String> {
+    fault_run(seed, ops, Fault::CrashAt(point), Restart::Crash(mode), canaries)
+}
+
+/// Run `ops` with `fault` armed, come back per `restart`, recover and check
+/// the invariants. `Ok(None)` when no op saw the fault.
+pub fn fault_run(
+    seed: u64,
+    ops: &[Op],
+    fault: Fault,
+    restart: Restart,
+    canaries: &Canaries,
+) -> Result<Option<CrashRun>, String> {
     let sim = SimFs::new(SimConfig::new(seed));
     let (mut rt, _) = open(&sim, seed, canaries).map_err(|e| e.to_string())?;
-    sim.set_fault(Some(Fault::CrashAt(point)));
+    sim.set_fault(Some(fault));
     let mut agents = Vec::new();
     let mut failed_op = None;
     for (i, op) in ops.iter().enumerate() {
@@ -146,13 +168,11 @@ pub fn crash_run(
         return Ok(None);
     };
     drop(rt);
-    sim.restart(mode);
-    let (runtime, report) = open(&sim, seed, canaries).map_err(|e| format!("recovery failed: {e}"))?;
-    check_invariants(&sim, Path::new(ROOT)).map_err(|v| format!("on-disk invariants: {v:#?}"))?;
-    let mem = runtime.check_invariants();
-    if !mem.is_empty() {
-        return Err(format!("in-memory invariants: {mem:#?}"));
+    match restart {
+        Restart::SameProcess => sim.set_fault(None),
+        Restart::Crash(mode) => sim.restart(mode),
     }
+    let (runtime, report) = recover_checked(&sim, seed, canaries)?;
     Ok(Some(CrashRun {
         failed_op,
         runtime,
@@ -160,6 +180,34 @@ pub fn crash_run(
         sim,
         agents,
     }))
+}
+
+fn recover_checked(sim: &SimFs, seed: u64, canaries: &Canaries) -> Result<(Runtime, RecoveryReport), String> {
+    let (runtime, report) = open(sim, seed, canaries).map_err(|e| format!("recovery failed: {e}"))?;
+    check_invariants(sim, Path::new(ROOT)).map_err(|v| format!("on-disk invariants: {v:#?}"))?;
+    let mem = runtime.check_invariants();
+    if !mem.is_empty() {
+        return Err(format!("in-memory invariants: {mem:#?}"));
+    }
+    Ok((runtime, report))
+}
+
+/// After a recovery, lose power with no further op: the next recovery must
+/// find the same state (recovery made durable everything it relied on).
+pub fn then_power_loss(run: CrashRun, mode: CrashMode, seed: u64, canaries: &Canaries) -> Result<(), String> {
+    let first = run.runtime.state().normalized();
+    drop(run.runtime);
+    run.sim.restart(mode);
+    let (runtime, _) =
+        recover_checked(&run.sim, seed, canaries).map_err(|e| format!("after a second crash: {e}"))?;
+    let second = runtime.state().normalized();
+    if first != second {
+        return Err(format!(
+            "{mode:?} after recovery changed the recovered state:\n{}",
+            similar_diff(&first, &second)
+        ));
+    }
+    Ok(())
 }
 
 /// Check the recovered state is the state before or after the failed op.
@@ -197,6 +245,21 @@ fn similar_diff(a: &RuntimeState, b: &RuntimeState) -> String {
 /// Crash at every I/O point of `ops` under `mode`; returns every violation
 /// (point, label, message).
 pub fn sweep(seed: u64, ops: &[Op], mode: CrashMode, canaries: &Canaries) -> Vec<(u64, String, String)> {
+    sweep_faults(seed, ops, Fault::CrashAt, Restart::Crash(mode), None, canaries)
+}
+
+/// Arm `fault(n)` at every I/O point `n` of `ops`, come back per `restart`,
+/// recover, check invariants and all-or-nothing; then, if `second` is set,
+/// crash again right after recovery and check the state held. Returns every
+/// violation (point, label, message).
+pub fn sweep_faults(
+    seed: u64,
+    ops: &[Op],
+    fault: impl Fn(u64) -> Fault,
+    restart: Restart,
+    second: Option<CrashMode>,
+    canaries: &Canaries,
+) -> Vec<(u64, String, String)> {
     let dry = dry_run(seed, ops);
     let (first, _) = dry.op_points[0];
     let (_, last) = *dry.op_points.last().unwrap();
@@ -208,8 +271,14 @@ pub fn sweep(seed: u64, ops: &[Op], mode: CrashMode, canaries: &Canaries) -> Vec
             .find(|t| t.point == point)
             .map(|t| t.label.clone())
             .unwrap_or_default();
-        let result = crash_run(seed, ops, point, mode, canaries).and_then(|run| match run {
-            Some(run) => check_all_or_nothing(&dry, &run),
+        let result = fault_run(seed, ops, fault(point), restart, canaries).and_then(|run| match run {
+            Some(run) => {
+                check_all_or_nothing(&dry, &run)?;
+                match second {
+                    Some(mode) => then_power_loss(run, mode, seed, canaries),
+                    None => Ok(()),
+                }
+            }
             None => Ok(()),
         });
         if let Err(e) = result {
