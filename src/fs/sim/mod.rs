@@ -73,6 +73,7 @@
 //! context), not turmoil.
 
 mod hash;
+mod inode;
 mod ops;
 mod power;
 mod state;

@@ -53,6 +53,14 @@ impl Fs for SimFs {
             for dir in path.ancestors() {
                 match image.ns.get(dir) {
                     _ if image.is_dir(dir) => break,
+                    // Same kinds as std::fs::create_dir_all: EEXIST for the
+                    // target itself, ENOTDIR for a file on the way.
+                    Some(Node::File(_)) if dir == path => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::AlreadyExists,
+                            format!("{}: is a file, cannot create a directory", dir.display()),
+                        ))
+                    }
                     Some(Node::File(_)) => {
                         return Err(io::Error::new(
                             io::ErrorKind::NotADirectory,

@@ -13,105 +13,11 @@
 //! - Leading durable ops are folded into the bases, so logs only hold what a
 //!   power loss could still decide.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub(super) type Ino = u64;
-
-/// A change to a file's bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum DataOp {
-    Write { offset: u64, data: Vec<u8> },
-    Truncate { len: u64 },
-}
-
-impl DataOp {
-    /// Apply to an image. Lengths were checked against `max_file_bytes`
-    /// when the op was accepted, so they fit in memory.
-    pub(super) fn apply(&self, image: &mut Vec<u8>) {
-        match self {
-            DataOp::Write { offset, data } => {
-                let start = to_usize(*offset);
-                let end = start + data.len();
-                if image.len() < end {
-                    image.resize(end, 0);
-                }
-                image[start..end].copy_from_slice(data);
-            }
-            DataOp::Truncate { len } => image.resize(to_usize(*len), 0),
-        }
-    }
-}
-
-fn to_usize(n: u64) -> usize {
-    // Callers bound every length by `max_file_bytes`; on a 32-bit host a
-    // larger config is a setup bug, not a simulated fault.
-    usize::try_from(n).unwrap_or(usize::MAX)
-}
-
-/// How much the kernel has promised about one data op.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Durability {
-    /// Written to the page cache only.
-    Unsynced,
-    /// A `sync` covering it failed: it may or may not be on disk, and no
-    /// later `sync` will say otherwise (Linux marks the pages clean).
-    Unknown,
-    /// A `sync` covering it completed.
-    Synced,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct LoggedOp {
-    pub op: DataOp,
-    pub durability: Durability,
-}
-
-/// One file's data, identified by inode, independent of any name.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Inode {
-    pub visible: Vec<u8>,
-    pub base: Vec<u8>,
-    pub log: Vec<LoggedOp>,
-}
-
-impl Inode {
-    pub(super) fn push(&mut self, op: DataOp) {
-        op.apply(&mut self.visible);
-        self.log.push(LoggedOp {
-            op,
-            durability: Durability::Unsynced,
-        });
-    }
-
-    /// `fsync` completed: everything written so far is durable, except ops
-    /// already `Unknown` (their fate was sealed by the earlier failure).
-    pub(super) fn synced(&mut self) {
-        for entry in &mut self.log {
-            if entry.durability == Durability::Unsynced {
-                entry.durability = Durability::Synced;
-            }
-        }
-        let durable = self
-            .log
-            .iter()
-            .take_while(|e| e.durability == Durability::Synced)
-            .count();
-        for entry in self.log.drain(..durable) {
-            entry.op.apply(&mut self.base);
-        }
-    }
-
-    /// `fsync` failed: unsynced ops become unknown (Linux fsync semantics).
-    pub(super) fn sync_failed(&mut self) {
-        for entry in &mut self.log {
-            if entry.durability == Durability::Unsynced {
-                entry.durability = Durability::Unknown;
-            }
-        }
-    }
-}
+pub(super) use super::inode::{DataOp, Durability, Ino, Inode};
 
 /// A directory entry's target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,6 +213,30 @@ impl Image {
         for op in self.dir_log.drain(..durable) {
             op.kind.apply(&mut self.ns_base);
         }
+        self.collect_garbage();
+    }
+
+    /// Drop inodes no name can reach any more, visible or on any disk a
+    /// power loss could produce: keeps memory bounded for programs that
+    /// replace files by rename and `sync_dir` (session records, checkpoints).
+    fn collect_garbage(&mut self) {
+        let mut live = BTreeSet::new();
+        for node in self.ns.values().chain(self.ns_base.values()) {
+            if let Node::File(ino) = node {
+                live.insert(*ino);
+            }
+        }
+        for op in &self.dir_log {
+            match &op.kind {
+                DirOpKind::Create { ino, .. }
+                | DirOpKind::Rename { ino, .. }
+                | DirOpKind::Remove { ino, .. } => {
+                    live.insert(*ino);
+                }
+                DirOpKind::Mkdir { .. } => {}
+            }
+        }
+        self.inodes.retain(|ino, _| live.contains(ino));
     }
 
     /// Names directly inside `dir`, sorted.
@@ -363,4 +293,43 @@ pub(super) fn files_of<'a>(
             Node::Dir => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replayed(inode: &Inode) -> Vec<u8> {
+        let mut bytes = inode.base.clone();
+        inode.log.iter().for_each(|e| e.op.apply(&mut bytes));
+        bytes
+    }
+
+    #[test]
+    fn atomic_replace_loop_keeps_one_inode_and_the_image_invariants() {
+        let mut image = Image::new();
+        image.dir_op(DirOpKind::Mkdir { path: "/d".into() });
+        image.dir_synced(Path::new("/"));
+        for i in 0..100u8 {
+            let tmp = Path::new("/d/tmp");
+            image.create_file(tmp);
+            let data = vec![i; 3];
+            image
+                .inode_mut(tmp)
+                .unwrap()
+                .push(DataOp::Write { offset: 0, data });
+            image.file_synced(tmp).unwrap();
+            let ino = image.file(tmp).unwrap();
+            let (from, to) = (tmp.to_path_buf(), PathBuf::from("/d/f"));
+            image.dir_op(DirOpKind::Rename { from, to, ino });
+            image.dir_synced(Path::new("/d"));
+        }
+        assert_eq!(image.inodes.len(), 1, "replaced inodes must be collected");
+        assert!(image.dir_log.is_empty());
+        assert_eq!(image.ns, image.ns_base);
+        for inode in image.inodes.values() {
+            assert_eq!(replayed(inode), inode.visible);
+        }
+        assert_eq!(image.inode(Path::new("/d/f")).unwrap().visible, [99; 3]);
+    }
 }

@@ -1,0 +1,102 @@
+//! One file's bytes, identified by inode: the visible image (page cache),
+//! the durable base, and the log of writes a power loss has yet to decide.
+//!
+//! Invariants: `visible == apply(base, every op in log)`; `base` plus the
+//! `Synced` ops of `log` is guaranteed on disk; a `Synced` op is folded
+//! into `base` as soon as nothing undecided precedes it.
+
+pub(super) type Ino = u64;
+
+/// A change to a file's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum DataOp {
+    Write { offset: u64, data: Vec<u8> },
+    Truncate { len: u64 },
+}
+
+impl DataOp {
+    /// Apply to an image. Lengths were checked against `max_file_bytes`
+    /// when the op was accepted, so they fit in memory.
+    pub(super) fn apply(&self, image: &mut Vec<u8>) {
+        match self {
+            DataOp::Write { offset, data } => {
+                let start = to_usize(*offset);
+                let end = start + data.len();
+                if image.len() < end {
+                    image.resize(end, 0);
+                }
+                image[start..end].copy_from_slice(data);
+            }
+            DataOp::Truncate { len } => image.resize(to_usize(*len), 0),
+        }
+    }
+}
+
+fn to_usize(n: u64) -> usize {
+    // Callers bound every length by `max_file_bytes`; on a 32-bit host a
+    // larger config is a setup bug, not a simulated fault.
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// How much the kernel has promised about one data op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// Written to the page cache only.
+    Unsynced,
+    /// A `sync` covering it failed: it may or may not be on disk, and no
+    /// later `sync` will say otherwise (Linux marks the pages clean).
+    Unknown,
+    /// A `sync` covering it completed.
+    Synced,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct LoggedOp {
+    pub op: DataOp,
+    pub durability: Durability,
+}
+
+/// One file's data, identified by inode, independent of any name.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Inode {
+    pub visible: Vec<u8>,
+    pub base: Vec<u8>,
+    pub log: Vec<LoggedOp>,
+}
+
+impl Inode {
+    pub(super) fn push(&mut self, op: DataOp) {
+        op.apply(&mut self.visible);
+        self.log.push(LoggedOp {
+            op,
+            durability: Durability::Unsynced,
+        });
+    }
+
+    /// `fsync` completed: everything written so far is durable, except ops
+    /// already `Unknown` (their fate was sealed by the earlier failure).
+    pub(super) fn synced(&mut self) {
+        for entry in &mut self.log {
+            if entry.durability == Durability::Unsynced {
+                entry.durability = Durability::Synced;
+            }
+        }
+        let durable = self
+            .log
+            .iter()
+            .take_while(|e| e.durability == Durability::Synced)
+            .count();
+        for entry in self.log.drain(..durable) {
+            entry.op.apply(&mut self.base);
+        }
+    }
+
+    /// `fsync` failed: unsynced ops become unknown (Linux fsync semantics).
+    pub(super) fn sync_failed(&mut self) {
+        for entry in &mut self.log {
+            if entry.durability == Durability::Unsynced {
+                entry.durability = Durability::Unknown;
+            }
+        }
+    }
+}
