@@ -181,6 +181,15 @@ pub(crate) fn recover(
         });
     }
     let (tree, agents, inbox) = rebuild(fs, &store, config, candidates, &mut report, max_ts)?;
+    // Postcondition, checked in production too: a broken tree here would
+    // be acknowledged state silently misread.
+    let violations = tree.violations();
+    if !violations.is_empty() {
+        return Err(RuntimeError::Recovery(format!(
+            "rebuilt agent tree is inconsistent: {violations:?} (inspect {})",
+            root.display()
+        )));
+    }
     report.agents_recovered = agents.len() as u64;
     tracing::info!(
         agents = agents.len(),

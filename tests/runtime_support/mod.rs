@@ -306,3 +306,48 @@ pub fn full_scenario() -> Vec<Op> {
         Op::Terminate(1),
     ]
 }
+
+/// A random valid op sequence of `len` ops from `seed` (a tiny shadow of
+/// the tree keeps every op legal: terminate only leaves, no op on the dead).
+pub fn random_ops(seed: u64, len: usize) -> Vec<Op> {
+    use rand::{Rng, SeedableRng};
+    const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+    const PROMPTS: [&str; 5] = ["hi", "lookup x", "send_email now", "write_note y", "think"];
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut parent: Vec<Option<usize>> = Vec::new();
+    let mut alive: Vec<bool> = Vec::new();
+    let mut ops = Vec::new();
+    while ops.len() < len {
+        let live: Vec<usize> = (0..alive.len()).filter(|&i| alive[i]).collect();
+        let pick = |rng: &mut rand_chacha::ChaCha8Rng| live[rng.random_range(0..live.len())];
+        let name = NAMES[rng.random_range(0..NAMES.len())];
+        let op = match (live.is_empty(), rng.random_range(0..10u32)) {
+            (true, _) | (false, 0) => {
+                parent.push(None);
+                alive.push(true);
+                Op::CreateRoot(name)
+            }
+            (false, 1) => {
+                let p = pick(&mut rng);
+                parent.push(Some(p));
+                alive.push(true);
+                Op::Spawn(p, name)
+            }
+            (false, 2 | 3) => Op::Turn(pick(&mut rng), PROMPTS[rng.random_range(0..PROMPTS.len())]),
+            (false, 4 | 5) => Op::Send(pick(&mut rng), pick(&mut rng), name),
+            (false, 6 | 7) => Op::Deliver(pick(&mut rng)),
+            (false, 8) => Op::Evict(pick(&mut rng)),
+            (false, _) => {
+                let a = pick(&mut rng);
+                let has_children = (0..alive.len()).any(|c| alive[c] && parent[c] == Some(a));
+                if has_children {
+                    continue;
+                }
+                alive[a] = false;
+                Op::Terminate(a)
+            }
+        };
+        ops.push(op);
+    }
+    ops
+}
