@@ -81,6 +81,7 @@ impl RecoveryReport {
 /// In-memory state rebuilt by recovery, handed to the runtime.
 #[derive(Debug)]
 pub(crate) struct Recovered {
+    pub store: SessionStore,
     pub tree: AgentTree,
     pub agents: BTreeMap<AgentId, AgentSlot>,
     pub inbox: Inboxes,
@@ -180,6 +181,15 @@ pub(crate) fn recover(
         });
     }
     let (tree, agents, inbox) = rebuild(fs, &store, config, candidates, &mut report, max_ts)?;
+    // Postcondition, checked in production too: a broken tree here would
+    // be acknowledged state silently misread.
+    let violations = tree.violations();
+    if !violations.is_empty() {
+        return Err(RuntimeError::Recovery(format!(
+            "rebuilt agent tree is inconsistent: {violations:?} (inspect {})",
+            root.display()
+        )));
+    }
     report.agents_recovered = agents.len() as u64;
     tracing::info!(
         agents = agents.len(),
@@ -189,6 +199,7 @@ pub(crate) fn recover(
     );
     Ok((
         Recovered {
+            store,
             tree,
             agents,
             inbox,

@@ -103,8 +103,10 @@ pub struct LogEntry {
     pub event: Event,
 }
 
-/// The wire shape; parsed first so the version is checked before the event.
+/// The wire shape. Unknown keys are refused: within a version the shape is
+/// fixed, so an unknown key means damage (a newer version is caught first).
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawEntry {
     #[serde(default)]
     schema_version: u32,
@@ -144,13 +146,17 @@ impl LogEntry {
 
     /// Parse one line (without its newline).
     pub fn parse(line: &[u8]) -> Result<LogEntry, ParseLineError> {
-        let raw: RawEntry =
+        let value: Value =
             serde_json::from_slice(line).map_err(|e| ParseLineError::Invalid(e.to_string()))?;
-        if raw.schema_version > SCHEMA_VERSION {
+        // The version decides how to read the rest, so it is checked first.
+        let version = value.get("schema_version").and_then(Value::as_u64).unwrap_or(0);
+        if version > u64::from(SCHEMA_VERSION) {
             return Err(ParseLineError::Newer {
-                found: raw.schema_version,
+                found: u32::try_from(version).unwrap_or(u32::MAX),
             });
         }
+        let raw: RawEntry =
+            serde_json::from_value(value).map_err(|e| ParseLineError::Invalid(e.to_string()))?;
         let tagged = serde_json::json!({ "event": raw.event, "data": raw.data });
         let event: Event = serde_json::from_value(tagged)
             .map_err(|e| ParseLineError::Invalid(format!("event {:?}: {e}", raw.event)))?;

@@ -129,8 +129,6 @@ pub fn repair(
     if parsed.partial_tail_bytes > 0 && !canaries.has(Canary::NoPartialLineRepair) {
         fs.truncate(&path, parsed.valid_len, "events.jsonl truncate partial line")
             .map_err(|e| LogError::io(&path, "truncate", e))?;
-        fs.sync(&path, "events.jsonl fsync (truncate)")
-            .map_err(|e| LogError::io(&path, "fsync", e))?;
         tracing::warn!(path = %path.display(), offset = parsed.valid_len,
             bytes = parsed.partial_tail_bytes, "truncated a partial trailing line");
         report.truncated_at = Some(parsed.valid_len);
@@ -157,6 +155,7 @@ pub fn repair(
                 fs.sync(&path, "events.jsonl fsync (pending replay)")
                     .map_err(|e| LogError::io(&path, "fsync", e))?;
                 parsed.entries.push(e);
+                parsed.valid_len += bytes.len() as u64;
                 report.pending_replayed = true;
             }
             Some(e) if &e.session_id == session_id && e.seq < next => report.pending_deduped = true,
@@ -170,5 +169,50 @@ pub fn repair(
             parsed = parse_log(fs, dir, Some(session_id))?;
         }
     }
+    if exists {
+        persist(fs, dir, &parsed)?;
+    }
     Ok((parsed.entries, report))
+}
+
+/// Make durable everything recovery read and will rely on. The log may
+/// hold entries that were only in the page cache (a process crash before
+/// their fsync): recovery treats them as done, so they must not vanish in
+/// a later power loss. And after a failed fsync the last entry's bytes are
+/// of unknown durability even though they are visible ("fsyncgate": a
+/// retried fsync does not make them durable), so that line is rewritten
+/// in place before the fsync. Only the last line can be affected: every
+/// append is fsynced before the next, and a failed fsync stops the runtime.
+/// The directory fsync covers `events.jsonl`'s and `session.json`'s entries.
+fn persist(fs: &dyn Fs, dir: &Path, parsed: &ParsedLog) -> Result<(), LogError> {
+    let path = dir.join(EVENTS_FILE);
+    if let Some(last) = parsed.entries.last() {
+        let line = last.to_line().map_err(|source| LogError::Serialize {
+            path: path.clone(),
+            event: last.event.name().to_string(),
+            source,
+        })?;
+        // Rewrite the exact bytes on disk when they round-trip; a line in
+        // another (older) encoding is left as it is.
+        if let Some(at) = parsed.valid_len.checked_sub(line.len() as u64) {
+            let mut on_disk = vec![0; line.len()];
+            let n = fs
+                .read_at(&path, at, &mut on_disk, "events.jsonl read last line (recovery)")
+                .map_err(|e| LogError::io(&path, "read", e))?;
+            if n == line.len() && on_disk == line.as_bytes() {
+                fs.write_at(
+                    &path,
+                    at,
+                    line.as_bytes(),
+                    "events.jsonl rewrite last line (recovery)",
+                )
+                .map_err(|e| LogError::io(&path, "rewrite", e))?;
+            }
+        }
+    }
+    fs.sync(&path, "events.jsonl fsync (recovery)")
+        .map_err(|e| LogError::io(&path, "fsync", e))?;
+    fs.sync_dir(dir, "session dir fsync (recovery)")
+        .map_err(|e| LogError::io(dir, "dir fsync", e))?;
+    Ok(())
 }

@@ -14,8 +14,22 @@ macro_rules! hex_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(transparent)]
+        #[serde(into = "String", try_from = "String")]
         pub struct $name(String);
+
+        // Parsed ids are validated, so `counter` can slice safely.
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                $name::from_hex(&s)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
 
         impl $name {
             /// Validate a 16-hex-digit id.
@@ -33,7 +47,10 @@ macro_rules! hex_id {
 
             /// The counter part (low 8 hex digits).
             pub fn counter(&self) -> u64 {
-                u64::from_str_radix(&self.0[8..], 16).unwrap_or(0)
+                self.0
+                    .get(8..)
+                    .and_then(|c| u64::from_str_radix(c, 16).ok())
+                    .unwrap_or(0)
             }
         }
 

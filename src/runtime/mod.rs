@@ -130,6 +130,13 @@ pub enum RuntimeError {
     Poisoned { cause: String },
     #[error("recovery: {0}")]
     Recovery(String),
+    /// In-memory data could not be serialized (a bug: it is plain data).
+    #[error("cannot serialize {what}: {source}")]
+    Serialize {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 impl RuntimeError {

@@ -50,12 +50,11 @@ impl Runtime {
         ids.observe(recovered.max_id_counter);
         let mut clock = Clock::default();
         clock.observe(recovered.max_ts);
-        let store = SessionStore::open(fs.clone(), root, config.canaries.clone())?;
         let runtime = Runtime {
             fs,
             root: root.to_path_buf(),
             config,
-            store,
+            store: recovered.store,
             ids,
             clock,
             tree: recovered.tree,

@@ -28,8 +28,11 @@ impl Runtime {
     }
 
     fn suspend(&mut self, agent: &AgentId) -> Result<(), RuntimeError> {
-        let blob = serde_json::to_string(&self.slot(agent)?.conversation).map_err(|e| {
-            RuntimeError::Recovery(format!("cannot serialize the conversation of {agent}: {e}"))
+        let blob = serde_json::to_string(&self.slot(agent)?.conversation).map_err(|source| {
+            RuntimeError::Serialize {
+                what: format!("the conversation of {agent}"),
+                source,
+            }
         })?;
         self.log_to(
             agent,
@@ -66,6 +69,8 @@ impl Runtime {
         let now = self.clock.now();
         let slot = self.slot_mut(agent)?;
         slot.record.state = SessionState::Active;
+        // The conversation is rebuilt from the log; a kept blob would go stale.
+        slot.record.provider_state = None;
         slot.record.updated_ts = now;
         let record = slot.record.clone();
         self.store.write(&record)?;

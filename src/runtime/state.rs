@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::store::session::SessionState;
 
@@ -17,7 +17,7 @@ use super::turn::ConversationItem;
 use super::Runtime;
 
 /// One live agent as the oracle sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentView {
     pub name: String,
     pub instructions: String,
@@ -27,7 +27,7 @@ pub struct AgentView {
 }
 
 /// Snapshot of everything acknowledged operations determine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuntimeState {
     pub agents: BTreeMap<AgentId, AgentView>,
     /// Completed turns, per agent.

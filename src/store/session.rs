@@ -91,21 +91,40 @@ pub struct SessionStore {
 }
 
 impl SessionStore {
-    /// Open the store, creating `<root>/agents/` durably if missing.
+    /// Open the store, creating `<root>/agents/` durably if missing: every
+    /// newly created directory's entry is synced in its parent.
     pub fn open(fs: Arc<dyn Fs>, root: &Path, canaries: Canaries) -> Result<Self, SessionError> {
         let agents_dir = root.join("agents");
-        let exists = fs
-            .exists(&agents_dir, "agents dir exists")
-            .map_err(io_err(&agents_dir, "exists"))?;
-        if !exists {
+        let mut missing = Vec::new();
+        for dir in agents_dir.ancestors() {
+            if dir.as_os_str().is_empty() {
+                break;
+            }
+            let exists = fs
+                .exists(dir, "agents dir exists")
+                .map_err(io_err(dir, "exists"))?;
+            if exists {
+                break;
+            }
+            missing.push(dir.to_path_buf());
+        }
+        if !missing.is_empty() {
             fs.create_dir_all(&agents_dir, "agents dir mkdir")
                 .map_err(io_err(&agents_dir, "mkdir"))?;
-            if !canaries.has(Canary::NoDirFsync) {
-                for dir in [Some(root), root.parent()].into_iter().flatten() {
-                    if !dir.as_os_str().is_empty() {
-                        fs.sync_dir(dir, "root dir fsync (agents mkdir)")
-                            .map_err(io_err(dir, "dir fsync"))?;
-                    }
+        }
+        if !canaries.has(Canary::NoDirFsync) {
+            // Every new entry is synced in its parent, deepest first. The
+            // chain root/agents is synced even when it already existed: a
+            // process crash may have cut its first creation short of the
+            // fsync, and everything acknowledged later depends on it.
+            let mut dirs: Vec<&Path> = missing.iter().filter_map(|d| d.parent()).collect();
+            dirs.extend([agents_dir.as_path(), root]);
+            dirs.extend(root.parent());
+            let mut done = std::collections::BTreeSet::new();
+            for dir in dirs {
+                if !dir.as_os_str().is_empty() && done.insert(dir) {
+                    fs.sync_dir(dir, "dir fsync (agents chain)")
+                        .map_err(io_err(dir, "dir fsync"))?;
                 }
             }
         }
