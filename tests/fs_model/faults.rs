@@ -26,6 +26,7 @@ fn mutations() -> Vec<Mutation> {
         ("write_at", |fs| fs.write_at(p("/d/f"), 1, b"ZZ", "write")),
         ("append", |fs| fs.append(p("/d/f"), b"more", "append").map(drop)),
         ("truncate", |fs| fs.truncate(p("/d/f"), 2, "truncate")),
+        ("sync", |fs| fs.sync(p("/d/f"), "sync f")),
         ("sync_dir", |fs| fs.sync_dir(p("/d"), "sync d")),
         ("rename", |fs| fs.rename(p("/d/f"), p("/d/f2"), "rename")),
         ("remove", |fs| fs.remove(p("/d/f"), "remove")),

@@ -22,7 +22,7 @@
 //!
 //! | Fault | Stands for | Effect |
 //! |---|---|---|
-//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), any other op whole — else not at all; every later call errors until [`SimFs::restart`] |
+//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), any other op whole — else not at all; every later call errors, uncounted and untraced, until [`SimFs::restart`] |
 //! | `FailAt(n, Eio)` | a media error, a yanked or dm-error'd device, a failing NFS/FUSE backend | point `n` returns EIO (`ErrorKind::Other`) and changes nothing — except a failed `sync`, see below |
 //! | `FailAt(n, Enospc)` | a full disk or quota (ext4 can also report it from `fsync` under delayed allocation) | as EIO, with `ErrorKind::StorageFull` |
 //! | `LostReplyAt(n)` | the kernel completed the op but the caller saw an error (EINTR after completion, a dropped NFS reply, an error from a different page reported on this `fsync`) | point `n` takes full effect; the caller gets EIO |
@@ -205,8 +205,11 @@ impl SimFs {
         self.lock().image.visible_files()
     }
 
-    /// The files every power loss preserves, under either [`DirModel`]:
-    /// synced data under `sync_dir`ed entries, nothing undecided.
+    /// The disk a power loss leaves if nothing undecided reached it (under
+    /// either [`DirModel`]): synced data under `sync_dir`ed entries. This
+    /// is the floor for a file nothing touched since its last `sync` and
+    /// `sync_dir`; a later, undecided write, rename or remove may still
+    /// change it on the real post-crash disk.
     pub fn durable_image(&self) -> BTreeMap<PathBuf, Vec<u8>> {
         let s = self.lock();
         let disk = power::resolve(&s.image, DirModel::Strict, &mut power::Nothing);
