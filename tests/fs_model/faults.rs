@@ -217,3 +217,20 @@ fn write_past_max_file_bytes_fails_and_changes_nothing() {
     assert_eq!(err.kind(), ErrorKind::FileTooLarge);
     assert_eq!(fs.read(p("/f"), "read").unwrap(), b"12345");
 }
+
+#[test]
+fn undecided_lists_unsynced_data_and_undurable_dir_ops() {
+    let fs = busy_disk(0);
+    let lines = fs.undecided();
+    let has = |needle: &str| lines.iter().any(|l| l.contains(needle));
+    assert!(has("/d/f: 1 unsynced and 0 unknown"), "{lines:#?}");
+    assert!(has("create /d/new: undecided under Strict"), "{lines:#?}");
+    assert!(
+        has("rename /d/new -> /d/renamed: undecided under Strict"),
+        "{lines:#?}"
+    );
+    fs.sync(p("/d/f"), "sync f").unwrap();
+    fs.sync(p("/d/renamed"), "sync renamed").unwrap();
+    fs.sync_dir(p("/d"), "sync d").unwrap();
+    assert_eq!(fs.undecided(), Vec::<String>::new());
+}

@@ -50,6 +50,11 @@
 //! (b) creates or renames `f`'s inode (wherever), or (c) creates a directory
 //! that is an ancestor of `f`. Removes elsewhere stay undecided.
 //!
+//! **Inspecting.** [`SimFs::disk_image`] is the process's view (the disk,
+//! right after a restart); [`SimFs::durable_image`] the disk if nothing
+//! undecided reached it; [`SimFs::undecided`] lists what a power loss could
+//! still decide, for failure reports.
+//!
 //! # Compared with turmoil-fs
 //!
 //! Read: `tokio-rs/turmoil`, `crates/turmoil-fs/src/lib.rs`. It agrees with
@@ -76,6 +81,7 @@ mod hash;
 mod inode;
 mod ops;
 mod power;
+mod report;
 mod state;
 mod types;
 
