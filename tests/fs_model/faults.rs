@@ -234,3 +234,22 @@ fn undecided_lists_unsynced_data_and_undurable_dir_ops() {
     fs.sync_dir(p("/d"), "sync d").unwrap();
     assert_eq!(fs.undecided(), Vec::<String>::new());
 }
+
+#[test]
+fn sim_config_reads_old_json_with_defaults_and_clamps_probabilities() {
+    let config: SimConfig = serde_json::from_str(r#"{"seed": 5}"#).unwrap();
+    assert_eq!(config, SimConfig::new(5));
+    let wild = SimConfig {
+        dir_op_survival: 7.0,
+        unsynced_write_survival: f64::NAN,
+        ..SimConfig::new(1)
+    };
+    let fs = SimFs::new(wild);
+    assert_eq!(fs.config().dir_op_survival, 1.0);
+    assert_eq!(fs.config().unsynced_write_survival, 0.0);
+    // And the clamped config runs a power loss without panicking.
+    fs.open(p("/f"), OpenMode::Create, "create").unwrap();
+    fs.append(p("/f"), b"x", "append").unwrap();
+    fs.restart(STRICT);
+    assert_eq!(fs.disk_image().get(p("/f")).map(Vec::len), Some(0));
+}
