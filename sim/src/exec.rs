@@ -345,6 +345,11 @@ impl Exec {
         match oracle::judge(before, after, action, &state) {
             Ok(accepted) => {
                 self.model = accepted.adopted;
+                // Names, prompts and effect keys stay unique across the run
+                // even when the interrupted op is rolled back.
+                if let Some(after) = after {
+                    self.model.counter = self.model.counter.max(after.counter);
+                }
                 let site = self
                     .site()
                     .map(|c| format!(" at point {} \"{}\"", c.point, c.label))
