@@ -2,206 +2,235 @@
 //! (`durable_agent::runtime::Runtime`) over [`SimFs`], restarts it after a
 //! crash, and projects its observable state onto the model's [`State`].
 //!
+//! The system under test is what a daemon runs on one disk: the runtime,
+//! the stores' SQLite database (triggers, activity ledger) and the external
+//! world. [`Driver::open`] is the daemon's boot: stores first (settle the
+//! ledger's INTENTs, reclaim expired trigger leases), then the runtime (its
+//! recovery). TODO(lead): the store part belongs in `src/recovery.rs`.
+//!
 //! Invariant: the driver only translates. It never repairs, retries or
 //! interprets the runtime's behaviour; the external world (the outbox) and
 //! the id↔name maps live here because they outlive every crash.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use durable_agent::canary::Canaries;
-use durable_agent::fs::{CrashMode, Fs, SimConfig, SimFs};
-use durable_agent::runtime::{
-    AgentId, ConversationItem, MessageId, Provider, ProviderError, ProviderReply, ProviderRequest, Runtime,
-    RuntimeConfig, RuntimeError, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest,
-};
+use durable_agent::fs::{CrashMode, Fault, Fs, SimConfig, SimFs};
+use durable_agent::runtime::{AgentId, ConversationItem, MessageId, Runtime, RuntimeConfig};
+use durable_agent::sqlite::{Db, SqliteOptions};
+use durable_agent::store::activities::{ActivityGate, ActivityStore};
+use durable_agent::store::schema::open_store;
 use durable_agent::store::session::SessionState;
-use serde_json::json;
+use durable_agent::store::triggers::{
+    TriggerPolicy, TriggerSource, TriggerSpec, TriggerStatus as StoreStatus, TriggerStore,
+};
+use durable_agent::world::World;
 
-use crate::model::{effect_key, Action, Agent, Msg, State, Status, Turn};
+use crate::model::{Action, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
 use crate::op::ToolStep;
+use crate::standins::{ScriptedProvider, SimTools};
+
+/// The stores' database.
+pub const STORE_DB: &str = "/da/store.db";
+/// Logical ms between two ops, and from a crash to the reboot: longer than
+/// any trigger lease or backoff, so every op sees all triggers due and
+/// every boot finds every lease expired.
+pub const OP_MS: u64 = 10_000_000;
+pub const BOOT_MS: u64 = 5_000_000;
+/// Trigger lease.
+pub const LEASE_MS: u64 = 3_600_000;
 
 /// Where the runtime lives on the simulated disk.
 pub const ROOT: &str = "/da";
 
-fn parse_script(prompt: &str) -> Vec<ToolStep> {
-    let script = prompt.split_once(':').map(|(_, s)| s).unwrap_or("");
-    script
-        .chars()
-        .map(|c| ToolStep {
-            irreversible: c.eq_ignore_ascii_case(&'i'),
-            ok: c.is_ascii_uppercase(),
-        })
-        .collect()
-}
-
-/// The LLM stand-in: round `r` asks for the `r`-th scripted tool, then
-/// answers `r<n>` for prompt `p<n>:…`. A pure function of the request.
-#[derive(Debug)]
-struct ScriptedProvider;
-
-impl Provider for ScriptedProvider {
-    fn name(&self) -> &str {
-        "scripted"
-    }
-    fn model(&self) -> &str {
-        "scripted-1"
-    }
-    fn complete(&self, request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError> {
-        let prompt = request
-            .history
-            .iter()
-            .rev()
-            .find_map(|i| match i {
-                ConversationItem::Prompt { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .ok_or_else(|| ProviderError("no prompt in the open turn".into()))?;
-        let tools = parse_script(prompt);
-        let round = request.round as usize;
-        if let Some(step) = tools.get(round) {
-            let key = effect_key(prompt, round);
-            let tool = if step.irreversible { "effect" } else { "lookup" };
-            let call = ToolRequest {
-                tool: tool.into(),
-                args: json!({ "key": key, "ok": step.ok }),
-                irreversible: step.irreversible,
-            };
-            return Ok(ProviderReply {
-                text: String::new(),
-                tool_calls: vec![call],
-            });
-        }
-        let n = prompt.split(':').next().unwrap_or("").trim_start_matches('p');
-        Ok(ProviderReply {
-            text: format!("r{n}"),
-            tool_calls: Vec::new(),
-        })
-    }
-}
-
-/// The simulated external world: every irreversible effect that happened,
-/// by idempotency key, in order. Outside the disk, so it survives crashes.
-#[derive(Debug, Clone, Default)]
-pub struct World(Arc<Mutex<Vec<String>>>);
-
-impl World {
-    pub fn outbox(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-/// Tools: `lookup` is pure, `effect` delivers its key to the [`World`].
-#[derive(Debug)]
-struct SimTools(World);
-
-impl ToolExecutor for SimTools {
-    fn execute(&self, _ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
-        let key = call
-            .args
-            .get("key")
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_string();
-        let ok = call.args.get("ok").and_then(|v| v.as_bool()).unwrap_or(false);
-        if call.irreversible && ok {
-            self.0
-                 .0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(key.clone());
-        }
-        Ok(ToolOutput {
-            ok,
-            output: format!("{}:{key}", call.tool),
-        })
-    }
-}
-
-/// One runtime on one simulated disk.
+/// One system (runtime + stores + world) on one simulated disk.
 #[derive(Debug)]
 pub struct Driver {
     pub fs: SimFs,
     pub world: World,
     config: RuntimeConfig,
+    tools: SimTools,
+    triggers: TriggerStore,
+    activities: ActivityStore,
+    seed: u64,
     rt: Option<Runtime>,
+    db: Option<Db>,
     /// Every agent ever seen, so messages from terminated senders resolve.
     names: BTreeMap<AgentId, String>,
     msgs: BTreeMap<MessageId, Msg>,
 }
 
+fn err(what: &str) -> impl FnOnce(String) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
 impl Driver {
-    /// A fresh disk; the runtime is not open yet (see [`Driver::open`]).
+    /// A fresh disk; nothing is open yet (see [`Driver::open`]).
     pub fn new(seed: u64, canaries: Canaries) -> Driver {
-        let world = World::default();
-        let mut config = RuntimeConfig::new(seed).with_canaries(canaries);
+        let world = World::without_dedup();
+        let tools = SimTools {
+            world: world.clone(),
+            ..SimTools::default()
+        };
+        let mut config = RuntimeConfig::new(seed).with_canaries(canaries.clone());
         config.provider = Arc::new(ScriptedProvider);
-        config.tools = Arc::new(SimTools(world.clone()));
+        config.tools = Arc::new(tools.clone());
         Driver {
             fs: SimFs::new(SimConfig::new(seed)),
             world,
             config,
+            tools,
+            triggers: TriggerStore::new(TriggerPolicy::default(), canaries.clone()),
+            activities: ActivityStore::new(canaries),
+            seed,
             rt: None,
+            db: None,
             names: BTreeMap::new(),
             msgs: BTreeMap::new(),
         }
     }
 
-    /// Open the runtime (running recovery).
-    pub fn open(&mut self) -> Result<(), RuntimeError> {
-        self.rt = None;
+    /// The logical time of op number `step` (ms).
+    pub fn set_step(&self, step: u64) {
+        self.tools.now_ms.store(step * OP_MS, Ordering::SeqCst);
+    }
+
+    fn now(&self) -> u64 {
+        self.tools.now_ms.load(Ordering::SeqCst)
+    }
+
+    /// Boot: the stores (ledger recovery, lease reclaim), then the runtime
+    /// (its recovery). Any error leaves the driver closed.
+    pub fn open(&mut self) -> Result<(), String> {
+        self.close();
+        let now = self.now() + BOOT_MS;
         let fs: Arc<dyn Fs> = Arc::new(self.fs.clone());
-        let (rt, _report) = Runtime::open(fs, Path::new(ROOT), self.config.clone())?;
+        fs.create_dir_all(Path::new(ROOT), "daemon root mkdir")
+            .map_err(|e| format!("mkdir {ROOT}: {e}"))?;
+        fs.sync_dir(Path::new("/"), "daemon root parent fsync")
+            .map_err(|e| format!("fsync /: {e}"))?;
+        let opts = SqliteOptions {
+            seed: self.seed,
+            ..SqliteOptions::default()
+        };
+        let open =
+            |what| open_store(fs.clone(), Path::new(STORE_DB), &opts).map_err(|e| err(what)(e.to_string()));
+        let gate = ActivityGate::new(
+            open("open the activity ledger")?,
+            Arc::new(self.world.clone()),
+            self.activities.clone(),
+        );
+        gate.recover(now)
+            .map_err(|e| err("activity ledger recovery")(e.to_string()))?;
+        let db = open("open the trigger store")?;
+        self.triggers
+            .reclaim_expired(db.conn(), now)
+            .map_err(|e| err("trigger lease reclaim")(e.to_string()))?;
+        *self.tools.gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(gate);
+        let (rt, _report) = Runtime::open(fs, Path::new(ROOT), self.config.clone())
+            .map_err(|e| err("runtime recovery")(e.to_string()))?;
+        self.db = Some(db);
         self.rt = Some(rt);
         Ok(())
     }
 
-    /// Kill the process, apply `mode` to the disk, reboot the disk. The
-    /// runtime must be [`Driver::open`]ed again.
-    pub fn crash(&mut self, mode: CrashMode) {
+    fn close(&mut self) {
         self.rt = None;
-        self.fs.restart(mode);
+        self.db = None;
+        *self.tools.gate.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    fn rt(&mut self) -> Result<&mut Runtime, RuntimeError> {
+    /// kill -9: nothing after this instant reaches the disk (not even
+    /// SQLite's close-time checkpoint: the next I/O point, if any, is the
+    /// crash), then apply `mode` and reboot the disk. Returns whether an
+    /// injected crash point had been hit. The system must be
+    /// [`Driver::open`]ed again.
+    pub fn crash(&mut self, mode: CrashMode) -> bool {
+        let hit = self.fs.crashed();
+        if !hit {
+            self.fs.set_fault(Some(Fault::CrashAt(self.fs.points() + 1)));
+        }
+        self.close();
+        self.fs.restart(mode);
+        hit
+    }
+
+    /// A clean stop: close everything (SQLite checkpoints on close), then
+    /// reboot the disk keeping what was written. Returns whether an injected
+    /// crash point was hit during the stop (then `mode_if_hit` applies).
+    pub fn shutdown(&mut self, mode_if_hit: CrashMode) -> bool {
+        self.close();
+        let hit = self.fs.crashed();
+        self.fs
+            .restart(if hit { mode_if_hit } else { CrashMode::ProcessCrash });
+        hit
+    }
+
+    fn rt(&mut self) -> Result<&mut Runtime, String> {
         self.rt
             .as_mut()
-            .ok_or_else(|| RuntimeError::Recovery("harness: runtime not open".into()))
+            .ok_or_else(|| "harness: runtime not open".to_string())
     }
 
-    fn id(&self, name: &str) -> Result<AgentId, RuntimeError> {
+    fn db(&self) -> Result<&Db, String> {
+        self.db
+            .as_ref()
+            .ok_or_else(|| "harness: store not open".to_string())
+    }
+
+    fn id(&self, name: &str) -> Result<AgentId, String> {
         let rt = self
             .rt
             .as_ref()
-            .ok_or_else(|| RuntimeError::Recovery("harness: runtime not open".into()))?;
+            .ok_or_else(|| "harness: runtime not open".to_string())?;
         rt.tree()
             .nodes()
             .iter()
             .find(|(_, v)| v.name == name)
             .map(|(id, _)| id.clone())
-            .ok_or_else(|| RuntimeError::Recovery(format!("harness: no live agent named {name}")))
+            .ok_or_else(|| format!("harness: no live agent named {name}"))
     }
 
-    /// Run one action on the runtime.
-    pub fn exec(&mut self, action: &Action) -> Result<(), RuntimeError> {
+    fn trigger_id(&self, key: &str) -> Result<String, String> {
+        let all = self
+            .triggers
+            .all(self.db()?.conn(), self.now())
+            .map_err(|e| e.to_string())?;
+        all.into_iter()
+            .find(|t| t.dedup_key.as_deref() == Some(key))
+            .map(|t| t.id)
+            .ok_or_else(|| format!("no trigger with dedup key {key}"))
+    }
+
+    /// Run one action on the system.
+    pub fn exec(&mut self, action: &Action) -> Result<(), String> {
+        let now = self.now();
         match action {
             Action::CreateRoot { name } => {
-                let id = self.rt()?.create_root(name, "root")?;
+                let id = self.rt()?.create_root(name, "root").map_err(|e| e.to_string())?;
                 self.names.insert(id, name.clone());
             }
             Action::SpawnChild { parent, name } => {
                 let parent = self.id(parent)?;
-                let id = self.rt()?.spawn_child(&parent, name, "child")?;
+                let id = self
+                    .rt()?
+                    .spawn_child(&parent, name, "child")
+                    .map_err(|e| e.to_string())?;
                 self.names.insert(id, name.clone());
             }
             Action::RunTurn { agent, prompt, .. } => {
                 let id = self.id(agent)?;
-                self.rt()?.run_turn(&id, prompt)?;
+                self.rt()?.run_turn(&id, prompt).map_err(|e| e.to_string())?;
             }
             Action::SendMessage { from, to, payload } => {
                 let (f, t) = (self.id(from)?, self.id(to)?);
-                let mid = self.rt()?.send_message(&f, &t, payload)?;
+                let mid = self
+                    .rt()?
+                    .send_message(&f, &t, payload)
+                    .map_err(|e| e.to_string())?;
                 self.msgs.insert(
                     mid,
                     Msg {
@@ -212,22 +241,80 @@ impl Driver {
             }
             Action::Deliver { agent } => {
                 let id = self.id(agent)?;
-                self.rt()?.deliver(&id)?;
+                self.rt()?.deliver(&id).map_err(|e| e.to_string())?;
             }
             Action::Evict { agent } => {
                 let id = self.id(agent)?;
-                self.rt()?.evict(&id)?;
+                self.rt()?.evict(&id).map_err(|e| e.to_string())?;
             }
             Action::Restore { agent } => {
                 let id = self.id(agent)?;
-                self.rt()?.restore(&id)?;
+                self.rt()?.restore(&id).map_err(|e| e.to_string())?;
             }
             Action::Terminate { agent } => {
                 let id = self.id(agent)?;
-                self.rt()?.terminate(&id)?;
+                self.rt()?.terminate(&id).map_err(|e| e.to_string())?;
+            }
+            Action::Emit { key } => {
+                let spec = TriggerSpec {
+                    source: TriggerSource::System,
+                    dedup_key: Some(key.clone()),
+                    session_id: None,
+                    fire_at_ms: 0,
+                    priority: 0,
+                    description: format!("trigger {key}"),
+                    payload: serde_json::json!({ "key": key }),
+                };
+                self.triggers
+                    .emit(self.db()?.conn(), &spec, now)
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::Claim { key } => {
+                let got = self
+                    .triggers
+                    .claim(self.db()?.conn(), now, LEASE_MS)
+                    .map_err(|e| e.to_string())?;
+                let got_key = got.as_ref().and_then(|t| t.dedup_key.clone());
+                if got_key.as_deref() != Some(key.as_str()) {
+                    return Err(format!(
+                        "claim handed out {got_key:?}, the model expected {key:?}"
+                    ));
+                }
+            }
+            Action::Ack { key, ok } => {
+                let id = self.trigger_id(key)?;
+                let conn = self.db()?.conn();
+                let r = if *ok {
+                    self.triggers.ack_done(conn, &id, now)
+                } else {
+                    self.triggers
+                        .ack_failed(conn, &id, now, "tool failed", true)
+                        .map(|_| ())
+                };
+                r.map_err(|e| e.to_string())?;
             }
         }
         Ok(())
+    }
+
+    fn trigger_rows(&self) -> Result<Vec<TriggerRow>, String> {
+        let all = self
+            .triggers
+            .all(self.db()?.conn(), self.now())
+            .map_err(|e| e.to_string())?;
+        Ok(all
+            .into_iter()
+            .map(|t| TriggerRow {
+                key: t.dedup_key.unwrap_or_else(|| format!("?{} (no dedup key)", t.id)),
+                status: match t.status {
+                    StoreStatus::Pending => TriggerStatus::Pending,
+                    StoreStatus::Claimed => TriggerStatus::Claimed,
+                    StoreStatus::Done => TriggerStatus::Done,
+                    StoreStatus::Failed | StoreStatus::Dead => TriggerStatus::Dead,
+                },
+                attempts: t.attempts,
+            })
+            .collect())
     }
 
     /// The runtime's observable state as a model [`State`] (empty when not
@@ -244,9 +331,16 @@ impl Driver {
         let name = |names: &BTreeMap<AgentId, String>, id: &AgentId| {
             names.get(id).cloned().unwrap_or_else(|| format!("?{id}"))
         };
+        let mut violations = violations;
+        let triggers = self.trigger_rows().unwrap_or_else(|e| {
+            violations.push(format!("the trigger store cannot be read: {e}"));
+            Vec::new()
+        });
+        let outbox = self.world.deliveries().into_iter().map(|d| d.idem_key).collect();
         let mut state = State {
             agents: BTreeMap::new(),
-            outbox: self.world.outbox(),
+            outbox,
+            triggers,
         };
         for (id, view) in &rs.agents {
             let pending: Vec<Msg> = rs

@@ -122,6 +122,11 @@ impl Exec {
         Ok(exec)
     }
 
+    /// The labelled I/O trace of the run so far.
+    pub fn trace(&self) -> Vec<durable_agent::fs::TraceEntry> {
+        self.driver.fs.trace()
+    }
+
     /// The model the harness currently holds (the acknowledged state).
     pub fn model(&self) -> &Model {
         &self.model
@@ -138,10 +143,9 @@ impl Exec {
 
     /// Kill the process; counts it when an injected crash point was hit.
     fn kill(&mut self, kind: CrashKind) {
-        if self.driver.fs.crashed() {
+        if self.driver.crash(kind.mode()) {
             self.crashes += 1;
         }
-        self.driver.crash(kind.mode());
         self.disarm();
     }
 
@@ -209,6 +213,7 @@ impl Exec {
     /// Apply one op. `Err` is a property violation, fully described.
     pub fn step(&mut self, op: &Op) -> Result<(), Box<Failure>> {
         self.history.push(op.clone());
+        self.driver.set_step(self.history.len() as u64);
         self.step_start = self.driver.fs.points();
         self.crash_mode = None;
         self.boundary = None;
@@ -224,7 +229,11 @@ impl Exec {
                 // recovery itself (recovery must be restartable).
                 let model = self.model.clone();
                 let armed = self.armed.take();
-                self.kill(CrashKind::Process);
+                let sweep_kind = self.global.map(|g| g.kind).unwrap_or(CrashKind::Process);
+                if self.driver.shutdown(sweep_kind.mode()) {
+                    self.crashes += 1;
+                }
+                self.disarm();
                 if let Some((offset, _)) = armed {
                     self.driver.fs.set_fault(Some(Fault::CrashAt(
                         self.driver.fs.points() + 1 + u64::from(offset),
@@ -274,9 +283,38 @@ impl Exec {
             ));
         }
         self.model = after;
-        self.check_step()?;
-        let recovered = suspended(&self.driver.state().0);
-        let expected = suspended(&self.model.state);
+        if armed.is_some() {
+            // The armed point lay past this op: the harness's own reads
+            // below must not hit it.
+            self.disarm();
+            self.boundary = Some(self.driver.fs.points());
+        }
+        let (state, mut violations) = self.driver.state();
+        if self.driver.fs.crashed() {
+            // A sweep point landed in the projection's reads: that is a
+            // crash between ops.
+            self.boundary = Some(self.driver.fs.points());
+            let model = self.model.clone();
+            return self.restart(kind.unwrap_or(CrashKind::Process), &model, None, None);
+        }
+        violations.extend(oracle::state_invariants(&state));
+        if !violations.is_empty() {
+            return Err(self.fail("an invariant broke", violations.join("\n"), None));
+        }
+        let full_outbox = state.outbox.clone();
+        let mut recovered = suspended(&state);
+        let mut expected = suspended(&self.model.state);
+        // Effects of unknown fate (R4) are compared by the oracle and I4
+        // only; one that shows up now becomes known.
+        let maybe = &self.model.maybe_effects;
+        let shown: Vec<String> = recovered
+            .outbox
+            .iter()
+            .filter(|k| maybe.contains(*k))
+            .cloned()
+            .collect();
+        recovered.outbox.retain(|k| !maybe.contains(k));
+        expected.outbox.retain(|k| !maybe.contains(k));
         if recovered != expected {
             return Err(self.fail(
                 "the runtime diverged from the model with no crash",
@@ -284,24 +322,16 @@ impl Exec {
                 Some((expected, recovered)),
             ));
         }
+        if !shown.is_empty() {
+            self.model.state.outbox = full_outbox;
+            self.model.maybe_effects.retain(|k| !shown.contains(k));
+        }
         if let Some((_, kind)) = armed {
-            // The armed point lay past this op: the process dies right after it.
-            self.disarm();
-            self.boundary = Some(self.driver.fs.points());
+            // The process dies right after the op.
             let model = self.model.clone();
             return self.restart(kind, &model, None, None);
         }
         Ok(())
-    }
-
-    fn check_step(&mut self) -> Result<(), Box<Failure>> {
-        let (state, mut violations) = self.driver.state();
-        violations.extend(oracle::state_invariants(&state));
-        if violations.is_empty() {
-            Ok(())
-        } else {
-            Err(self.fail("an invariant broke", violations.join("\n"), None))
-        }
     }
 
     /// Crash the process with `kind`, recover, and judge.
@@ -326,16 +356,26 @@ impl Exec {
     ) -> Result<(), Box<Failure>> {
         self.restarts += 1;
         let mut attempts = 0;
-        loop {
+        let (state, mut violations) = loop {
             attempts += 1;
-            match self.driver.open() {
-                Ok(()) => break,
-                Err(_) if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS => self.kill(kind),
-                Err(e) => return Err(self.fail("recovery failed", e.to_string(), None)),
+            // A crash armed into the recovery (or a sweep point landing in
+            // it, or in the projection's reads) restarts it.
+            let opened = self.driver.open();
+            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                self.kill(kind);
+                continue;
             }
-        }
-        self.disarm();
-        let (state, mut violations) = self.driver.state();
+            if let Err(e) = opened {
+                return Err(self.fail("recovery failed", e, None));
+            }
+            self.disarm();
+            let projected = self.driver.state();
+            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                self.kill(kind);
+                continue;
+            }
+            break projected;
+        };
         violations.extend(oracle::state_invariants(&state));
         violations.extend(oracle::recovery_invariants(&state));
         violations.extend(oracle::log_invariants(&self.driver.disk()));
@@ -345,6 +385,18 @@ impl Exec {
         match oracle::judge(before, after, action, &state) {
             Ok(accepted) => {
                 self.model = accepted.adopted;
+                if accepted.side == oracle::Side::Before {
+                    // The turn was rolled back: remember it for resume_turn,
+                    // and its effects the world did not show as unknown.
+                    if let Some(turn @ Action::RunTurn { agent, .. }) = action {
+                        self.model.lost_turns.insert(agent.clone(), turn.clone());
+                    }
+                    for key in oracle::effects_of(action) {
+                        if !self.model.state.outbox.contains(&key) {
+                            self.model.maybe_effects.insert(key);
+                        }
+                    }
+                }
                 // Names, prompts and effect keys stay unique across the run
                 // even when the interrupted op is rolled back.
                 if let Some(after) = after {

@@ -19,6 +19,7 @@ pub mod oracle;
 pub mod profile;
 pub mod report;
 pub mod search;
+pub mod standins;
 pub mod sweep;
 pub mod tour;
 

@@ -78,6 +78,15 @@ pub enum Op {
     Restore { agent: AgentRef },
     /// Terminate a leaf agent.
     Terminate { agent: AgentRef },
+    /// Re-run a turn a crash rolled back, with the same prompt (so the same
+    /// idempotency keys): the activity ledger must not repeat its effects.
+    ResumeTurn { agent: AgentRef },
+    /// Emit a durable trigger with dedup key `k<key % 4>`.
+    EmitTrigger { key: u8 },
+    /// Claim the next due trigger.
+    ClaimTrigger,
+    /// Acknowledge a claimed trigger (done, or failed and retryable).
+    AckTrigger { trigger: u8, ok: bool },
     /// Arm a crash inside the NEXT op: at its `offset`-th I/O point (from
     /// 0). If that op has fewer points, the process dies right after it.
     /// Either way the disk gets `kind` and the runtime recovers.
@@ -127,6 +136,10 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => agent_ref().prop_map(|agent| Op::Terminate { agent }),
         3 => ((0u16..40), crash_kind()).prop_map(|(offset, kind)| Op::Crash { offset, kind }),
         1 => Just(Op::Recover),
+        2 => agent_ref().prop_map(|agent| Op::ResumeTurn { agent }),
+        2 => any::<u8>().prop_map(|key| Op::EmitTrigger { key }),
+        2 => Just(Op::ClaimTrigger),
+        2 => (any::<u8>(), prop::bool::weighted(0.7)).prop_map(|(trigger, ok)| Op::AckTrigger { trigger, ok }),
     ]
     .boxed()
 }
@@ -154,5 +167,11 @@ pub fn render(op: &Op) -> String {
         Op::Terminate { agent } => format!("terminate(#{})", agent.0),
         Op::Crash { offset, kind } => format!("crash(offset={offset}, {kind:?}) in next op"),
         Op::Recover => "recover (clean restart)".into(),
+        Op::ResumeTurn { agent } => format!("resume_turn(#{})", agent.0),
+        Op::EmitTrigger { key } => format!("emit_trigger(k{})", key % crate::model::triggers_keys()),
+        Op::ClaimTrigger => "claim_trigger".into(),
+        Op::AckTrigger { trigger, ok } => {
+            format!("ack_trigger(#{trigger}, {})", if *ok { "done" } else { "failed" })
+        }
     }
 }

@@ -8,8 +8,10 @@
 //!
 //! Relaxations (the only ones; sim/RELAXATIONS.md mirrors this list):
 //!
-//! - **R1 Suspended after recovery.** Recovery holds no provider slots, so
-//!   every surviving session is `suspended`, whatever it was before.
+//! - **R1 A restart resets residency and leases.** Recovery holds no
+//!   provider slots, so every surviving session is `suspended`; a reboot
+//!   outlasts every trigger lease, so boot returns each CLAIMED trigger to
+//!   PENDING (DEAD once out of attempts).
 //! - **R2 In-flight op all-or-nothing.** The op the crash interrupted was
 //!   never acknowledged: it may be entirely present ("after") or entirely
 //!   absent ("before"). In particular an unacknowledged child spawn may
@@ -21,7 +23,10 @@
 //! - **R4 Side effects of the lost turn.** When the interrupted op is a turn
 //!   and the candidate is "before", the external world may already hold
 //!   that turn's irreversible effects (the world is outside the crash).
-//!   Each may appear at most once; it is never re-run (invariant I4).
+//!   Each may appear at most once; it is never re-run (invariant I4). An
+//!   effect absent at that recovery has an unknown fate (its INTENT may be
+//!   in the ledger, awaiting confirmation): it may appear once later, or
+//!   never, and a resumed turn (same keys) does not make it certain.
 //!
 //! Invariants (checked after every step; after recovery also I2):
 //!
@@ -66,19 +71,6 @@ pub struct Rejected {
     pub expected: State,
     pub side: Side,
     pub reason: String,
-}
-
-/// The irreversible effects `action` would cause (R4).
-fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
-    match action {
-        Some(Action::RunTurn { prompt, tools, .. }) => tools
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.irreversible && t.ok)
-            .map(|(i, _)| effect_key(prompt, i))
-            .collect(),
-        _ => BTreeSet::new(),
-    }
 }
 
 /// Check `recovered` against one candidate; `Ok` gives the adopted model.
@@ -130,24 +122,45 @@ fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>
         w.pending = g.pending.clone();
         w.delivered = g.delivered.clone();
     }
-    // R4: the candidate's outbox, then possibly effects of the lost turn.
+    if want.triggers != recovered.triggers {
+        return Err(format!(
+            "triggers differ: expected {:?}, recovered {:?}",
+            want.triggers, recovered.triggers
+        ));
+    }
+    // R4: the candidate's outbox, then possibly effects of the lost turn;
+    // effects of unknown fate may sit anywhere, at most once (I4).
+    let maybe = &adopted.maybe_effects;
+    let got: Vec<&String> = recovered.outbox.iter().filter(|k| !maybe.contains(*k)).collect();
     let base = want.outbox.len();
-    if recovered.outbox.len() < base || recovered.outbox[..base] != want.outbox[..] {
+    if got.len() < base || got[..base].iter().zip(&want.outbox).any(|(g, w)| *g != w) {
         return Err(format!(
             "outbox: acknowledged effects {:?} expected first, recovered {:?}",
             want.outbox, recovered.outbox
         ));
     }
-    if let Some(extra) = recovered.outbox[base..]
-        .iter()
-        .find(|k| !lost_effects.contains(*k))
-    {
+    if let Some(extra) = got[base..].iter().find(|k| !lost_effects.contains(**k)) {
         return Err(format!(
             "outbox: effect {extra:?} belongs to no acknowledged or in-flight turn"
         ));
     }
     want.outbox = recovered.outbox.clone();
+    let outbox = want.outbox.clone();
+    adopted.maybe_effects.retain(|k| !outbox.contains(k));
     Ok(adopted)
+}
+
+/// The irreversible effects `action` would cause (R4).
+pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
+    match action {
+        Some(Action::RunTurn { prompt, tools, .. }) => tools
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.irreversible && t.ok)
+            .map(|(i, _)| effect_key(prompt, i))
+            .collect(),
+        _ => BTreeSet::new(),
+    }
 }
 
 /// Judge a recovered state. `before` is the model before the interrupted

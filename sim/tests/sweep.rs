@@ -19,9 +19,8 @@ fn tour_resolves_every_op() {
     }
 }
 
-#[test]
-fn clean_runtime_survives_a_crash_at_every_io_point_of_the_tour() {
-    let s = sweep(7, &tour(), &Canaries::none(), &SweepOptions::default());
+fn sweep_clean(ops: &[durable_agent_sim::op::Op]) {
+    let s = sweep(7, ops, &Canaries::none(), &SweepOptions::default());
     eprintln!(
         "swept {} points, {} replays, {} crashes hit, {} failures",
         s.points,
@@ -34,11 +33,25 @@ fn clean_runtime_survives_a_crash_at_every_io_point_of_the_tour() {
     }
     assert!(
         s.points > 100,
-        "the tour should cross many I/O points, got {}",
+        "the sequence should cross many I/O points, got {}",
         s.points
     );
     assert_eq!(s.runs, 3 * s.points);
     assert_eq!(s.crashes, s.runs, "every swept point must be hit");
+}
+
+/// The PR-gate sweep: the first 10 ops of the tour (tree, turns with
+/// tools, messages, delivery), every point, every crash mode.
+#[test]
+fn clean_runtime_survives_a_crash_at_every_io_point_of_the_tour_prefix() {
+    sweep_clean(&tour()[..10]);
+}
+
+/// The whole 30-op tour (about a minute in debug): nightly.
+#[test]
+#[ignore = "slow in debug; run with --ignored (nightly)"]
+fn clean_runtime_survives_a_crash_at_every_io_point_of_the_whole_tour() {
+    sweep_clean(&tour());
 }
 
 #[test]

@@ -9,11 +9,20 @@
 //! runtime's types; the driver projects the runtime onto a [`State`] and the
 //! oracle compares.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::op::{Op, ToolStep};
+
+mod triggers;
+
+pub use triggers::{TriggerRow, TriggerStatus, KEYS as TRIGGER_KEYS, MAX_ATTEMPTS};
+
+/// Distinct trigger dedup keys (for rendering ops).
+pub fn triggers_keys() -> u8 {
+    TRIGGER_KEYS
+}
 
 /// Whether an agent's session holds a provider slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -59,11 +68,14 @@ pub struct State {
     pub agents: BTreeMap<String, Agent>,
     /// Idempotency keys of irreversible effects the world received, in order.
     pub outbox: Vec<String>,
+    /// Durable triggers in emit (rowid) order.
+    #[serde(default)]
+    pub triggers: Vec<TriggerRow>,
 }
 
 /// A resolved operation: concrete names and payloads, ready for both the
 /// model and the runtime.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
     CreateRoot {
@@ -96,6 +108,17 @@ pub enum Action {
     Terminate {
         agent: String,
     },
+    Emit {
+        key: String,
+    },
+    /// Claim the next due trigger, which the model predicts is `key`.
+    Claim {
+        key: String,
+    },
+    Ack {
+        key: String,
+        ok: bool,
+    },
 }
 
 /// The idempotency key of the `index`-th tool of the turn with `prompt`:
@@ -127,6 +150,15 @@ pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
 pub struct Model {
     pub state: State,
     pub counter: u64,
+    /// Turns a crash rolled back, by agent: `resume_turn` re-runs them with
+    /// the same prompt (so the same idempotency keys). Bookkeeping.
+    #[serde(default)]
+    pub lost_turns: BTreeMap<String, Action>,
+    /// Effect keys whose delivery is unknown (a lost turn's effect that the
+    /// world did not show at recovery): each may appear in the outbox at
+    /// most once, at any later time, or never (R4). Bookkeeping.
+    #[serde(default)]
+    pub maybe_effects: BTreeSet<String>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -194,6 +226,17 @@ impl Model {
                     agent: pick(&leaves, agent.0)?.clone(),
                 }
             }
+            Op::ResumeTurn { agent } => {
+                let lost: Vec<&String> = self
+                    .lost_turns
+                    .keys()
+                    .filter(|n| self.state.agents.contains_key(*n))
+                    .collect();
+                return self.lost_turns.get(pick(&lost, agent.0)?).cloned();
+            }
+            Op::EmitTrigger { .. } | Op::ClaimTrigger | Op::AckTrigger { .. } => {
+                return self.resolve_trigger(op)
+            }
             Op::Crash { .. } | Op::Recover => return None,
         })
     }
@@ -231,9 +274,17 @@ impl Model {
                         response: response.clone(),
                     });
                 }
+                self.lost_turns.remove(agent);
                 for (i, t) in tools.iter().enumerate() {
-                    if t.irreversible && t.ok {
-                        self.state.outbox.push(effect_key(prompt, i));
+                    let key = effect_key(prompt, i);
+                    // A resumed turn reuses its keys: the ledger never sends a
+                    // key twice, and one of unknown fate stays unknown.
+                    if t.irreversible
+                        && t.ok
+                        && !self.maybe_effects.contains(&key)
+                        && !self.state.outbox.contains(&key)
+                    {
+                        self.state.outbox.push(key);
                     }
                 }
             }
@@ -264,6 +315,7 @@ impl Model {
             Action::Terminate { agent } => {
                 agents.remove(agent);
             }
+            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } => self.apply_trigger(action),
         }
     }
 
@@ -273,6 +325,16 @@ impl Model {
         let mut m = self.clone();
         for a in m.state.agents.values_mut() {
             a.status = Status::Suspended;
+        }
+        // Boot reclaims every lease: a reboot outlasts any lease.
+        for t in &mut m.state.triggers {
+            if t.status == TriggerStatus::Claimed {
+                t.status = if t.attempts >= MAX_ATTEMPTS {
+                    TriggerStatus::Dead
+                } else {
+                    TriggerStatus::Pending
+                };
+            }
         }
         m
     }
