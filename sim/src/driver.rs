@@ -31,7 +31,7 @@ use durable_agent::world::World;
 
 use crate::model::{Action, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
 use crate::op::ToolStep;
-use crate::standins::{ScriptedProvider, SimTools};
+use crate::standins::{ScriptedOutbox, ScriptedProvider, SimTools};
 
 /// The stores' database.
 pub const STORE_DB: &str = "/da/store.db";
@@ -120,7 +120,7 @@ impl Driver {
             |what| open_store(fs.clone(), Path::new(STORE_DB), &opts).map_err(|e| err(what)(e.to_string()));
         let gate = ActivityGate::new(
             open("open the activity ledger")?,
-            Arc::new(self.world.clone()),
+            Arc::new(ScriptedOutbox(self.world.clone())),
             self.activities.clone(),
         );
         gate.recover(now)

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 
 use crate::exec::Exec;
-use crate::model::Model;
+use crate::model::{Action, Model};
 use crate::op::{op_strategy, Op};
 
 /// The reference state: the seed of the run and the optimistic model.
@@ -22,6 +22,9 @@ use crate::op::{op_strategy, Op};
 pub struct RefState {
     pub seed: u64,
     pub model: Model,
+    /// The previous op armed a crash: the next turn may be rolled back, so
+    /// it becomes a candidate for `resume_turn`.
+    pub crash_armed: bool,
 }
 
 /// The reference state machine.
@@ -37,6 +40,7 @@ impl ReferenceStateMachine for RefMachine {
             .prop_map(|seed| RefState {
                 seed,
                 model: Model::default(),
+                crash_armed: false,
             })
             .boxed()
     }
@@ -45,6 +49,14 @@ impl ReferenceStateMachine for RefMachine {
         if state.model.state.agents.is_empty() {
             // Nothing to act on yet: build, or crash an empty runtime.
             prop_oneof![4 => Just(Op::CreateRoot), 1 => op_strategy()].boxed()
+        } else if !state.model.lost_turns.is_empty() {
+            // A turn may have been rolled back: resuming it is what checks
+            // that the ledger never repeats its effects.
+            prop_oneof![
+                1 => (0u8..8).prop_map(|i| Op::ResumeTurn { agent: crate::op::AgentRef(i) }),
+                4 => op_strategy(),
+            ]
+            .boxed()
         } else {
             op_strategy()
         }
@@ -53,7 +65,11 @@ impl ReferenceStateMachine for RefMachine {
     fn apply(mut state: RefState, op: &Op) -> RefState {
         if let Some(action) = state.model.resolve(op) {
             state.model.apply(&action);
+            if let (true, Action::RunTurn { agent, .. }) = (state.crash_armed, &action) {
+                state.model.lost_turns.insert(agent.clone(), action.clone());
+            }
         }
+        state.crash_armed = matches!(op, Op::Crash { .. });
         state
     }
 

@@ -13,7 +13,7 @@ use durable_agent::runtime::{
     ToolExecutor, ToolOutput, ToolRequest,
 };
 use durable_agent::store::activities::{ActivityGate, ActivityOutcome, IrreversibleCall};
-use durable_agent::world::{Scripted, World};
+use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
 use crate::model::effect_key;
@@ -103,11 +103,12 @@ impl ToolExecutor for SimTools {
         }
         let gate = self.gate.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let gate = gate.ok_or_else(|| ToolError("harness: no activity gate (store not open)".into()))?;
-        if !ok {
-            // The script says this effect fails: the world refuses it.
-            self.world.script([Scripted::Reject]);
-        }
-        let call = IrreversibleCall::with_key(&key, ctx.agent.as_str(), "effect", json!({ "key": key }));
+        let call = IrreversibleCall::with_key(
+            &key,
+            ctx.agent.as_str(),
+            "effect",
+            json!({ "key": key, "ok": ok }),
+        );
         let now = self.now_ms.load(Ordering::SeqCst);
         match gate.execute(&call, now) {
             Ok(ActivityOutcome::Done { .. }) => Ok(ToolOutput {
@@ -127,5 +128,32 @@ impl ToolExecutor for SimTools {
             }),
             Err(e) => Err(ToolError(e.to_string())),
         }
+    }
+}
+
+/// The world as the ledger sees it: a call whose script says it fails is
+/// refused (nothing delivered); every other call goes to the [`World`].
+/// Decided per call from its payload, so a re-send fails the same way.
+#[derive(Debug, Clone)]
+pub struct ScriptedOutbox(pub World);
+
+impl Outbox for ScriptedOutbox {
+    fn supports_dedup(&self) -> bool {
+        self.0.supports_dedup()
+    }
+
+    fn send(
+        &self,
+        idem_key: &str,
+        action: &str,
+        payload: &serde_json::Value,
+    ) -> Result<String, DeliveryError> {
+        if payload.get("ok").and_then(|v| v.as_bool()) == Some(false) {
+            return Err(DeliveryError::Rejected {
+                idem_key: idem_key.to_string(),
+                reason: "scripted failure".into(),
+            });
+        }
+        self.0.send(idem_key, action, payload)
     }
 }

@@ -9,12 +9,14 @@ use durable_agent::canary::{Canaries, Canary};
 use durable_agent_sim::{search, Profile};
 
 /// Canaries whose bug the runtime can re-introduce today.
-const IMPLEMENTED: [Canary; 5] = [
+const IMPLEMENTED: [Canary; 7] = [
     Canary::NoFsyncBeforeRename,
     Canary::NoDirFsync,
     Canary::AckBeforeLog,
     Canary::NoPartialLineRepair,
     Canary::DeliveredBeforeDelivery,
+    Canary::TriggerWithoutDedup,
+    Canary::SideEffectBeforeIntent,
 ];
 
 #[test]
