@@ -22,6 +22,7 @@ use durable_agent::fs::{CrashMode, Fault, Fs, SimConfig, SimFs};
 use durable_agent::runtime::{AgentId, ConversationItem, MessageId, Runtime, RuntimeConfig};
 use durable_agent::sqlite::{Db, SqliteOptions};
 use durable_agent::store::activities::{ActivityGate, ActivityStore};
+use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
 use durable_agent::store::schema::open_store;
 use durable_agent::store::session::SessionState;
 use durable_agent::store::triggers::{
@@ -29,7 +30,7 @@ use durable_agent::store::triggers::{
 };
 use durable_agent::world::World;
 
-use crate::model::{Action, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
+use crate::model::{round_messages, Action, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
 use crate::op::ToolStep;
 use crate::standins::{ScriptedOutbox, ScriptedProvider, SimTools};
 
@@ -42,9 +43,22 @@ pub const OP_MS: u64 = 10_000_000;
 pub const BOOT_MS: u64 = 5_000_000;
 /// Trigger lease.
 pub const LEASE_MS: u64 = 3_600_000;
+/// The checkpointed loop's run and session ids.
+pub const LOOP_RUN: &str = "run-0";
+pub const LOOP_SESSION: &str = "loop-0";
 
 /// Where the runtime lives on the simulated disk.
 pub const ROOT: &str = "/da";
+
+/// The fault model the harness runs: SimFs's defaults, but a write the
+/// crash interrupts is torn more often (half the time): a torn tail is the
+/// shape log recovery exists for, and the search should meet it often.
+pub fn sim_config(seed: u64) -> SimConfig {
+    SimConfig {
+        torn_write_probability: 0.5,
+        ..SimConfig::new(seed)
+    }
+}
 
 /// One system (runtime + stores + world) on one simulated disk.
 #[derive(Debug)]
@@ -55,6 +69,7 @@ pub struct Driver {
     tools: SimTools,
     triggers: TriggerStore,
     activities: ActivityStore,
+    checkpoints: CheckpointStore,
     seed: u64,
     rt: Option<Runtime>,
     db: Option<Db>,
@@ -79,12 +94,13 @@ impl Driver {
         config.provider = Arc::new(ScriptedProvider);
         config.tools = Arc::new(tools.clone());
         Driver {
-            fs: SimFs::new(SimConfig::new(seed)),
+            fs: SimFs::new(sim_config(seed)),
             world,
             config,
             tools,
             triggers: TriggerStore::new(TriggerPolicy::default(), canaries.clone()),
-            activities: ActivityStore::new(canaries),
+            activities: ActivityStore::new(canaries.clone()),
+            checkpoints: CheckpointStore::new(canaries),
             seed,
             rt: None,
             db: None,
@@ -129,6 +145,15 @@ impl Driver {
         self.triggers
             .reclaim_expired(db.conn(), now)
             .map_err(|e| err("trigger lease reclaim")(e.to_string()))?;
+        // The loop resumes from its last checkpoint (rolling back a partial
+        // round); a fresh loop starts with an empty checkpoint.
+        let resumed = self
+            .checkpoints
+            .resume(db.conn(), LOOP_RUN, LOOP_SESSION)
+            .map_err(|e| err("loop resume")(e.to_string()))?;
+        if resumed.checkpoint.is_none() {
+            self.checkpoint(&db, 0, now)?;
+        }
         *self.tools.gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(gate);
         let (rt, _report) = Runtime::open(fs, Path::new(ROOT), self.config.clone())
             .map_err(|e| err("runtime recovery")(e.to_string()))?;
@@ -281,6 +306,7 @@ impl Driver {
                     ));
                 }
             }
+            Action::LoopRound { round, tools } => self.loop_round(*round, *tools, now)?,
             Action::Ack { key, ok } => {
                 let id = self.trigger_id(key)?;
                 let conn = self.db()?.conn();
@@ -295,6 +321,39 @@ impl Driver {
             }
         }
         Ok(())
+    }
+
+    fn checkpoint(&self, db: &Db, round: u64, now: u64) -> Result<(), String> {
+        let input = CheckpointInput {
+            run_id: LOOP_RUN.into(),
+            session_id: LOOP_SESSION.into(),
+            turn: round,
+            total_usage: TokenUsage::default(),
+            tool_calls_count: 0,
+        };
+        self.checkpoints
+            .write_checkpoint(db.conn(), &input, now)
+            .map(drop)
+            .map_err(|e| format!("loop checkpoint: {e}"))
+    }
+
+    fn loop_round(&self, round: u64, tools: u8, now: u64) -> Result<(), String> {
+        let db = self.db()?;
+        for (i, content) in round_messages(round, tools).iter().enumerate() {
+            let role = if i == 0 { "assistant" } else { "tool" };
+            self.checkpoints
+                .append_message(db.conn(), LOOP_SESSION, round, &Message::new(role, content), now)
+                .map_err(|e| format!("loop message: {e}"))?;
+        }
+        self.checkpoint(db, round, now)
+    }
+
+    fn loop_messages(&self) -> Result<Vec<String>, String> {
+        let msgs = self
+            .checkpoints
+            .messages_up_to(self.db()?.conn(), LOOP_SESSION, i64::MAX)
+            .map_err(|e| e.to_string())?;
+        Ok(msgs.into_iter().map(|m| m.message.content).collect())
     }
 
     fn trigger_rows(&self) -> Result<Vec<TriggerRow>, String> {
@@ -337,10 +396,15 @@ impl Driver {
             Vec::new()
         });
         let outbox = self.world.deliveries().into_iter().map(|d| d.idem_key).collect();
+        let loop_messages = self.loop_messages().unwrap_or_else(|e| {
+            violations.push(format!("the loop's messages cannot be read: {e}"));
+            Vec::new()
+        });
         let mut state = State {
             agents: BTreeMap::new(),
             outbox,
             triggers,
+            loop_messages,
         };
         for (id, view) in &rs.agents {
             let pending: Vec<Msg> = rs

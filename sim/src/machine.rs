@@ -54,7 +54,7 @@ impl ReferenceStateMachine for RefMachine {
             // that the ledger never repeats its effects.
             prop_oneof![
                 1 => (0u8..8).prop_map(|i| Op::ResumeTurn { agent: crate::op::AgentRef(i) }),
-                4 => op_strategy(),
+                2 => op_strategy(),
             ]
             .boxed()
         } else {

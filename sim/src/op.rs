@@ -87,6 +87,9 @@ pub enum Op {
     ClaimTrigger,
     /// Acknowledge a claimed trigger (done, or failed and retryable).
     AckTrigger { trigger: u8, ok: bool },
+    /// One tool round of a checkpointed agent loop (seed 003): an assistant
+    /// message and `tools % 3` tool messages, then the loop checkpoint.
+    LoopRound { tools: u8 },
     /// Arm a crash inside the NEXT op: at its `offset`-th I/O point (from
     /// 0). If that op has fewer points, the process dies right after it.
     /// Either way the disk gets `kind` and the runtime recovers.
@@ -139,6 +142,7 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => agent_ref().prop_map(|agent| Op::ResumeTurn { agent }),
         2 => any::<u8>().prop_map(|key| Op::EmitTrigger { key }),
         2 => Just(Op::ClaimTrigger),
+        2 => (0u8..3).prop_map(|tools| Op::LoopRound { tools }),
         2 => (any::<u8>(), prop::bool::weighted(0.7)).prop_map(|(trigger, ok)| Op::AckTrigger { trigger, ok }),
     ]
     .boxed()
@@ -170,6 +174,7 @@ pub fn render(op: &Op) -> String {
         Op::ResumeTurn { agent } => format!("resume_turn(#{})", agent.0),
         Op::EmitTrigger { key } => format!("emit_trigger(k{})", key % crate::model::triggers_keys()),
         Op::ClaimTrigger => "claim_trigger".into(),
+        Op::LoopRound { tools } => format!("loop_round(tools={})", tools % 3),
         Op::AckTrigger { trigger, ok } => {
             format!("ack_trigger(#{trigger}, {})", if *ok { "done" } else { "failed" })
         }

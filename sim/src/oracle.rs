@@ -122,6 +122,12 @@ fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>
         w.pending = g.pending.clone();
         w.delivered = g.delivered.clone();
     }
+    if want.loop_messages != recovered.loop_messages {
+        return Err(format!(
+            "loop messages differ: expected {:?}, recovered {:?}",
+            want.loop_messages, recovered.loop_messages
+        ));
+    }
     if want.triggers != recovered.triggers {
         return Err(format!(
             "triggers differ: expected {:?}, recovered {:?}",
@@ -171,7 +177,7 @@ pub fn judge(
     after: Option<&Model>,
     action: Option<&Action>,
     recovered: &State,
-) -> Result<Accepted, Rejected> {
+) -> Result<Accepted, Box<Rejected>> {
     let none = BTreeSet::new();
     let after_err = match after {
         Some(after) => match against(after, recovered, &none) {
@@ -210,11 +216,11 @@ pub fn judge(
                 }
                 None => (before.restarted().state, Side::After, before_err),
             };
-            Err(Rejected {
+            Err(Box::new(Rejected {
                 expected,
                 side,
                 reason,
-            })
+            }))
         }
     }
 }

@@ -39,7 +39,7 @@ impl Profile {
     pub fn ci() -> Profile {
         Profile {
             name: "ci",
-            cases: 256,
+            cases: 512,
             max_steps: 30,
             seed: Some(CI_SEED),
             max_shrink_iters: 400,
@@ -59,7 +59,7 @@ impl Profile {
     pub fn local() -> Profile {
         Profile {
             name: "default",
-            cases: 256,
+            cases: 512,
             max_steps: 30,
             seed: None,
             max_shrink_iters: 1_000,

@@ -144,3 +144,32 @@ fn duplicate_side_effect_and_orphans_break_invariants() {
     assert!(v.iter().any(|x| x.starts_with("I4")), "{v:?}");
     assert!(state_invariants(&m.state).is_empty());
 }
+
+#[test]
+fn partial_loop_round_and_lost_trigger_are_rejected() {
+    let before = model(&[Action::Emit { key: "k0".into() }]);
+    let action = Action::LoopRound { round: 1, tools: 2 };
+    let mut after = before.clone();
+    after.apply(&action);
+    let mut partial = before.restarted().state;
+    partial.loop_messages = vec!["a1".into(), "t1.0".into()];
+    assert!(judge(&before, Some(&after), Some(&action), &partial).is_err());
+    let mut lost = after.restarted().state;
+    lost.triggers.clear();
+    assert!(judge(&before, Some(&after), Some(&action), &lost).is_err());
+    assert!(judge(&before, Some(&after), Some(&action), &after.restarted().state).is_ok());
+}
+
+#[test]
+fn claimed_trigger_returns_to_pending_at_restart() {
+    let m = model(&[
+        Action::Emit { key: "k0".into() },
+        Action::Claim { key: "k0".into() },
+    ]);
+    let restarted = m.restarted();
+    assert_eq!(
+        restarted.state.triggers[0].status,
+        durable_agent_sim::model::TriggerStatus::Pending
+    );
+    assert_eq!(restarted.state.triggers[0].attempts, 1);
+}

@@ -71,6 +71,10 @@ pub struct State {
     /// Durable triggers in emit (rowid) order.
     #[serde(default)]
     pub triggers: Vec<TriggerRow>,
+    /// The checkpointed loop's messages (contents), up to its last
+    /// checkpoint: what a resumed loop reloads.
+    #[serde(default)]
+    pub loop_messages: Vec<String>,
 }
 
 /// A resolved operation: concrete names and payloads, ready for both the
@@ -119,6 +123,18 @@ pub enum Action {
         key: String,
         ok: bool,
     },
+    /// Loop round `round` with `tools` tool messages.
+    LoopRound {
+        round: u64,
+        tools: u8,
+    },
+}
+
+/// The messages of loop round `round`: the assistant's, then each tool's.
+pub fn round_messages(round: u64, tools: u8) -> Vec<String> {
+    let mut out = vec![format!("a{round}")];
+    out.extend((0..tools).map(|i| format!("t{round}.{i}")));
+    out
 }
 
 /// The idempotency key of the `index`-th tool of the turn with `prompt`:
@@ -237,6 +253,10 @@ impl Model {
             Op::EmitTrigger { .. } | Op::ClaimTrigger | Op::AckTrigger { .. } => {
                 return self.resolve_trigger(op)
             }
+            Op::LoopRound { tools } => Action::LoopRound {
+                round: n,
+                tools: tools % 3,
+            },
             Op::Crash { .. } | Op::Recover => return None,
         })
     }
@@ -316,6 +336,9 @@ impl Model {
                 agents.remove(agent);
             }
             Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } => self.apply_trigger(action),
+            Action::LoopRound { round, tools } => {
+                self.state.loop_messages.extend(round_messages(*round, *tools))
+            }
         }
     }
 
