@@ -9,7 +9,8 @@
 //! stored in case files (serde).
 
 use arbitrary::Arbitrary;
-use durable_agent::fs::{CrashMode, DirModel};
+use durable_agent::fs::sim::FailKind;
+use durable_agent::fs::{CrashMode, DirModel, Fault};
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +56,30 @@ impl CrashKind {
     }
 }
 
+/// An I/O error injected into the next op (the process lives on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Arbitrary)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// EIO: the point fails and has no effect (a failed fsync leaves that
+    /// file's unsynced data unknown).
+    Eio,
+    /// ENOSPC: the point fails and has no effect.
+    Enospc,
+    /// The point takes effect but the caller gets EIO.
+    LostReply,
+}
+
+impl FaultKind {
+    /// The SimFs fault at `point`.
+    pub fn at(self, point: u64) -> Fault {
+        match self {
+            FaultKind::Eio => Fault::FailAt(point, FailKind::Eio),
+            FaultKind::Enospc => Fault::FailAt(point, FailKind::Enospc),
+            FaultKind::LostReply => Fault::LostReplyAt(point),
+        }
+    }
+}
+
 /// One generated operation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Arbitrary)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -94,6 +119,11 @@ pub enum Op {
     /// 0). If that op has fewer points, the process dies right after it.
     /// Either way the disk gets `kind` and the runtime recovers.
     Crash { offset: u16, kind: CrashKind },
+    /// Arm an I/O error at the `offset`-th I/O point of the NEXT op. The op
+    /// fails with an unknown outcome, the system reopens in place (no
+    /// crash: the disk keeps everything, unknown data included) and the
+    /// oracle judges it like a crash.
+    Fault { offset: u16, kind: FaultKind },
     /// Clean restart: drop the runtime and reopen it from disk (no fault).
     Recover,
 }
@@ -101,7 +131,7 @@ pub enum Op {
 impl Op {
     /// Whether the op controls the harness rather than calling the runtime.
     pub fn is_control(&self) -> bool {
-        matches!(self, Op::Crash { .. } | Op::Recover)
+        matches!(self, Op::Crash { .. } | Op::Fault { .. } | Op::Recover)
     }
 }
 
@@ -139,6 +169,8 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => agent_ref().prop_map(|agent| Op::Terminate { agent }),
         3 => ((0u16..40), crash_kind()).prop_map(|(offset, kind)| Op::Crash { offset, kind }),
         1 => Just(Op::Recover),
+        2 => ((0u16..40), prop_oneof![Just(FaultKind::Eio), Just(FaultKind::Enospc), Just(FaultKind::LostReply)])
+            .prop_map(|(offset, kind)| Op::Fault { offset, kind }),
         2 => agent_ref().prop_map(|agent| Op::ResumeTurn { agent }),
         2 => any::<u8>().prop_map(|key| Op::EmitTrigger { key }),
         2 => Just(Op::ClaimTrigger),
@@ -171,6 +203,7 @@ pub fn render(op: &Op) -> String {
         Op::Terminate { agent } => format!("terminate(#{})", agent.0),
         Op::Crash { offset, kind } => format!("crash(offset={offset}, {kind:?}) in next op"),
         Op::Recover => "recover (clean restart)".into(),
+        Op::Fault { offset, kind } => format!("fault(offset={offset}, {kind:?}) in next op"),
         Op::ResumeTurn { agent } => format!("resume_turn(#{})", agent.0),
         Op::EmitTrigger { key } => format!("emit_trigger(k{})", key % crate::model::triggers_keys()),
         Op::ClaimTrigger => "claim_trigger".into(),

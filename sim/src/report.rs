@@ -179,7 +179,10 @@ impl fmt::Display for Failure {
                 } else {
                     "point"
                 };
-                let mode = site.mode.map(|m| format!("{m:?}")).unwrap_or_else(|| "?".into());
+                let mode = site
+                    .mode
+                    .map(|m| format!("{m:?}"))
+                    .unwrap_or_else(|| "injected I/O error, no crash".into());
                 writeln!(
                     f,
                     "crash ({mode}) at {at} {} \"{}\" on {}",

@@ -66,3 +66,30 @@ fn canary_cases_fail_only_with_their_canary() {
         }
     }
 }
+
+/// An injected EIO / ENOSPC / lost reply inside an op makes the system
+/// reopen in place (no crash) and the oracle judge it, at every offset of a
+/// turn with an irreversible tool and of a trigger emit.
+#[test]
+fn injected_io_errors_are_judged_like_crashes_at_every_offset() {
+    use durable_agent_sim::op::{AgentRef, FaultKind, Op, ToolStep};
+    let mut judged = 0;
+    for kind in [FaultKind::Eio, FaultKind::Enospc, FaultKind::LostReply] {
+        for offset in 0..40 {
+            let ops = vec![
+                Op::CreateRoot,
+                Op::Fault { offset, kind },
+                Op::RunTurn { agent: AgentRef(0), tools: vec![ToolStep { irreversible: true, ok: true }] },
+                Op::Fault { offset, kind },
+                Op::EmitTrigger { key: 1 },
+                Op::RunTurn { agent: AgentRef(0), tools: vec![] },
+            ];
+            let case = Case { seed: 3, ops, canaries: Default::default(), crash_at: None };
+            match run_case(&case) {
+                Ok(stats) => judged += stats.restarts,
+                Err(f) => panic!("{}", f.report()),
+            }
+        }
+    }
+    assert!(judged > 60, "faults should force many in-place reopens, got {judged}");
+}

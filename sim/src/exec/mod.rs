@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::driver::Driver;
 use crate::model::{Model, State, Status};
-use crate::op::{CrashKind, Op};
+use crate::op::{CrashKind, FaultKind, Op};
 use crate::oracle;
 use crate::report::Failure;
 
@@ -64,6 +64,7 @@ pub struct Exec {
     driver: Driver,
     model: Model,
     armed: Option<(u16, CrashKind)>,
+    armed_fault: Option<(u16, FaultKind)>,
     history: Vec<Op>,
     restarts: u64,
     crashes: u64,
@@ -96,6 +97,7 @@ impl Exec {
             driver: Driver::new(seed, canaries),
             model: Model::default(),
             armed: None,
+            armed_fault: None,
             history: Vec::new(),
             restarts: 0,
             crashes: 0,
@@ -166,6 +168,12 @@ impl Exec {
                 }
                 Ok(())
             }
+            Op::Fault { offset, kind } => {
+                if self.global.is_none() {
+                    self.armed_fault = Some((*offset, *kind));
+                }
+                Ok(())
+            }
             Op::Recover => {
                 // A clean stop, then reopen; an armed crash lands inside the
                 // recovery itself (recovery must be restartable).
@@ -200,12 +208,29 @@ impl Exec {
         let mut after = before.clone();
         after.apply(&action);
         let armed = self.armed.take();
+        let fault = if armed.is_some() {
+            None
+        } else {
+            self.armed_fault.take()
+        };
+        let next = self.driver.fs.points() + 1;
         if let Some((offset, _)) = armed {
-            self.driver.fs.set_fault(Some(Fault::CrashAt(
-                self.driver.fs.points() + 1 + u64::from(offset),
-            )));
+            self.driver
+                .fs
+                .set_fault(Some(Fault::CrashAt(next + u64::from(offset))));
+        }
+        if let Some((offset, kind)) = fault {
+            self.driver.fs.set_fault(Some(kind.at(next + u64::from(offset))));
         }
         let result = self.driver.exec(&action);
+        if fault.is_some() && !self.driver.fs.crashed() {
+            self.disarm();
+            if result.is_err() {
+                // Unknown outcome: the daemon reopens everything in place
+                // (no crash) and the oracle judges it like one.
+                return self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action));
+            }
+        }
         let kind = armed.map(|(_, k)| k).or(self.global.map(|g| g.kind));
         if self.driver.fs.crashed() {
             let kind = kind.unwrap_or(CrashKind::Process);

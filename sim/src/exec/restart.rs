@@ -39,9 +39,13 @@ impl Exec {
     pub(super) fn site(&self) -> Option<CrashSite> {
         let trace = self.driver.fs.trace();
         let start = self.step_start;
-        let hit = trace
-            .iter()
-            .position(|e| e.point > start && e.outcome == Outcome::Crashed);
+        let hit = trace.iter().position(|e| {
+            e.point > start
+                && matches!(
+                    e.outcome,
+                    Outcome::Crashed | Outcome::Failed(_) | Outcome::LostReply
+                )
+        });
         let site = match (hit, self.boundary) {
             (Some(i), _) => Some(CrashSite::around(&trace, i, false)),
             (None, Some(p)) => trace

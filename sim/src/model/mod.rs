@@ -257,7 +257,7 @@ impl Model {
                 round: n,
                 tools: tools % 3,
             },
-            Op::Crash { .. } | Op::Recover => return None,
+            Op::Crash { .. } | Op::Fault { .. } | Op::Recover => return None,
         })
     }
 
