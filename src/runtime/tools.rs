@@ -17,6 +17,9 @@ pub struct ToolContext<'a> {
     pub call_id: &'a str,
     /// Key to hand to a dedup-capable external service (equals `call_id`).
     pub idempotency_key: &'a str,
+    /// Logical time (runtime clock ticks) of the `tool.call` entry: the only
+    /// clock a ledger may use (no wall-clock time).
+    pub now: u64,
 }
 
 /// A tool's result (a failed tool is a normal result with `ok: false`).

@@ -146,7 +146,7 @@ impl Runtime {
                 let slot = self.slot(agent)?;
                 let session = slot.record.session_id.clone();
                 let call_id = format!("{session}-{}", slot.log.next_seq());
-                self.log_to(
+                let call_entry = self.log_to(
                     agent,
                     Event::ToolCall {
                         call_id: call_id.clone(),
@@ -160,6 +160,7 @@ impl Runtime {
                     session: &session,
                     call_id: &call_id,
                     idempotency_key: &call_id,
+                    now: call_entry.ts,
                 };
                 let output = tools.execute(&ctx, &call).map_err(|source| RuntimeError::Tool {
                     agent: agent.clone(),
