@@ -79,17 +79,34 @@ fn injected_io_errors_are_judged_like_crashes_at_every_offset() {
             let ops = vec![
                 Op::CreateRoot,
                 Op::Fault { offset, kind },
-                Op::RunTurn { agent: AgentRef(0), tools: vec![ToolStep { irreversible: true, ok: true }] },
+                Op::RunTurn {
+                    agent: AgentRef(0),
+                    tools: vec![ToolStep {
+                        irreversible: true,
+                        ok: true,
+                    }],
+                },
                 Op::Fault { offset, kind },
                 Op::EmitTrigger { key: 1 },
-                Op::RunTurn { agent: AgentRef(0), tools: vec![] },
+                Op::RunTurn {
+                    agent: AgentRef(0),
+                    tools: vec![],
+                },
             ];
-            let case = Case { seed: 3, ops, canaries: Default::default(), crash_at: None };
+            let case = Case {
+                seed: 3,
+                ops,
+                canaries: Default::default(),
+                crash_at: None,
+            };
             match run_case(&case) {
                 Ok(stats) => judged += stats.restarts,
                 Err(f) => panic!("{}", f.report()),
             }
         }
     }
-    assert!(judged > 60, "faults should force many in-place reopens, got {judged}");
+    assert!(
+        judged > 60,
+        "faults should force many in-place reopens, got {judged}"
+    );
 }

@@ -4,9 +4,9 @@
 //!
 //! The system under test is what a daemon runs on one disk: the runtime,
 //! the stores' SQLite database (triggers, activity ledger) and the external
-//! world. [`Driver::open`] is the daemon's boot: stores first (settle the
-//! ledger's INTENTs, reclaim expired trigger leases), then the runtime (its
-//! recovery). TODO(lead): the store part belongs in `src/recovery.rs`.
+//! world. [`Driver::open`] is the daemon's boot: the one recovery procedure
+//! (`recovery::recover_stores`, then the runtime's recovery in
+//! `Runtime::open`), plus the checkpointed loop's resume.
 //!
 //! Invariant: the driver only translates. It never repairs, retries or
 //! interprets the runtime's behaviour; the external world (the outbox) and
@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{CrashMode, Fault, Fs, SimConfig, SimFs};
+use durable_agent::recovery::recover_stores;
 use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeConfig};
 use durable_agent::sqlite::{Db, SqliteOptions};
 use durable_agent::store::activities::{ActivityGate, ActivityStore};
@@ -137,12 +138,9 @@ impl Driver {
             Arc::new(ScriptedOutbox(self.world.clone())),
             self.activities.clone(),
         );
-        gate.recover(now)
-            .map_err(|e| err("activity ledger recovery")(e.to_string()))?;
         let db = open("open the trigger store")?;
-        self.triggers
-            .reclaim_expired(db.conn(), now)
-            .map_err(|e| err("trigger lease reclaim")(e.to_string()))?;
+        recover_stores(&gate, &self.triggers, db.conn(), now)
+            .map_err(|e| err("store recovery")(e.to_string()))?;
         // The loop resumes from its last checkpoint (rolling back a partial
         // round); a fresh loop starts with an empty checkpoint.
         let resumed = self
