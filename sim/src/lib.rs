@@ -10,6 +10,7 @@
 //! [`sweep`] (every I/O point) and `repro` all go through [`exec::run_case`]
 //! or [`exec::Exec::step`].
 
+pub mod canaries;
 pub mod driver;
 pub mod exec;
 pub mod machine;
@@ -17,6 +18,7 @@ pub mod model;
 pub mod op;
 pub mod oracle;
 pub mod profile;
+pub mod replay;
 pub mod report;
 pub mod search;
 pub mod standins;
@@ -26,5 +28,5 @@ pub mod tour;
 pub use exec::{run_case, Case, Exec, GlobalCrash, RunStats};
 pub use profile::Profile;
 pub use report::Failure;
-pub use search::{search, SearchOutcome};
+pub use search::{search, search_with_progress, SearchOutcome};
 pub use sweep::{sweep, SweepOptions, SweepSummary};

@@ -35,6 +35,16 @@ pub struct SearchOutcome {
 /// Run `profile`'s search against the runtime with `canaries` enabled.
 /// `persist`: replay/record failures in the committed regressions file.
 pub fn search(profile: &Profile, canaries: &Canaries, persist: bool) -> SearchOutcome {
+    search_with_progress(profile, canaries, persist, &|_| {})
+}
+
+/// [`search`], calling `progress(runs_so_far)` after every case.
+pub fn search_with_progress(
+    profile: &Profile,
+    canaries: &Canaries,
+    persist: bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> SearchOutcome {
     let runs = AtomicU64::new(0);
     let points = AtomicU64::new(0);
     let restarts = AtomicU64::new(0);
@@ -43,6 +53,7 @@ pub fn search(profile: &Profile, canaries: &Canaries, persist: bool) -> SearchOu
     let strategy = RefMachine::sequential_strategy(1..=profile.max_steps);
     let result = runner.run(&strategy, |(state, ops, seen)| {
         let n = runs.fetch_add(1, Ordering::Relaxed) + 1;
+        progress(n);
         let outcome = (|| {
             let mut exec = Exec::new(state.seed, canaries.clone(), None)?;
             for op in &ops {
