@@ -13,6 +13,10 @@ fn clean_runtime_passes_the_profile_search() {
         profile.name, out.runs, out.points, out.restarts
     );
     if let Some(f) = out.failure {
-        panic!("{}", f.report());
+        panic!(
+            "{}or rerun this search (persisted failures replay first):\n  DA_PROFILE={} cargo test -p durable-agent-sim --test search\n",
+            f.report(),
+            profile.name
+        );
     }
 }

@@ -137,6 +137,11 @@ pub fn round_messages(round: u64, tools: u8) -> Vec<String> {
     out
 }
 
+/// Tools per turn, at most: the scripted provider asks for one per round
+/// and the runtime allows 4 rounds (`RuntimeConfig::max_tool_rounds`), the
+/// last of which must answer. Longer scripts (from `arbitrary`) are cut.
+pub const MAX_TOOLS_PER_TURN: usize = 3;
+
 /// The idempotency key of the `index`-th tool of the turn with `prompt`:
 /// prompts are unique, so a duplicate in the outbox is a real double side
 /// effect.
@@ -216,12 +221,15 @@ impl Model {
                 parent: pick(&all, parent.0)?.clone(),
                 name: format!("a{n:03}"),
             },
-            Op::RunTurn { agent, tools } => Action::RunTurn {
-                agent: pick(&all, agent.0)?.clone(),
-                prompt: script_prompt(n, tools),
-                tools: tools.clone(),
-                response: format!("r{n}"),
-            },
+            Op::RunTurn { agent, tools } => {
+                let tools = &tools[..tools.len().min(MAX_TOOLS_PER_TURN)];
+                Action::RunTurn {
+                    agent: pick(&all, agent.0)?.clone(),
+                    prompt: script_prompt(n, tools),
+                    tools: tools.to_vec(),
+                    response: format!("r{n}"),
+                }
+            }
             Op::SendMessage { from, to } => Action::SendMessage {
                 from: pick(&all, from.0)?.clone(),
                 to: pick(&all, to.0)?.clone(),
