@@ -28,7 +28,7 @@ use durable_agent::store::schema::open_store;
 use durable_agent::store::triggers::{TriggerPolicy, TriggerSource, TriggerSpec, TriggerStore};
 use durable_agent::world::World;
 
-use crate::model::{Action, Msg};
+use crate::model::{Action, Msg, TriggerRow};
 mod project;
 
 use crate::standins::{ScriptedOutbox, ScriptedProvider, SimTools};
@@ -75,6 +75,9 @@ pub struct Driver {
     /// Every agent ever seen, so messages from terminated senders resolve.
     names: BTreeMap<AgentId, String>,
     msgs: BTreeMap<MessageId, Msg>,
+    /// Last reading of the stores (triggers, loop messages); `None` after
+    /// a boot or a store op.
+    store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
 }
 
 fn err(what: &str) -> impl FnOnce(String) -> String + '_ {
@@ -105,6 +108,7 @@ impl Driver {
             db: None,
             names: BTreeMap::new(),
             msgs: BTreeMap::new(),
+            store_cache: None,
         }
     }
 
@@ -138,7 +142,10 @@ impl Driver {
             Arc::new(ScriptedOutbox(self.world.clone())),
             self.activities.clone(),
         );
-        let db = open("open the trigger store")?;
+        // The ledger's connection migrated the schema; the second one (for
+        // triggers and the loop) only opens, sharing the VFS.
+        let db = durable_agent::sqlite::open(fs.clone(), Path::new(STORE_DB), &opts)
+            .map_err(|e| err("open the trigger store")(e.to_string()))?;
         recover_stores(&gate, &self.triggers, db.conn(), now)
             .map_err(|e| err("store recovery")(e.to_string()))?;
         // The loop resumes from its last checkpoint (rolling back a partial
@@ -159,6 +166,7 @@ impl Driver {
     }
 
     fn close(&mut self) {
+        self.store_cache = None;
         self.rt = None;
         self.db = None;
         *self.tools.gate.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -229,6 +237,12 @@ impl Driver {
     /// Run one action on the system.
     pub fn exec(&mut self, action: &Action) -> Result<(), String> {
         let now = self.now();
+        if matches!(
+            action,
+            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } | Action::LoopRound { .. }
+        ) {
+            self.store_cache = None;
+        }
         match action {
             Action::CreateRoot { name } => {
                 let id = self.rt()?.create_root(name, "root").map_err(|e| e.to_string())?;

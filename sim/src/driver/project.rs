@@ -87,15 +87,25 @@ impl Driver {
             names.get(id).cloned().unwrap_or_else(|| format!("?{id}"))
         };
         let mut violations = violations;
-        let triggers = self.trigger_rows().unwrap_or_else(|e| {
-            violations.push(format!("the trigger store cannot be read: {e}"));
-            Vec::new()
-        });
+        // The stores change only through store ops and boots, which drop
+        // this cache; other ops reuse the last reading (SQL is the cost).
+        let (triggers, loop_messages) = match self.store_cache.clone() {
+            Some(cached) => cached,
+            None => {
+                let read = self.trigger_rows().and_then(|t| Ok((t, self.loop_messages()?)));
+                match read {
+                    Ok(fresh) => {
+                        self.store_cache = Some(fresh.clone());
+                        fresh
+                    }
+                    Err(e) => {
+                        violations.push(format!("the stores cannot be read: {e}"));
+                        (Vec::new(), Vec::new())
+                    }
+                }
+            }
+        };
         let outbox = self.world.deliveries().into_iter().map(|d| d.idem_key).collect();
-        let loop_messages = self.loop_messages().unwrap_or_else(|e| {
-            violations.push(format!("the loop's messages cannot be read: {e}"));
-            Vec::new()
-        });
         let mut state = State {
             agents: BTreeMap::new(),
             outbox,
