@@ -144,7 +144,7 @@ fn fuzz(
         }
         p.seed = None; // later rounds explore fresh random seeds
     }
-    println!("search: {total} cases, {points} I/O points, {restarts} restarts judged, no failure");
+    let search_time = started.elapsed();
     let s = sweep(
         7,
         &tour(),
@@ -154,17 +154,28 @@ fn fuzz(
             ..SweepOptions::default()
         },
     );
+    let sweep_time = started.elapsed() - search_time;
+    let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64().max(1e-9);
+    println!("\n== durable-agent-sim fuzz: summary ==");
+    println!("profile    {} ({round} round(s)), canaries {canaries:?}", p.name);
     println!(
-        "sweep: the 30-op tour at each of {} I/O points × 3 crash modes = {} replays, {} failing",
-        s.points,
-        s.runs,
-        s.failures.len()
+        "search     {total} cases, {restarts} crash/restart recoveries judged, {points} I/O points  ({:.0} cases/s)",
+        rate(total, search_time)
     );
+    println!(
+        "sweep      30-op tour crashed at each of {} I/O points under {} modes = {} replays  ({:.0} replays/s)",
+        s.points,
+        SweepOptions::default().kinds.len(),
+        s.runs,
+        rate(s.runs, sweep_time)
+    );
+    println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager)");
+    println!("failures   {}", s.failures.len());
+    println!("time       {:.1?}", started.elapsed());
     if let Some(f) = s.failures.first() {
         println!("{}", f.report());
         return Ok(false);
     }
-    println!("clean after {:.1?}", started.elapsed());
     Ok(true)
 }
 
