@@ -1,1 +1,31 @@
 //! The append-only JSONL event log (one per session) and its pending-file WAL.
+//!
+//! Invariant: `events.jsonl` is always a valid JSONL prefix of the history
+//! of its session up to a possibly partial trailing line, and every entry an
+//! [`EventLog::append`] returned `Ok` for is in it durably (fsynced). Entries
+//! carry a contiguous `seq` (from 0) so the pending-file replay can dedup.
+//!
+//! Write protocol (one entry): write `events.pending` + fsync, append the
+//! line to `events.jsonl` + fsync, unlink `events.pending`. Recovery
+//! ([`repair`]) truncates a partial trailing line, then replays a complete
+//! pending entry unless its `seq` is already in the log (tail dedup), and
+//! removes a torn pending file.
+//!
+//! Serialization contract: plain JSON only (strings, numbers, bools, lists,
+//! objects); ids are hex strings, `ts` is the runtime's logical clock (u64
+//! ticks), never wall-clock time. See [`entry`].
+
+pub mod entry;
+mod error;
+pub mod repair;
+mod writer;
+
+pub use entry::{Event, LogEntry, SCHEMA_VERSION};
+pub use error::LogError;
+pub use repair::{parse_log, repair, LogRepair, ParsedLog};
+pub use writer::EventLog;
+
+/// Name of the event log inside a session directory.
+pub const EVENTS_FILE: &str = "events.jsonl";
+/// Name of the pending-entry WAL file inside a session directory.
+pub const PENDING_FILE: &str = "events.pending";

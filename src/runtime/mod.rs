@@ -1,2 +1,151 @@
 //! The orchestrator: agents, the agent tree, inboxes, turns, the `Provider`
-//! trait and tools.
+//! trait and tools. Synchronous API; every persisted byte goes through the
+//! [`crate::fs::Fs`] seam.
+//!
+//! Invariant (the contract of [`Runtime`]): an operation that returns `Ok`
+//! is durable (acknowledged means durable); one that returns an I/O error
+//! has an unknown outcome, poisons the runtime (every later call returns
+//! [`RuntimeError::Poisoned`]) and must be followed by [`Runtime::open`],
+//! which runs [`crate::recovery`]. Acknowledgement points:
+//! - `create_root`: after `agent.created` is fsynced in the new session's log.
+//! - `spawn_child`: the child is added to the in-memory tree first; its
+//!   session and `agent.created` are the deferred part of the spawn, run
+//!   before `spawn_child` returns (in this synchronous API the call is the
+//!   parent's turn boundary). A crash before `agent.created` is durable
+//!   makes the child vanish: it was never acknowledged.
+//! - `run_turn`: after `turn.complete` is fsynced; an unfinished turn is
+//!   dropped from the conversation on recovery.
+//! - `send_message`: after `message.enqueued` is fsynced in the RECIPIENT's
+//!   log, before the inbox sees it.
+//! - `deliver`: after one `message.delivered` entry naming every collected
+//!   message is fsynced; until then recovery re-injects them (re-delivery).
+//! - `terminate`: refused while the agent has live children; otherwise
+//!   after `agent.terminated` is fsynced, then the record goes TERMINATED
+//!   and the node leaves the tree.
+
+mod agent;
+pub mod ids;
+pub mod inbox;
+mod messaging;
+mod orchestrator;
+pub mod provider;
+mod slots;
+pub mod state;
+pub mod tools;
+pub mod tree;
+pub mod turn;
+
+use std::sync::Arc;
+
+pub(crate) use agent::AgentSlot;
+pub use ids::{AgentId, MessageId, SessionId};
+pub use inbox::Message;
+pub use orchestrator::Runtime;
+pub use provider::{FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
+pub use state::{AgentView, RuntimeState};
+pub use tools::{PureTools, ToolContext, ToolError, ToolExecutor, ToolOutput};
+pub use tree::{AgentTree, TreeError};
+pub use turn::{ConversationItem, TurnOutcome};
+
+use crate::canary::Canaries;
+use crate::log::LogError;
+use crate::store::session::SessionError;
+
+/// Configuration of a [`Runtime`]. All behaviour is a function of these
+/// fields and the disk: no wall clock, no OS randomness.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Seed of the id prefix (and of the default fake provider).
+    pub seed: u64,
+    /// Provider slots: at most this many sessions are ACTIVE; the least
+    /// recently used one is suspended to make room (LRU eviction).
+    pub slots: usize,
+    /// Bound on provider rounds (tool call batches) within one turn.
+    pub max_tool_rounds: u32,
+    /// Known bugs to re-introduce (empty in production).
+    pub canaries: Canaries,
+    /// The LLM.
+    pub provider: Arc<dyn Provider>,
+    /// Where tool calls are executed (the activity ledger plugs in here).
+    pub tools: Arc<dyn ToolExecutor>,
+}
+
+impl RuntimeConfig {
+    /// Defaults: 3 slots, 4 tool rounds, [`FakeProvider`] from `seed`,
+    /// [`PureTools`], no canaries.
+    pub fn new(seed: u64) -> Self {
+        RuntimeConfig {
+            seed,
+            slots: 3,
+            max_tool_rounds: 4,
+            canaries: Canaries::none(),
+            provider: Arc::new(FakeProvider::new(seed)),
+            tools: Arc::new(PureTools),
+        }
+    }
+
+    /// Same config with `canaries` enabled.
+    pub fn with_canaries(mut self, canaries: Canaries) -> Self {
+        self.canaries = canaries;
+        self
+    }
+
+    /// Same config with `slots` provider slots.
+    pub fn with_slots(mut self, slots: usize) -> Self {
+        self.slots = slots;
+        self
+    }
+}
+
+/// A runtime operation failed. I/O variants mean "outcome unknown: reopen".
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+    #[error("agent {0} does not exist (never created, vanished in a crash, or terminated)")]
+    UnknownAgent(AgentId),
+    #[error("provider failed in the turn of agent {agent}: {source}")]
+    Provider {
+        agent: AgentId,
+        #[source]
+        source: ProviderError,
+    },
+    #[error(
+        "tool executor failed in the turn of agent {agent}: {source} (outcome unknown: reopen to recover)"
+    )]
+    Tool {
+        agent: AgentId,
+        #[source]
+        source: ToolError,
+    },
+    #[error(
+        "agent {agent}: the provider still asked for tools after {limit} rounds; the turn was abandoned"
+    )]
+    TooManyToolRounds { agent: AgentId, limit: u32 },
+    #[error("runtime is poisoned by an earlier failure ({cause}); its outcome is unknown: reopen with Runtime::open to recover")]
+    Poisoned { cause: String },
+    #[error("recovery: {0}")]
+    Recovery(String),
+    /// In-memory data could not be serialized (a bug: it is plain data).
+    #[error("cannot serialize {what}: {source}")]
+    Serialize {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl RuntimeError {
+    /// Whether this error leaves the disk in an unknown state (the runtime
+    /// poisons itself).
+    pub fn is_unknown_outcome(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::Log(_) | RuntimeError::Session(_) | RuntimeError::Tool { .. }
+        )
+    }
+}

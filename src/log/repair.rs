@@ -1,0 +1,218 @@
+//! Reading and repairing one session's log after a crash.
+//!
+//! Invariant: after [`repair`] returns `Ok`, `events.jsonl` holds only
+//! complete, valid entries with contiguous `seq` from 0, fsynced, and no
+//! `events.pending` is left. Only the bytes after the last newline (a torn
+//! append, never acknowledged) are ever cut; a bad complete line anywhere is
+//! a [`LogError::Corrupt`] naming file and offset, never silently dropped.
+
+use std::io;
+use std::path::Path;
+
+use crate::canary::{Canaries, Canary};
+use crate::fs::Fs;
+use crate::runtime::ids::SessionId;
+
+use super::entry::ParseLineError;
+use super::{LogEntry, LogError, EVENTS_FILE, PENDING_FILE, SCHEMA_VERSION};
+
+/// A parsed `events.jsonl`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParsedLog {
+    pub entries: Vec<LogEntry>,
+    /// Bytes of complete lines (the offset a partial tail starts at).
+    pub valid_len: u64,
+    /// Length of the partial trailing line (0 if the file ends in a newline).
+    pub partial_tail_bytes: u64,
+}
+
+/// What [`repair`] did to one log.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LogRepair {
+    /// Byte offset the log was truncated at, if a partial line was cut.
+    pub truncated_at: Option<u64>,
+    /// How many bytes were cut.
+    pub truncated_bytes: u64,
+    /// A complete pending entry was appended (its `seq` was not yet logged).
+    pub pending_replayed: bool,
+    /// A pending entry already in the log was removed (tail dedup).
+    pub pending_deduped: bool,
+    /// A torn (incomplete or invalid) pending file was removed.
+    pub pending_torn: bool,
+}
+
+fn parse_error(path: &Path, line: u64, offset: u64, e: ParseLineError) -> LogError {
+    match e {
+        ParseLineError::Newer { found } => LogError::NewerSchema {
+            path: path.to_path_buf(),
+            line,
+            offset,
+            found,
+            supported: SCHEMA_VERSION,
+        },
+        ParseLineError::Invalid(reason) => LogError::Corrupt {
+            path: path.to_path_buf(),
+            line,
+            offset,
+            reason,
+        },
+    }
+}
+
+/// Parse log bytes. Complete lines must all be valid entries of
+/// `session_id` (if given) with contiguous `seq`; trailing bytes without a
+/// newline are reported as a partial tail, not parsed.
+pub fn parse_bytes(path: &Path, bytes: &[u8], session_id: Option<&SessionId>) -> Result<ParsedLog, LogError> {
+    let mut out = ParsedLog::default();
+    let mut offset = 0usize;
+    let mut line_no = 0u64;
+    while offset < bytes.len() {
+        let Some(nl) = bytes[offset..].iter().position(|&b| b == b'\n') else {
+            out.partial_tail_bytes = (bytes.len() - offset) as u64;
+            break;
+        };
+        line_no += 1;
+        let line = &bytes[offset..offset + nl];
+        let at = offset as u64;
+        let entry = LogEntry::parse(line).map_err(|e| parse_error(path, line_no, at, e))?;
+        let corrupt = |reason: String| LogError::Corrupt {
+            path: path.to_path_buf(),
+            line: line_no,
+            offset: at,
+            reason,
+        };
+        if let Some(expected) = session_id {
+            if &entry.session_id != expected {
+                return Err(corrupt(format!(
+                    "session_id {} in the log of session {expected}",
+                    entry.session_id
+                )));
+            }
+        }
+        let want = out.entries.len() as u64;
+        if entry.seq != want {
+            return Err(corrupt(format!("seq {} where {want} was expected", entry.seq)));
+        }
+        out.entries.push(entry);
+        offset += nl + 1;
+        out.valid_len = offset as u64;
+    }
+    Ok(out)
+}
+
+/// Read and parse `events.jsonl` in `dir` without changing it. A missing
+/// file is an empty log.
+pub fn parse_log(fs: &dyn Fs, dir: &Path, session_id: Option<&SessionId>) -> Result<ParsedLog, LogError> {
+    let path = dir.join(EVENTS_FILE);
+    match fs.read(&path, "events.jsonl read") {
+        Ok(bytes) => parse_bytes(&path, &bytes, session_id),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ParsedLog::default()),
+        Err(e) => Err(LogError::io(&path, "read", e)),
+    }
+}
+
+/// Repair the log in `dir`: cut a partial trailing line, replay or clean a
+/// pending entry. Returns the entries and what was done.
+pub fn repair(
+    fs: &dyn Fs,
+    dir: &Path,
+    session_id: &SessionId,
+    canaries: &Canaries,
+) -> Result<(Vec<LogEntry>, LogRepair), LogError> {
+    let path = dir.join(EVENTS_FILE);
+    let pending = dir.join(PENDING_FILE);
+    let mut report = LogRepair::default();
+    let exists = fs
+        .exists(&path, "events.jsonl exists (recovery)")
+        .map_err(|e| LogError::io(&path, "exists", e))?;
+    let mut parsed = parse_log(fs, dir, Some(session_id))?;
+    if parsed.partial_tail_bytes > 0 && !canaries.has(Canary::NoPartialLineRepair) {
+        fs.truncate(&path, parsed.valid_len, "events.jsonl truncate partial line")
+            .map_err(|e| LogError::io(&path, "truncate", e))?;
+        tracing::warn!(path = %path.display(), offset = parsed.valid_len,
+            bytes = parsed.partial_tail_bytes, "truncated a partial trailing line");
+        report.truncated_at = Some(parsed.valid_len);
+        report.truncated_bytes = parsed.partial_tail_bytes;
+    }
+    let has_pending = fs
+        .exists(&pending, "events.pending exists (recovery)")
+        .map_err(|e| LogError::io(&pending, "exists", e))?;
+    if has_pending {
+        let bytes = fs
+            .read(&pending, "events.pending read (recovery)")
+            .map_err(|e| LogError::io(&pending, "read", e))?;
+        // The pending file was fsynced before the log append began, so an
+        // incomplete or invalid one means that append never started.
+        let entry = match bytes.strip_suffix(b"\n") {
+            Some(line) if !line.contains(&b'\n') => LogEntry::parse(line).ok(),
+            _ => None,
+        };
+        let next = parsed.entries.len() as u64;
+        match entry {
+            Some(e) if &e.session_id == session_id && e.seq == next && exists => {
+                fs.append(&path, &bytes, "events.jsonl append (pending replay)")
+                    .map_err(|e| LogError::io(&path, "append", e))?;
+                fs.sync(&path, "events.jsonl fsync (pending replay)")
+                    .map_err(|e| LogError::io(&path, "fsync", e))?;
+                parsed.entries.push(e);
+                parsed.valid_len += bytes.len() as u64;
+                report.pending_replayed = true;
+            }
+            Some(e) if &e.session_id == session_id && e.seq < next => report.pending_deduped = true,
+            _ => report.pending_torn = true,
+        }
+        fs.remove(&pending, "events.pending unlink (recovery)")
+            .map_err(|e| LogError::io(&pending, "unlink", e))?;
+        if canaries.has(Canary::NoPartialLineRepair) {
+            // The canary left a partial line; re-parse so a merged garbage
+            // line surfaces here exactly as it would on the next open.
+            parsed = parse_log(fs, dir, Some(session_id))?;
+        }
+    }
+    if exists {
+        persist(fs, dir, &parsed)?;
+    }
+    Ok((parsed.entries, report))
+}
+
+/// Make durable everything recovery read and will rely on. The log may
+/// hold entries that were only in the page cache (a process crash before
+/// their fsync): recovery treats them as done, so they must not vanish in
+/// a later power loss. And after a failed fsync the last entry's bytes are
+/// of unknown durability even though they are visible ("fsyncgate": a
+/// retried fsync does not make them durable), so that line is rewritten
+/// in place before the fsync. Only the last line can be affected: every
+/// append is fsynced before the next, and a failed fsync stops the runtime.
+/// The directory fsync covers `events.jsonl`'s and `session.json`'s entries.
+fn persist(fs: &dyn Fs, dir: &Path, parsed: &ParsedLog) -> Result<(), LogError> {
+    let path = dir.join(EVENTS_FILE);
+    if let Some(last) = parsed.entries.last() {
+        let line = last.to_line().map_err(|source| LogError::Serialize {
+            path: path.clone(),
+            event: last.event.name().to_string(),
+            source,
+        })?;
+        // Rewrite the exact bytes on disk when they round-trip; a line in
+        // another (older) encoding is left as it is.
+        if let Some(at) = parsed.valid_len.checked_sub(line.len() as u64) {
+            let mut on_disk = vec![0; line.len()];
+            let n = fs
+                .read_at(&path, at, &mut on_disk, "events.jsonl read last line (recovery)")
+                .map_err(|e| LogError::io(&path, "read", e))?;
+            if n == line.len() && on_disk == line.as_bytes() {
+                fs.write_at(
+                    &path,
+                    at,
+                    line.as_bytes(),
+                    "events.jsonl rewrite last line (recovery)",
+                )
+                .map_err(|e| LogError::io(&path, "rewrite", e))?;
+            }
+        }
+    }
+    fs.sync(&path, "events.jsonl fsync (recovery)")
+        .map_err(|e| LogError::io(&path, "fsync", e))?;
+    fs.sync_dir(dir, "session dir fsync (recovery)")
+        .map_err(|e| LogError::io(dir, "dir fsync", e))?;
+    Ok(())
+}

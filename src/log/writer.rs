@@ -1,0 +1,152 @@
+//! [`EventLog`]: appends entries to one session's `events.jsonl` through the
+//! pending-file WAL.
+//!
+//! Invariant: `append` returns `Ok` only after the entry's line is fsynced in
+//! `events.jsonl` (acknowledged means durable). Any I/O error is an unknown
+//! outcome: the entry may or may not be in the log, and the caller must stop
+//! and recover. The pending file is not dir-synced: it only ever upgrades an
+//! unacknowledged entry (one whose `events.jsonl` fsync did not return), so
+//! losing it on power loss is allowed; a resurrected pending file after a
+//! lost unlink is harmless because replay dedups by `seq`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::canary::{Canaries, Canary};
+use crate::fs::{Fs, OpenMode};
+use crate::runtime::ids::SessionId;
+
+use super::{Event, LogEntry, LogError, EVENTS_FILE, PENDING_FILE, SCHEMA_VERSION};
+
+/// The writer of one session's log. Holds the next `seq`.
+#[derive(Debug, Clone)]
+pub struct EventLog {
+    fs: Arc<dyn Fs>,
+    dir: PathBuf,
+    session_id: SessionId,
+    next_seq: u64,
+    canaries: Canaries,
+}
+
+impl EventLog {
+    /// Create an empty `events.jsonl` in `dir` (an existing session
+    /// directory) and make its directory entry durable.
+    pub fn create(
+        fs: Arc<dyn Fs>,
+        dir: &Path,
+        session_id: SessionId,
+        canaries: Canaries,
+    ) -> Result<EventLog, LogError> {
+        let path = dir.join(EVENTS_FILE);
+        fs.open(&path, OpenMode::Create, "events.jsonl create")
+            .map_err(|e| LogError::io(&path, "create", e))?;
+        if !canaries.has(Canary::NoDirFsync) {
+            fs.sync_dir(dir, "session dir fsync (events.jsonl create)")
+                .map_err(|e| LogError::io(dir, "dir fsync", e))?;
+        }
+        Ok(EventLog {
+            fs,
+            dir: dir.to_path_buf(),
+            session_id,
+            next_seq: 0,
+            canaries,
+        })
+    }
+
+    /// Reopen a log that recovery repaired; `next_seq` is one past its last entry.
+    pub fn reopen(
+        fs: Arc<dyn Fs>,
+        dir: &Path,
+        session_id: SessionId,
+        next_seq: u64,
+        canaries: Canaries,
+    ) -> EventLog {
+        EventLog {
+            fs,
+            dir: dir.to_path_buf(),
+            session_id,
+            next_seq,
+            canaries,
+        }
+    }
+
+    /// Path of `events.jsonl`.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(EVENTS_FILE)
+    }
+
+    /// The session this log belongs to.
+    pub fn session_id(&self) -> &SessionId {
+        &self.session_id
+    }
+
+    /// The `seq` the next entry will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Append `event` at logical time `ts`; returns the entry once durable.
+    pub fn append(&mut self, ts: u64, event: Event) -> Result<LogEntry, LogError> {
+        let entry = LogEntry {
+            schema_version: SCHEMA_VERSION,
+            session_id: self.session_id.clone(),
+            seq: self.next_seq,
+            ts,
+            event,
+        };
+        let name = entry.event.name();
+        let path = self.path();
+        let line = entry.to_line().map_err(|source| LogError::Serialize {
+            path: path.clone(),
+            event: name.to_string(),
+            source,
+        })?;
+        if self.canaries.has(Canary::AckBeforeLog) {
+            // CANARY: fire-and-forget append, acknowledged without waiting
+            // for (or even checking) durability.
+            let _ = self
+                .fs
+                .append(&path, line.as_bytes(), &format!("events.jsonl append {name}"));
+            self.next_seq += 1;
+            return Ok(entry);
+        }
+        let pending = self.dir.join(PENDING_FILE);
+        let io = |p: &Path, step: &str| {
+            let p = p.to_path_buf();
+            let step = step.to_string();
+            move |e| LogError::io(&p, &step, e)
+        };
+        self.fs
+            .open(
+                &pending,
+                OpenMode::Truncate,
+                &format!("events.pending create {name}"),
+            )
+            .map_err(io(&pending, "create"))?;
+        self.fs
+            .write_at(
+                &pending,
+                0,
+                line.as_bytes(),
+                &format!("events.pending write {name}"),
+            )
+            .map_err(io(&pending, "write"))?;
+        self.fs
+            .sync(&pending, &format!("events.pending fsync {name}"))
+            .map_err(io(&pending, "fsync"))?;
+        self.fs
+            .append(&path, line.as_bytes(), &format!("events.jsonl append {name}"))
+            .map_err(io(&path, "append"))?;
+        self.fs
+            .sync(&path, &format!("events.jsonl fsync {name}"))
+            .map_err(io(&path, "fsync"))?;
+        // The entry is durable from here on. A failed unlink is still an
+        // error: the caller cannot tell whether later I/O works.
+        self.fs
+            .remove(&pending, &format!("events.pending unlink {name}"))
+            .map_err(io(&pending, "unlink"))?;
+        self.next_seq += 1;
+        tracing::trace!(session = %self.session_id, seq = entry.seq, event = name, "logged");
+        Ok(entry)
+    }
+}

@@ -1,0 +1,26 @@
+//! The in-memory record of one live agent (its session, log writer and
+//! derived conversation).
+//!
+//! Invariant: every field is derivable from the session's `session.json`
+//! and `events.jsonl` (recovery rebuilds it from them).
+
+use std::collections::BTreeSet;
+
+use crate::log::EventLog;
+use crate::store::session::SessionRecord;
+
+use super::ids::{AgentId, MessageId};
+use super::turn::ConversationItem;
+
+/// One live agent.
+#[derive(Debug, Clone)]
+pub(crate) struct AgentSlot {
+    pub name: String,
+    pub instructions: String,
+    pub parent: Option<AgentId>,
+    pub record: SessionRecord,
+    pub log: EventLog,
+    /// Completed turns only.
+    pub conversation: Vec<ConversationItem>,
+    pub delivered: BTreeSet<MessageId>,
+}

@@ -1,0 +1,60 @@
+//! Tool execution behind the [`ToolExecutor`] trait, so the activity ledger
+//! (INTENT before an irreversible side effect) can be plugged in without
+//! touching the turn loop.
+//!
+//! Invariant: [`PureTools`] has no side effect at all; its output is a pure
+//! function of the request.
+
+use super::ids::{AgentId, SessionId};
+use super::provider::ToolRequest;
+
+/// Where a tool call happens.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolContext<'a> {
+    pub agent: &'a AgentId,
+    pub session: &'a SessionId,
+    /// `<session>-<seq of the tool.call entry>`: stable across restarts.
+    pub call_id: &'a str,
+    /// Key to hand to a dedup-capable external service (equals `call_id`).
+    pub idempotency_key: &'a str,
+}
+
+/// A tool's result (a failed tool is a normal result with `ok: false`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub ok: bool,
+    pub output: String,
+}
+
+/// The executor itself failed (e.g. its ledger I/O): outcome unknown.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolError(pub String);
+
+/// Runs tool calls for the turn loop.
+pub trait ToolExecutor: Send + Sync + std::fmt::Debug {
+    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError>;
+}
+
+/// The default executor: answers deterministically, touches nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PureTools;
+
+impl ToolExecutor for PureTools {
+    fn execute(&self, _ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+        let arg = |k: &str| {
+            call.args
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        let (ok, output) = match call.tool.as_str() {
+            "lookup" => (true, format!("value of {}", arg("key"))),
+            "write_note" => (true, "noted".to_string()),
+            "send_email" => (true, format!("sent to {}", arg("to"))),
+            other => (false, format!("unknown tool {other}")),
+        };
+        Ok(ToolOutput { ok, output })
+    }
+}

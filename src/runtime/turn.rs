@@ -1,0 +1,203 @@
+//! Turns: `turn.start`, provider rounds with `tool.call`/`tool.result`, then
+//! `turn.complete`; and rebuilding the conversation from a log.
+//!
+//! Invariant: the conversation holds completed turns only. A turn whose
+//! `turn.complete` is not durable is dropped on rebuild (the in-flight turn
+//! is lost, as documented), so memory and the rebuilt log always agree.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::log::{Event, LogEntry};
+
+use super::ids::AgentId;
+use super::provider::{ProviderRequest, ToolRequest};
+use super::tools::{ToolContext, ToolOutput};
+use super::{Runtime, RuntimeError};
+
+/// One item of an agent's conversation, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ConversationItem {
+    Prompt {
+        text: String,
+    },
+    ToolCall {
+        call_id: String,
+        tool: String,
+        args: Value,
+        irreversible: bool,
+    },
+    ToolResult {
+        call_id: String,
+        ok: bool,
+        output: String,
+    },
+    Response {
+        text: String,
+    },
+}
+
+/// What a completed turn produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnOutcome {
+    pub response: String,
+    /// Each tool call with its call id and result, in order.
+    pub tool_calls: Vec<(String, ToolRequest, ToolOutput)>,
+}
+
+/// Rebuild the conversation (completed turns only) from log entries.
+pub fn conversation_from_log(entries: &[LogEntry]) -> Vec<ConversationItem> {
+    let mut done = Vec::new();
+    let mut open: Option<Vec<ConversationItem>> = None;
+    for entry in entries {
+        match &entry.event {
+            Event::TurnStart { prompt } => {
+                open = Some(vec![ConversationItem::Prompt { text: prompt.clone() }]);
+            }
+            Event::ToolCall {
+                call_id,
+                tool,
+                args,
+                irreversible,
+            } => {
+                if let Some(turn) = open.as_mut() {
+                    turn.push(ConversationItem::ToolCall {
+                        call_id: call_id.clone(),
+                        tool: tool.clone(),
+                        args: args.clone(),
+                        irreversible: *irreversible,
+                    });
+                }
+            }
+            Event::ToolResult { call_id, ok, output } => {
+                if let Some(turn) = open.as_mut() {
+                    turn.push(ConversationItem::ToolResult {
+                        call_id: call_id.clone(),
+                        ok: *ok,
+                        output: output.clone(),
+                    });
+                }
+            }
+            Event::TurnComplete { response } => {
+                if let Some(mut turn) = open.take() {
+                    turn.push(ConversationItem::Response {
+                        text: response.clone(),
+                    });
+                    done.extend(turn);
+                }
+            }
+            _ => {}
+        }
+    }
+    done
+}
+
+impl Runtime {
+    /// Run one turn of `agent` with `prompt` (restoring its session if
+    /// suspended). Acknowledged once `turn.complete` is durable.
+    pub fn run_turn(&mut self, agent: &AgentId, prompt: &str) -> Result<TurnOutcome, RuntimeError> {
+        self.live()?;
+        self.slot(agent)?;
+        let r = self.run_turn_inner(agent, prompt);
+        self.poison_on(r)
+    }
+
+    fn run_turn_inner(&mut self, agent: &AgentId, prompt: &str) -> Result<TurnOutcome, RuntimeError> {
+        self.acquire(agent)?;
+        self.log_to(
+            agent,
+            Event::TurnStart {
+                prompt: prompt.to_string(),
+            },
+        )?;
+        let mut working = self.slot(agent)?.conversation.clone();
+        working.push(ConversationItem::Prompt {
+            text: prompt.to_string(),
+        });
+        let mut tool_calls = Vec::new();
+        let provider = self.config.provider.clone();
+        let tools = self.config.tools.clone();
+        let mut round = 0;
+        let response = loop {
+            let slot = self.slot(agent)?;
+            let request = ProviderRequest {
+                agent,
+                instructions: &slot.instructions,
+                history: &working,
+                round,
+            };
+            let reply = provider
+                .complete(&request)
+                .map_err(|source| RuntimeError::Provider {
+                    agent: agent.clone(),
+                    source,
+                })?;
+            if reply.tool_calls.is_empty() {
+                break reply.text;
+            }
+            if round >= self.config.max_tool_rounds {
+                return Err(RuntimeError::TooManyToolRounds {
+                    agent: agent.clone(),
+                    limit: self.config.max_tool_rounds,
+                });
+            }
+            for call in reply.tool_calls {
+                let slot = self.slot(agent)?;
+                let session = slot.record.session_id.clone();
+                let call_id = format!("{session}-{}", slot.log.next_seq());
+                self.log_to(
+                    agent,
+                    Event::ToolCall {
+                        call_id: call_id.clone(),
+                        tool: call.tool.clone(),
+                        args: call.args.clone(),
+                        irreversible: call.irreversible,
+                    },
+                )?;
+                let ctx = ToolContext {
+                    agent,
+                    session: &session,
+                    call_id: &call_id,
+                    idempotency_key: &call_id,
+                };
+                let output = tools.execute(&ctx, &call).map_err(|source| RuntimeError::Tool {
+                    agent: agent.clone(),
+                    source,
+                })?;
+                self.log_to(
+                    agent,
+                    Event::ToolResult {
+                        call_id: call_id.clone(),
+                        ok: output.ok,
+                        output: output.output.clone(),
+                    },
+                )?;
+                working.push(ConversationItem::ToolCall {
+                    call_id: call_id.clone(),
+                    tool: call.tool.clone(),
+                    args: call.args.clone(),
+                    irreversible: call.irreversible,
+                });
+                working.push(ConversationItem::ToolResult {
+                    call_id: call_id.clone(),
+                    ok: output.ok,
+                    output: output.output.clone(),
+                });
+                tool_calls.push((call_id, call, output));
+            }
+            round += 1;
+        };
+        self.log_to(
+            agent,
+            Event::TurnComplete {
+                response: response.clone(),
+            },
+        )?;
+        working.push(ConversationItem::Response {
+            text: response.clone(),
+        });
+        self.slot_mut(agent)?.conversation = working;
+        Ok(TurnOutcome { response, tool_calls })
+    }
+}

@@ -1,0 +1,204 @@
+//! Event-log repair and parsing: a partial trailing line is cut (and its
+//! offset reported), a pending entry is replayed once (tail dedup by seq),
+//! a torn pending file is cleaned, a newer schema is refused naming the
+//! file, line, offset and versions, older entries load, and a corrupt line
+//! in the middle is a typed error, never silently dropped.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use durable_agent::canary::Canaries;
+use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
+use durable_agent::log::{self, Event, EventLog, LogError, EVENTS_FILE, PENDING_FILE};
+use durable_agent::runtime::SessionId;
+
+fn sid() -> SessionId {
+    SessionId::from_hex("00000000000000aa").unwrap()
+}
+
+/// A log with three entries in `/s`.
+fn log_with_three() -> (SimFs, PathBuf, Vec<String>) {
+    let sim = SimFs::new(SimConfig::new(1));
+    let dir = PathBuf::from("/s");
+    sim.create_dir_all(&dir, "mkdir").unwrap();
+    let fs: Arc<dyn Fs> = Arc::new(sim.clone());
+    let mut log = EventLog::create(fs, &dir, sid(), Canaries::none()).unwrap();
+    let mut lines = Vec::new();
+    for (ts, p) in [(1, "a"), (2, "b"), (3, "c")] {
+        let e = log.append(ts, Event::TurnStart { prompt: p.into() }).unwrap();
+        lines.push(e.to_line().unwrap());
+    }
+    (sim, dir, lines)
+}
+
+fn repair(sim: &SimFs, dir: &Path) -> Result<(Vec<log::LogEntry>, log::LogRepair), LogError> {
+    log::repair(sim, dir, &sid(), &Canaries::none())
+}
+
+#[test]
+fn appended_entries_are_contiguous_plain_json_lines() {
+    let (sim, dir, lines) = log_with_three();
+    let bytes = sim.read(&dir.join(EVENTS_FILE), "t").unwrap();
+    assert_eq!(String::from_utf8(bytes).unwrap(), lines.concat());
+    assert!(!sim.exists(&dir.join(PENDING_FILE), "t").unwrap());
+    let v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    assert_eq!(v["seq"], 1);
+    assert_eq!(v["ts"], 2);
+    assert_eq!(v["event"], "turn.start");
+    assert_eq!(v["data"]["prompt"], "b");
+    assert_eq!(v["schema_version"], 1);
+}
+
+#[test]
+fn partial_trailing_line_is_truncated_at_its_offset() {
+    let (sim, dir, lines) = log_with_three();
+    let path = dir.join(EVENTS_FILE);
+    let valid = lines.concat().len() as u64;
+    sim.append(&path, b"{\"schema_version\":1,\"sess", "torn")
+        .unwrap();
+    let (entries, report) = repair(&sim, &dir).unwrap();
+    assert_eq!(entries.len(), 3);
+    assert_eq!(report.truncated_at, Some(valid));
+    assert_eq!(report.truncated_bytes, 25);
+    assert_eq!(sim.len(&path, "t").unwrap(), valid);
+}
+
+#[test]
+fn complete_pending_entry_is_replayed_after_the_torn_tail_is_cut() {
+    let (sim, dir, _) = log_with_three();
+    let path = dir.join(EVENTS_FILE);
+    let entry = log::LogEntry {
+        schema_version: 1,
+        session_id: sid(),
+        seq: 3,
+        ts: 4,
+        event: Event::TurnComplete { response: "d".into() },
+    };
+    let line = entry.to_line().unwrap();
+    let pending = dir.join(PENDING_FILE);
+    sim.open(&pending, OpenMode::Truncate, "t").unwrap();
+    sim.write_at(&pending, 0, line.as_bytes(), "t").unwrap();
+    sim.append(&path, &line.as_bytes()[..10], "torn").unwrap();
+    let (entries, report) = repair(&sim, &dir).unwrap();
+    assert!(report.pending_replayed);
+    assert_eq!(report.truncated_bytes, 10);
+    assert_eq!(entries.len(), 4);
+    assert_eq!(entries[3], entry);
+    assert!(!sim.exists(&pending, "t").unwrap());
+    // Idempotent: a second repair changes nothing.
+    let (again, report) = repair(&sim, &dir).unwrap();
+    assert_eq!(again, entries);
+    assert_eq!(report, log::LogRepair::default());
+}
+
+#[test]
+fn pending_entry_already_in_the_log_is_deduplicated_by_seq() {
+    let (sim, dir, lines) = log_with_three();
+    let pending = dir.join(PENDING_FILE);
+    sim.open(&pending, OpenMode::Truncate, "t").unwrap();
+    sim.write_at(&pending, 0, lines[2].as_bytes(), "t").unwrap();
+    let (entries, report) = repair(&sim, &dir).unwrap();
+    assert_eq!(entries.len(), 3);
+    assert!(report.pending_deduped && !report.pending_replayed);
+    assert!(!sim.exists(&pending, "t").unwrap());
+}
+
+#[test]
+fn torn_pending_file_is_removed_without_touching_the_log() {
+    let (sim, dir, lines) = log_with_three();
+    let pending = dir.join(PENDING_FILE);
+    sim.open(&pending, OpenMode::Truncate, "t").unwrap();
+    sim.write_at(&pending, 0, &lines[0].as_bytes()[..7], "t").unwrap();
+    let (entries, report) = repair(&sim, &dir).unwrap();
+    assert_eq!(entries.len(), 3);
+    assert!(report.pending_torn);
+    assert!(!sim.exists(&pending, "t").unwrap());
+}
+
+#[test]
+fn newer_schema_version_is_refused_naming_file_line_offset_and_versions() {
+    let (sim, dir, lines) = log_with_three();
+    let path = dir.join(EVENTS_FILE);
+    let newer = lines[0]
+        .replace("\"schema_version\":1", "\"schema_version\":9")
+        .replace("\"seq\":0", "\"seq\":3");
+    sim.append(&path, newer.as_bytes(), "t").unwrap();
+    let err = repair(&sim, &dir).unwrap_err();
+    let offset = lines.concat().len() as u64;
+    match &err {
+        LogError::NewerSchema {
+            path: p,
+            line,
+            offset: o,
+            found,
+            supported,
+        } => {
+            assert_eq!((p, *line, *o, *found, *supported), (&path, 4, offset, 9, 1));
+        }
+        other => panic!("expected NewerSchema, got {other}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("/s/events.jsonl") && msg.contains("line 4") && msg.contains("schema_version 9"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn entries_without_schema_version_from_before_versioning_still_load() {
+    let sim = SimFs::new(SimConfig::new(1));
+    let dir = PathBuf::from("/s");
+    sim.create_dir_all(&dir, "t").unwrap();
+    let path = dir.join(EVENTS_FILE);
+    sim.open(&path, OpenMode::Create, "t").unwrap();
+    let old = "{\"session_id\":\"00000000000000aa\",\"seq\":0,\"event\":\"turn.start\",\"data\":{\"prompt\":\"hi\"}}\n";
+    sim.append(&path, old.as_bytes(), "t").unwrap();
+    let (entries, _) = repair(&sim, &dir).unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].schema_version, 0);
+    assert_eq!(entries[0].event, Event::TurnStart { prompt: "hi".into() });
+}
+
+#[test]
+fn corrupt_line_in_the_middle_is_a_typed_error_not_dropped() {
+    // A damaged key (byte 3 turns "schema_version" into "sc#ema_version").
+    corrupt_at(3);
+    // Invalid JSON.
+    corrupt_at(1);
+    // A damaged byte further into the line.
+    corrupt_at(60);
+}
+
+fn corrupt_at(byte: usize) {
+    let (sim, dir, lines) = log_with_three();
+    let path = dir.join(EVENTS_FILE);
+    let mut bytes = lines.concat().into_bytes();
+    let at = lines[0].len();
+    bytes[at + byte] = b'#';
+    sim.open(&path, OpenMode::Truncate, "t").unwrap();
+    sim.write_at(&path, 0, &bytes, "t").unwrap();
+    let before = sim.read(&path, "t").unwrap();
+    match repair(&sim, &dir).unwrap_err() {
+        LogError::Corrupt {
+            path: p,
+            line,
+            offset,
+            ..
+        } => {
+            assert_eq!((p, line, offset), (path.clone(), 2, at as u64));
+        }
+        other => panic!("expected Corrupt, got {other}"),
+    }
+    assert_eq!(sim.read(&path, "t").unwrap(), before, "nothing was cut");
+}
+
+#[test]
+fn seq_gap_is_reported_as_corruption() {
+    let (sim, dir, lines) = log_with_three();
+    let path = dir.join(EVENTS_FILE);
+    let body = format!("{}{}", lines[0], lines[2]);
+    sim.open(&path, OpenMode::Truncate, "t").unwrap();
+    sim.write_at(&path, 0, body.as_bytes(), "t").unwrap();
+    let err = repair(&sim, &dir).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { line: 2, .. }), "{err}");
+}
