@@ -1,10 +1,17 @@
 //! Durable stores: session records (atomic write) and the SQLite tables
 //! (triggers, activities, checkpoints, tool calls, token usage, errors).
+//!
+//! The SQLite stores are stateless: each call takes the `&Connection` to
+//! act on (a `crate::sqlite` connection over the `Fs` seam in production, an
+//! in-memory one in unit tests), after [`schema::migrate`] has run on it.
 
 pub mod activities;
 pub mod checkpoints;
 pub mod retry;
+pub mod schema;
 pub mod session;
 pub mod tool_calls;
 pub mod triggers;
 pub mod usage;
+
+pub use schema::StoreError;

@@ -1,0 +1,250 @@
+//! The SQLite schema of the stores, its version, and the one error type the
+//! stores return.
+//!
+//! Invariant: a connection is used by a store only after [`migrate`] brought
+//! it to [`SCHEMA_VERSION`] (kept in `PRAGMA user_version`, bumped inside the
+//! same transaction as the DDL, so a crash mid-migration leaves the old
+//! version and no half-applied tables). A database written by a *newer*
+//! build is refused with [`StoreError::FutureSchema`] before anything is
+//! read or written; a file that is not a SQLite database gives
+//! [`StoreError::Corrupt`]. Neither ever panics.
+//!
+//! Times are logical milliseconds (`INTEGER`, `u64` in Rust) passed in by the
+//! caller: no wall clock is read here (the seeds used `REAL` seconds).
+
+use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Every store's error: what failed, on which database/table/row, and what
+/// to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database was written by a newer build.
+    #[error(
+        "database {db} has schema version {found} but this build supports at most {supported}; \
+         upgrade durable-agent or open a database written by this version"
+    )]
+    FutureSchema { db: String, found: u32, supported: u32 },
+    /// The file is not a readable SQLite database.
+    #[error("database {db} is corrupt or not a SQLite database ({source}); restore it from a backup or move it aside")]
+    Corrupt {
+        db: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A SQLite call failed (I/O error included): the outcome of the
+    /// operation is unknown; recover before retrying.
+    #[error("sqlite error during {op}: {source}")]
+    Sqlite {
+        op: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A JSON column could not be encoded or decoded.
+    #[error("bad JSON in {what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A column held a value this build does not know (e.g. a status).
+    #[error("table {table} column {column} holds unknown value {value:?}")]
+    UnknownValue {
+        table: &'static str,
+        column: &'static str,
+        value: String,
+    },
+    /// A state transition was asked for a row in the wrong state.
+    #[error("{table} row {id} is {actual}, expected {expected} for {op}")]
+    WrongState {
+        table: &'static str,
+        id: String,
+        op: &'static str,
+        expected: &'static str,
+        actual: String,
+    },
+    /// The row does not exist.
+    #[error("{table} row {id} not found")]
+    NotFound { table: &'static str, id: String },
+    /// Opening the database over the `Fs` seam failed (I/O, not a
+    /// database, …); the error names the path.
+    #[error(transparent)]
+    Open(#[from] crate::sqlite::SqliteError),
+    /// A loop checkpoint was written by a newer build (seed 003).
+    #[error(
+        "loop checkpoint for run {run_id} has schema version {found} but this build supports at \
+         most {supported}; refusing to resume from an incompatible future checkpoint"
+    )]
+    FutureCheckpoint {
+        run_id: String,
+        found: u32,
+        supported: u32,
+    },
+}
+
+/// Wrap a rusqlite error with the operation that raised it.
+pub(crate) fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |source| StoreError::Sqlite { op, source }
+}
+
+fn is_corruption(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt)
+    )
+}
+
+/// Bring the database to [`SCHEMA_VERSION`]; `db` names it in errors.
+/// Returns the version found before migrating (0 for a fresh database).
+pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
+    let classify = |source: rusqlite::Error| {
+        if is_corruption(&source) {
+            StoreError::Corrupt {
+                db: db.to_string(),
+                source,
+            }
+        } else {
+            StoreError::Sqlite {
+                op: "migrate",
+                source,
+            }
+        }
+    };
+    let found = user_version(conn).map_err(classify)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::FutureSchema {
+            db: db.to_string(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(found);
+    }
+    let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(classify)?;
+    // Re-read under the write lock: another connection may have migrated.
+    let locked = user_version(&tx).map_err(classify)?;
+    if locked < 1 {
+        tx.execute_batch(V1).map_err(classify)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(classify)?;
+    tx.commit().map_err(classify)?;
+    tracing::info!(db, from = found, to = SCHEMA_VERSION, "schema migrated");
+    Ok(found)
+}
+
+/// Open the stores' database at `path` on `fs` (WAL + synchronous=FULL
+/// unless `opts` say otherwise) and migrate it: the one way the runtime
+/// gets a store connection.
+pub fn open_store(
+    fs: std::sync::Arc<dyn crate::fs::Fs>,
+    path: &std::path::Path,
+    opts: &crate::sqlite::SqliteOptions,
+) -> Result<crate::sqlite::Db, StoreError> {
+    let db = crate::sqlite::open(fs, path, opts)?;
+    migrate(db.conn(), &path.display().to_string())?;
+    Ok(db)
+}
+
+/// The stored schema version (`PRAGMA user_version`).
+pub fn user_version(conn: &Connection) -> rusqlite::Result<u32> {
+    conn.query_row("PRAGMA user_version", [], |r| r.get::<_, u32>(0))
+}
+
+/// Version 1: every store's tables (seeds 000, 001, 003, 004).
+const V1: &str = r#"
+CREATE TABLE triggers (
+    id TEXT PRIMARY KEY, source TEXT NOT NULL, dedup_key TEXT UNIQUE,
+    session_id TEXT, fire_at INTEGER NOT NULL, not_before INTEGER,
+    priority INTEGER NOT NULL, description TEXT, payload_json TEXT NOT NULL,
+    status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, lease_until INTEGER,
+    last_error TEXT, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
+);
+CREATE INDEX idx_triggers_due ON triggers(status, fire_at, priority);
+
+CREATE TABLE activity_log (
+    idem_key TEXT PRIMARY KEY, task_id TEXT NOT NULL, action TEXT NOT NULL,
+    payload_json TEXT NOT NULL, status TEXT NOT NULL, provider_ref TEXT,
+    error TEXT, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
+);
+CREATE INDEX idx_activity_status ON activity_log(status);
+
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    tool_call_id TEXT, tool_name TEXT, tool_args TEXT, created_at INTEGER NOT NULL
+);
+CREATE INDEX idx_messages_session ON messages(session_id, id);
+
+CREATE TABLE loop_checkpoints (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, session_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, last_msg_id INTEGER NOT NULL, messages_json TEXT NOT NULL,
+    usage_json TEXT NOT NULL, tool_calls_count INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, created_at INTEGER NOT NULL
+);
+CREATE INDEX idx_checkpoints_run ON loop_checkpoints(run_id, id);
+
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, status TEXT NOT NULL,
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
+);
+
+CREATE TABLE tool_calls (
+    id TEXT PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs(run_id),
+    tool_name TEXT NOT NULL, raw_tool_name TEXT NOT NULL, input_json TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL UNIQUE, side_effect TEXT NOT NULL, status TEXT NOT NULL,
+    result_json TEXT, error TEXT, replay_attempts INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
+);
+CREATE INDEX idx_tool_calls_run ON tool_calls(run_id, status);
+
+CREATE TABLE token_usage (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    created_at INTEGER NOT NULL
+);
+
+CREATE TABLE errors (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, context TEXT NOT NULL, message TEXT NOT NULL,
+    attempt INTEGER NOT NULL, created_at INTEGER NOT NULL
+);
+"#;
+
+/// A closed set of values stored as TEXT: `as_str` for writing, `parse`
+/// (typed [`StoreError::UnknownValue`] on anything else) for reading.
+macro_rules! str_enum {
+    ($(#[$m:meta])* $vis:vis enum $name:ident in $table:literal . $col:literal {
+        $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)?
+    }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        $vis enum $name { $($(#[$vm])* $var),+ }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$var),+];
+
+            /// The stored spelling.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$var => $s),+ }
+            }
+
+            /// Read a stored value back.
+            pub fn parse(s: &str) -> Result<Self, $crate::store::StoreError> {
+                match s {
+                    $($s => Ok($name::$var),)+
+                    other => Err($crate::store::StoreError::UnknownValue {
+                        table: $table,
+                        column: $col,
+                        value: other.to_string(),
+                    }),
+                }
+            }
+        }
+    };
+}
+pub(crate) use str_enum;

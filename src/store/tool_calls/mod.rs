@@ -1,0 +1,363 @@
+//! Runs and the tool-call ledger (seed 004): every tool invocation is a row
+//! `prepared → running → succeeded | failed`, keyed by an idempotency key,
+//! with its side-effect class.
+//!
+//! Invariant: on resume, exactly the calls left `prepared|running` are
+//! returned for forced replay (in creation order); a replay success updates
+//! the *original* row (no second row per key), and a run whose replay failed
+//! `max_replays` times is `waiting_for_human` — in the same transaction as
+//! the failure that crossed the limit.
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::store::schema::{sql, StoreError};
+
+mod model;
+
+pub use model::{NewToolCall, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus};
+
+/// The run/tool-call ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolCallStore {
+    /// Failed replays allowed before the run goes `waiting_for_human`.
+    pub max_replays: u32,
+}
+
+impl Default for ToolCallStore {
+    fn default() -> Self {
+        ToolCallStore { max_replays: 3 }
+    }
+}
+
+const COLUMNS: &str = "id, run_id, tool_name, raw_tool_name, input_json, idempotency_key, \
+    side_effect, status, result_json, error, replay_attempts";
+
+impl ToolCallStore {
+    /// Create the run (idempotent: an existing run is left as it is).
+    pub fn create_run(
+        &self,
+        conn: &Connection,
+        run_id: &str,
+        session_id: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        conn.execute(
+            "INSERT INTO runs (run_id, session_id, status, created_at, updated_at) \
+             VALUES (?1, ?2, 'running', ?3, ?3) ON CONFLICT(run_id) DO NOTHING",
+            params![run_id, session_id, now_ms],
+        )
+        .map_err(sql("run create"))?;
+        Ok(())
+    }
+
+    pub fn run_status(&self, conn: &Connection, run_id: &str) -> Result<RunStatus, StoreError> {
+        let s: Option<String> = conn
+            .query_row("SELECT status FROM runs WHERE run_id = ?1", [run_id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("run status"))?;
+        let s = s.ok_or_else(|| StoreError::NotFound {
+            table: "runs",
+            id: run_id.to_string(),
+        })?;
+        RunStatus::parse(&s)
+    }
+
+    pub fn set_run_status(
+        &self,
+        conn: &Connection,
+        run_id: &str,
+        status: RunStatus,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        set_run_status(conn, run_id, status, now_ms)
+    }
+
+    /// Record a call as `prepared` before it runs. Idempotent in the key:
+    /// returns the existing row if the key is already in the ledger.
+    pub fn prepare(
+        &self,
+        conn: &Connection,
+        call: &NewToolCall,
+        now_ms: u64,
+    ) -> Result<ToolCall, StoreError> {
+        let input = serde_json::to_string(&call.input).map_err(|source| StoreError::Json {
+            what: format!("tool call input of {}", call.id),
+            source,
+        })?;
+        conn.execute(
+            "INSERT INTO tool_calls (id, run_id, tool_name, raw_tool_name, input_json, \
+             idempotency_key, side_effect, status, replay_attempts, created_at, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'prepared', 0, ?8, ?8) \
+             ON CONFLICT(idempotency_key) DO NOTHING",
+            params![
+                call.id,
+                call.run_id,
+                call.tool_name,
+                call.raw_tool_name,
+                input,
+                call.idempotency_key,
+                call.side_effect.as_str(),
+                now_ms
+            ],
+        )
+        .map_err(sql("tool call prepare"))?;
+        self.by_key(conn, &call.idempotency_key)?
+            .ok_or_else(|| StoreError::NotFound {
+                table: "tool_calls",
+                id: call.idempotency_key.clone(),
+            })
+    }
+
+    /// `prepared → running`.
+    pub fn mark_running(&self, conn: &Connection, id: &str, now_ms: u64) -> Result<(), StoreError> {
+        self.update(
+            conn,
+            id,
+            "mark_running",
+            "prepared",
+            ToolCallStatus::Running,
+            None,
+            None,
+            now_ms,
+        )
+    }
+
+    /// `prepared|running → succeeded` with the tool's result.
+    pub fn mark_succeeded(
+        &self,
+        conn: &Connection,
+        id: &str,
+        result: &serde_json::Value,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_string(result).map_err(|source| StoreError::Json {
+            what: format!("tool call result of {id}"),
+            source,
+        })?;
+        self.update(
+            conn,
+            id,
+            "mark_succeeded",
+            "in-flight",
+            ToolCallStatus::Succeeded,
+            Some(&json),
+            None,
+            now_ms,
+        )
+    }
+
+    /// `prepared|running → failed`.
+    pub fn mark_failed(
+        &self,
+        conn: &Connection,
+        id: &str,
+        error: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.update(
+            conn,
+            id,
+            "mark_failed",
+            "in-flight",
+            ToolCallStatus::Failed,
+            None,
+            Some(error),
+            now_ms,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        &self,
+        conn: &Connection,
+        id: &str,
+        op: &'static str,
+        from: &'static str,
+        to: ToolCallStatus,
+        result: Option<&str>,
+        error: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let guard = if from == "prepared" {
+            "status = 'prepared'"
+        } else {
+            "status IN ('prepared', 'running')"
+        };
+        let n = conn
+            .execute(
+                &format!(
+                    "UPDATE tool_calls SET status = ?2, result_json = COALESCE(?3, result_json), \
+                     error = COALESCE(?4, error), updated_at = ?5 WHERE id = ?1 AND {guard}"
+                ),
+                params![id, to.as_str(), result, error, now_ms],
+            )
+            .map_err(sql("tool call update"))?;
+        if n == 0 {
+            let actual = self
+                .get(conn, id)?
+                .map_or("missing".to_string(), |c| c.status.as_str().to_string());
+            return Err(StoreError::WrongState {
+                table: "tool_calls",
+                id: id.to_string(),
+                op,
+                expected: from,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Resume: the run's calls left `prepared|running`, oldest first, for
+    /// forced replay.
+    pub fn in_flight(&self, conn: &Connection, run_id: &str) -> Result<Vec<ToolCall>, StoreError> {
+        self.select(
+            conn,
+            "WHERE run_id = ?1 AND status IN ('prepared', 'running') ORDER BY created_at, rowid",
+            run_id,
+        )
+    }
+
+    /// Every call of a run, oldest first.
+    pub fn calls_of(&self, conn: &Connection, run_id: &str) -> Result<Vec<ToolCall>, StoreError> {
+        self.select(conn, "WHERE run_id = ?1 ORDER BY created_at, rowid", run_id)
+    }
+
+    /// Record one forced replay of in-flight call `id`. Success updates the
+    /// original row; the `max_replays`-th failure parks the run.
+    pub fn record_replay(
+        &self,
+        conn: &Connection,
+        id: &str,
+        outcome: Result<&serde_json::Value, &str>,
+        now_ms: u64,
+    ) -> Result<ReplayOutcome, StoreError> {
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+            .map_err(sql("replay begin"))?;
+        let call = self.get(&tx, id)?.ok_or_else(|| StoreError::NotFound {
+            table: "tool_calls",
+            id: id.to_string(),
+        })?;
+        let result = match outcome {
+            Ok(value) => {
+                self.mark_succeeded(&tx, id, value, now_ms)?;
+                ReplayOutcome::Succeeded
+            }
+            Err(error) => {
+                let attempts = call.replay_attempts + 1;
+                tx.execute(
+                    "UPDATE tool_calls SET replay_attempts = ?2, error = ?3, updated_at = ?4 \
+                     WHERE id = ?1 AND status IN ('prepared', 'running')",
+                    params![id, attempts, error, now_ms],
+                )
+                .map_err(sql("replay record failure"))?;
+                if attempts >= self.max_replays {
+                    set_run_status(&tx, &call.run_id, RunStatus::WaitingForHuman, now_ms)?;
+                    tracing::warn!(
+                        run_id = call.run_id,
+                        id,
+                        attempts,
+                        "replay exhausted: waiting for human"
+                    );
+                    ReplayOutcome::WaitingForHuman
+                } else {
+                    ReplayOutcome::WillRetry {
+                        replay_attempts: attempts,
+                    }
+                }
+            }
+        };
+        tx.commit().map_err(sql("replay commit"))?;
+        Ok(result)
+    }
+
+    /// One call by id.
+    pub fn get(&self, conn: &Connection, id: &str) -> Result<Option<ToolCall>, StoreError> {
+        Ok(self.select(conn, "WHERE id = ?1", id)?.pop())
+    }
+
+    /// One call by idempotency key.
+    pub fn by_key(&self, conn: &Connection, key: &str) -> Result<Option<ToolCall>, StoreError> {
+        Ok(self.select(conn, "WHERE idempotency_key = ?1", key)?.pop())
+    }
+
+    fn select(&self, conn: &Connection, tail: &str, arg: &str) -> Result<Vec<ToolCall>, StoreError> {
+        let mut stmt = conn
+            .prepare(&format!("SELECT {COLUMNS} FROM tool_calls {tail}"))
+            .map_err(sql("tool call select"))?;
+        type Raw = (
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            Option<String>,
+            Option<String>,
+            u32,
+        );
+        let raws: Vec<Raw> = stmt
+            .query_map([arg], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                    r.get(8)?,
+                    r.get(9)?,
+                    r.get(10)?,
+                ))
+            })
+            .map_err(sql("tool call select"))?
+            .collect::<Result<_, _>>()
+            .map_err(sql("tool call select"))?;
+        raws.into_iter()
+            .map(
+                |(id, run_id, tool_name, raw_tool_name, input, key, side, status, result, error, replays)| {
+                    let json = |what: &str, s: &str| {
+                        serde_json::from_str(s).map_err(|source| StoreError::Json {
+                            what: format!("tool_calls.{what} of {id}"),
+                            source,
+                        })
+                    };
+                    Ok(ToolCall {
+                        input: json("input_json", &input)?,
+                        result: result.as_deref().map(|r| json("result_json", r)).transpose()?,
+                        side_effect: SideEffect::parse(&side)?,
+                        status: ToolCallStatus::parse(&status)?,
+                        id: id.clone(),
+                        run_id,
+                        tool_name,
+                        raw_tool_name,
+                        idempotency_key: key,
+                        error,
+                        replay_attempts: replays,
+                    })
+                },
+            )
+            .collect()
+    }
+}
+
+fn set_run_status(conn: &Connection, run_id: &str, status: RunStatus, now_ms: u64) -> Result<(), StoreError> {
+    let n = conn
+        .execute(
+            "UPDATE runs SET status = ?2, updated_at = ?3 WHERE run_id = ?1",
+            params![run_id, status.as_str(), now_ms],
+        )
+        .map_err(sql("run set status"))?;
+    if n == 0 {
+        return Err(StoreError::NotFound {
+            table: "runs",
+            id: run_id.to_string(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! Run and tool-call records, their states and side-effect classes.
+//!
+//! Invariant: states and classes are closed sets stored as TEXT; an unknown
+//! stored value is a typed error, never a panic.
+
+use crate::store::schema::str_enum;
+
+str_enum! {
+    /// Lifecycle of a run.
+    pub enum RunStatus in "runs"."status" {
+        Running = "running", Succeeded = "succeeded", Failed = "failed",
+        WaitingForHuman = "waiting_for_human",
+    }
+}
+
+str_enum! {
+    /// Lifecycle of one tool call.
+    pub enum ToolCallStatus in "tool_calls"."status" {
+        Prepared = "prepared", Running = "running",
+        Succeeded = "succeeded", Failed = "failed",
+    }
+}
+
+str_enum! {
+    /// What a tool does to the world.
+    pub enum SideEffect in "tool_calls"."side_effect" {
+        ReadOnly = "read_only",
+        /// Changes local state that a replay overwrites (write a file).
+        Reversible = "reversible",
+        /// Leaves the process (email, payment): goes through the activity ledger.
+        Irreversible = "irreversible",
+    }
+}
+
+/// A tool call the loop is about to make.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewToolCall {
+    pub id: String,
+    pub run_id: String,
+    pub tool_name: String,
+    /// The name as the model sent it (for exact replay matching).
+    pub raw_tool_name: String,
+    pub input: serde_json::Value,
+    pub idempotency_key: String,
+    pub side_effect: SideEffect,
+}
+
+/// A ledger row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub run_id: String,
+    pub tool_name: String,
+    pub raw_tool_name: String,
+    pub input: serde_json::Value,
+    pub idempotency_key: String,
+    pub side_effect: SideEffect,
+    pub status: ToolCallStatus,
+    pub result: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub replay_attempts: u32,
+}
+
+/// Result of recording one replay attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    Succeeded,
+    /// Failed; another replay may be tried.
+    WillRetry {
+        replay_attempts: u32,
+    },
+    /// Failed for the `max_replays`-th time: the run waits for a human.
+    WaitingForHuman,
+}

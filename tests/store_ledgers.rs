@@ -1,0 +1,300 @@
+//! Loop checkpoints + messages (seeds 000/003), the tool-call ledger
+//! (seed 004), token usage, errors with attempts and retry backoff (seed 000).
+
+use durable_agent::canary::{Canaries, Canary};
+use durable_agent::store::checkpoints::*;
+use durable_agent::store::retry::*;
+use durable_agent::store::schema::migrate;
+use durable_agent::store::tool_calls::*;
+use durable_agent::store::usage::*;
+use durable_agent::store::StoreError;
+use rusqlite::Connection;
+use serde_json::json;
+
+fn db() -> Connection {
+    let c = Connection::open_in_memory().unwrap();
+    migrate(&c, "mem").unwrap();
+    c
+}
+
+fn round(store: &CheckpointStore, conn: &Connection, turn: u64) {
+    for (role, text) in [("assistant", "call tool"), ("tool", "result")] {
+        store
+            .append_message(
+                conn,
+                "s1",
+                turn,
+                &Message::new(role, &format!("{text} {turn}")),
+                turn,
+            )
+            .unwrap();
+    }
+}
+
+fn input(turn: u64) -> CheckpointInput {
+    CheckpointInput {
+        run_id: "run-1".into(),
+        session_id: "s1".into(),
+        turn,
+        total_usage: TokenUsage {
+            input_tokens: 10 * turn,
+            output_tokens: turn,
+        },
+        tool_calls_count: turn,
+    }
+}
+
+#[test]
+fn checkpoint_captures_boundary_and_messages_of_its_session() {
+    let conn = db();
+    let store = CheckpointStore::default();
+    store
+        .append_message(&conn, "other", 0, &Message::new("user", "noise"), 0)
+        .unwrap();
+    store
+        .append_message(&conn, "s1", 0, &Message::new("user", "hi"), 0)
+        .unwrap();
+    round(&store, &conn, 1);
+    let cp = store.write_checkpoint(&conn, &input(1), 7).unwrap();
+    assert_eq!(cp.last_msg_id, 4);
+    assert_eq!(cp.messages.len(), 3);
+    assert!(cp.messages.iter().all(|m| m.session_id == "s1"));
+    let loaded = store.latest_checkpoint(&conn, "run-1").unwrap().unwrap();
+    assert_eq!(loaded, cp);
+    assert_eq!(loaded.schema_version, LOOP_CHECKPOINT_SCHEMA_VERSION);
+}
+
+#[test]
+fn resume_rolls_back_the_partial_round_past_the_checkpoint() {
+    let conn = db();
+    let store = CheckpointStore::default();
+    store
+        .append_message(&conn, "s1", 0, &Message::new("user", "hi"), 0)
+        .unwrap();
+    round(&store, &conn, 1);
+    let cp = store.write_checkpoint(&conn, &input(1), 1).unwrap();
+    store
+        .append_message(&conn, "s1", 2, &Message::new("assistant", "half a round"), 2)
+        .unwrap();
+    let r = store.resume(&conn, "run-1", "s1").unwrap();
+    assert_eq!(r.rolled_back, 1);
+    assert_eq!(r.messages, cp.messages);
+    assert_eq!(
+        store.messages_up_to(&conn, "s1", i64::MAX).unwrap(),
+        cp.messages,
+        "partial row deleted"
+    );
+    assert_eq!(r.checkpoint.unwrap().turn, 1);
+}
+
+#[test]
+fn canary_checkpoint_rollback_skipped_reloads_the_partial_round() {
+    let conn = db();
+    let store = CheckpointStore::new(Canaries::only(Canary::CheckpointRollbackSkipped));
+    round(&store, &conn, 1);
+    let cp = store.write_checkpoint(&conn, &input(1), 1).unwrap();
+    store
+        .append_message(&conn, "s1", 2, &Message::new("assistant", "half"), 2)
+        .unwrap();
+    let r = store.resume(&conn, "run-1", "s1").unwrap();
+    assert_eq!(r.rolled_back, 0);
+    assert_ne!(r.messages, cp.messages);
+}
+
+#[test]
+fn resume_without_checkpoint_loads_every_message() {
+    let conn = db();
+    let store = CheckpointStore::default();
+    round(&store, &conn, 1);
+    let r = store.resume(&conn, "run-1", "s1").unwrap();
+    assert!(r.checkpoint.is_none());
+    assert_eq!(r.messages.len(), 2);
+}
+
+#[test]
+fn future_checkpoint_schema_is_refused_with_run_and_versions() {
+    let conn = db();
+    let store = CheckpointStore::default();
+    store.write_checkpoint(&conn, &input(1), 1).unwrap();
+    conn.execute(
+        "UPDATE loop_checkpoints SET schema_version = 9, messages_json = '{new format'",
+        [],
+    )
+    .unwrap();
+    let err = store.latest_checkpoint(&conn, "run-1").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::FutureCheckpoint {
+                found: 9,
+                supported: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("run-1"));
+    assert!(store.resume(&conn, "run-1", "s1").is_err(), "resume refuses too");
+    // An older checkpoint (pre-v1 = 0) still loads.
+    conn.execute(
+        "UPDATE loop_checkpoints SET schema_version = 0, messages_json = '[]'",
+        [],
+    )
+    .unwrap();
+    assert_eq!(
+        store
+            .latest_checkpoint(&conn, "run-1")
+            .unwrap()
+            .unwrap()
+            .schema_version,
+        0
+    );
+}
+
+fn call(id: &str, seq: u32) -> NewToolCall {
+    NewToolCall {
+        id: id.into(),
+        run_id: "run-1".into(),
+        tool_name: "write_file".into(),
+        raw_tool_name: "mcp__fs__write_file".into(),
+        input: json!({"path": "a.txt", "seq": seq}),
+        idempotency_key: format!("run-1:{seq}"),
+        side_effect: SideEffect::Reversible,
+    }
+}
+
+#[test]
+fn in_flight_calls_are_returned_for_replay_in_order_and_success_updates_original_row() {
+    let conn = db();
+    let ledger = ToolCallStore { max_replays: 2 };
+    ledger.create_run(&conn, "run-1", "s1", 0).unwrap();
+    ledger.prepare(&conn, &call("c1", 1), 1).unwrap();
+    ledger.mark_running(&conn, "c1", 2).unwrap();
+    ledger.mark_succeeded(&conn, "c1", &json!("ok"), 3).unwrap();
+    ledger.prepare(&conn, &call("c2", 2), 4).unwrap();
+    ledger.mark_running(&conn, "c2", 5).unwrap();
+    ledger.prepare(&conn, &call("c3", 3), 6).unwrap();
+    let ids: Vec<String> = ledger
+        .in_flight(&conn, "run-1")
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(ids, ["c2", "c3"]);
+    // Re-preparing the same key returns the existing row, no second row.
+    let again = ledger
+        .prepare(
+            &conn,
+            &NewToolCall {
+                id: "c2-dup".into(),
+                ..call("c2", 2)
+            },
+            7,
+        )
+        .unwrap();
+    assert_eq!((again.id.as_str(), again.status), ("c2", ToolCallStatus::Running));
+    assert_eq!(
+        ledger
+            .record_replay(&conn, "c2", Ok(&json!({"bytes": 3})), 8)
+            .unwrap(),
+        ReplayOutcome::Succeeded
+    );
+    let c2 = ledger.get(&conn, "c2").unwrap().unwrap();
+    assert_eq!(
+        (c2.status, c2.result),
+        (ToolCallStatus::Succeeded, Some(json!({"bytes": 3})))
+    );
+    assert_eq!(ledger.calls_of(&conn, "run-1").unwrap().len(), 3);
+    assert_eq!(c2.raw_tool_name, "mcp__fs__write_file");
+    assert_eq!(ledger.run_status(&conn, "run-1").unwrap(), RunStatus::Running);
+}
+
+#[test]
+fn repeated_replay_failure_parks_the_run_waiting_for_human() {
+    let conn = db();
+    let ledger = ToolCallStore { max_replays: 2 };
+    ledger.create_run(&conn, "run-1", "s1", 0).unwrap();
+    ledger.prepare(&conn, &call("c1", 1), 1).unwrap();
+    assert_eq!(
+        ledger.record_replay(&conn, "c1", Err("eio"), 2).unwrap(),
+        ReplayOutcome::WillRetry { replay_attempts: 1 }
+    );
+    assert_eq!(ledger.run_status(&conn, "run-1").unwrap(), RunStatus::Running);
+    assert_eq!(
+        ledger.record_replay(&conn, "c1", Err("eio"), 3).unwrap(),
+        ReplayOutcome::WaitingForHuman
+    );
+    assert_eq!(
+        ledger.run_status(&conn, "run-1").unwrap(),
+        RunStatus::WaitingForHuman
+    );
+    let c1 = ledger.get(&conn, "c1").unwrap().unwrap();
+    assert_eq!((c1.replay_attempts, c1.error.as_deref()), (2, Some("eio")));
+    assert!(ledger.mark_running(&conn, "missing", 4).is_err());
+}
+
+#[test]
+fn token_usage_totals_sum_per_session() {
+    let conn = db();
+    let usage = UsageStore;
+    let at = TurnRef {
+        session_id: "s1".into(),
+        agent_id: "a".into(),
+        turn: 2,
+    };
+    usage.persist_token_usage(&conn, &at, 100, 7, 1).unwrap();
+    usage.persist_token_usage(&conn, &at, 50, 3, 2).unwrap();
+    assert_eq!(usage.total_token_usage(&conn, "s1").unwrap(), (150, 10));
+    assert_eq!(usage.total_token_usage(&conn, "none").unwrap(), (0, 0));
+}
+
+#[test]
+fn retry_backs_off_base_times_two_to_the_attempt_and_persists_each_failure() {
+    let conn = db();
+    let usage = UsageStore;
+    let at = TurnRef {
+        session_id: "s1".into(),
+        agent_id: "a".into(),
+        turn: 1,
+    };
+    let policy = RetryPolicy {
+        base_ms: 500,
+        max_retries: 3,
+        cap_ms: 60_000,
+    };
+    let mut clock = LogicalClock::default();
+    let res: Result<(), RetryExhausted<String>> = call_with_retry(
+        &policy,
+        &mut clock,
+        |attempt, e: &String| {
+            usage
+                .persist_error(&conn, &at, "llm_complete", e, attempt, 0)
+                .unwrap()
+        },
+        |attempt| Err(format!("overloaded #{attempt}")),
+    );
+    let err = res.unwrap_err();
+    assert_eq!(err.attempts, 4, "max_retries 3 means 4 attempts");
+    assert_eq!(
+        clock.now_ms,
+        500 + 1_000 + 2_000,
+        "no wait after the last attempt"
+    );
+    let attempts: Vec<u32> = usage
+        .errors(&conn, "s1")
+        .unwrap()
+        .iter()
+        .map(|e| e.attempt)
+        .collect();
+    assert_eq!(attempts, [0, 1, 2, 3]);
+    assert_eq!(policy.backoff_ms(40), 60_000, "capped, no overflow");
+
+    let mut clock = LogicalClock::default();
+    let ok = call_with_retry(
+        &policy,
+        &mut clock,
+        |_, _: &String| {},
+        |a| if a < 2 { Err("x".to_string()) } else { Ok(a) },
+    );
+    assert_eq!((ok.unwrap(), clock.now_ms), (2, 1_500));
+}
