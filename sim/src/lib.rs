@@ -2,3 +2,5 @@
 //! oracle), operation generators, the crash driver, and the madsim
 //! simulation of the concurrent daemon. It drives `durable-agent` on
 //! [`durable_agent::fs::SimFs`] and never touches a real disk.
+
+pub mod madsim_sim;
