@@ -60,6 +60,8 @@ pub struct RecoveryReport {
     pub dangling_terminated: Vec<SessionId>,
     /// Messages re-injected into inboxes, per recipient.
     pub messages_reinjected: BTreeMap<AgentId, Vec<MessageId>>,
+    /// Entries of `agents/` that are not session directories (left alone).
+    pub foreign_entries: Vec<String>,
     /// Agents back in the tree.
     pub agents_recovered: u64,
     /// Root agents, resumable (conversation rebuilt from the log).
@@ -120,6 +122,10 @@ pub(crate) fn recover(
                 report.orphans_cleaned.push(id);
                 continue;
             }
+            ScannedSession::Foreign(name) => {
+                report.foreign_entries.push(name);
+                continue;
+            }
             ScannedSession::Record(r) => r,
         };
         let id = record.session_id.clone();
@@ -166,6 +172,14 @@ pub(crate) fn recover(
             continue;
         };
         max_id = max_id.max(agent_id.counter());
+        if agent_id != record.agent_id {
+            return Err(RuntimeError::Recovery(format!(
+                "{}: agent.created names agent {agent_id} but session.json names {} \
+                 (one of them is damaged: inspect or quarantine the session)",
+                dir.join(log::EVENTS_FILE).display(),
+                record.agent_id
+            )));
+        }
         if record.state == SessionState::Active {
             record.state = SessionState::Suspended;
             store.write(&record)?;
@@ -246,8 +260,9 @@ fn rebuild(
                 report.roots_resumable.push(c.agent_id.clone());
             }
             by_session.insert(c.record.session_id.clone(), c.agent_id.clone());
+            let c_agent = c.agent_id.clone();
             let slot = rebuild_slot(fs, store, config, c, parent, &mut inbox, report);
-            agents.insert(slot.record.agent_id.clone(), slot);
+            agents.insert(c_agent, slot);
         }
         todo = rest;
         if todo.is_empty() || todo.len() == before {

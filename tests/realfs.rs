@@ -146,3 +146,14 @@ fn realfs_data_is_on_disk_after_sync_and_sync_dir() {
     fs.sync_dir(dir.path(), "sync dir").unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"record\n");
 }
+
+#[test]
+fn realfs_errors_name_the_step_and_the_file_and_keep_their_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.json");
+    let err = RealFs::new().read(&missing, "session.json read").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    let msg = err.to_string();
+    assert!(msg.contains("session.json read"), "{msg}");
+    assert!(msg.contains("missing.json"), "{msg}");
+}

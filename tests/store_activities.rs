@@ -220,3 +220,31 @@ fn world_without_dedup_counts_every_resend_as_a_duplicate() {
     shared.send("j", "post", &p).unwrap();
     assert_eq!(world.deliveries().len(), 3, "clones share one world");
 }
+
+#[test]
+fn gate_is_shareable_across_threads_and_sends_each_key_once() {
+    use durable_agent::fs::{Fs, SimConfig, SimFs};
+    use durable_agent::sqlite::SqliteOptions;
+    use durable_agent::store::schema::open_store;
+    use std::sync::Arc;
+
+    let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(1)));
+    fs.create_dir_all(std::path::Path::new("/data"), "test mkdir")
+        .unwrap();
+    let db = open_store(fs, std::path::Path::new("/data/s.db"), &SqliteOptions::default()).unwrap();
+    let world = World::without_dedup();
+    let gate = ActivityGate::new(db, Arc::new(world.clone()), ActivityStore::default());
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let gate = gate.clone();
+            // Two threads per key: the second must answer from the ledger.
+            std::thread::spawn(move || gate.execute(&email(i % 2), i).unwrap())
+        })
+        .collect();
+    for h in handles {
+        assert!(matches!(h.join().unwrap(), ActivityOutcome::Done { .. }));
+    }
+    assert_eq!(world.deliveries().len(), 2);
+    assert!(world.duplicates().is_empty());
+    assert!(gate.recover(10).unwrap().is_empty());
+}

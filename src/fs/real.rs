@@ -5,6 +5,10 @@
 //! rename to survive power loss. Files are opened per call: the seam is
 //! path-based so that every call is one countable I/O point in simulation,
 //! and production I/O here is rare (a few appends per turn).
+//!
+//! Errors keep their `ErrorKind` (callers branch on `NotFound`,
+//! `AlreadyExists`, `StorageFull`) and gain the label and path, because a
+//! bare "No such file or directory" names neither the file nor the step.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -28,96 +32,126 @@ fn open_rw(path: &Path) -> io::Result<File> {
     OpenOptions::new().read(true).write(true).open(path)
 }
 
+/// Name the step and the file in an error, keeping its kind.
+fn ctx<T>(result: io::Result<T>, label: &str, path: &Path) -> io::Result<T> {
+    result.map_err(|e| io::Error::new(e.kind(), format!("{label}: {}: {e}", path.display())))
+}
+
+fn open_with(path: &Path, mode: OpenMode) -> io::Result<()> {
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true);
+    match mode {
+        OpenMode::Existing => {}
+        OpenMode::Create => {
+            opts.create(true);
+        }
+        OpenMode::CreateNew => {
+            opts.create_new(true);
+        }
+        OpenMode::Truncate => {
+            opts.create(true).truncate(true);
+        }
+    }
+    opts.open(path).map(drop)
+}
+
+fn append_at_end(path: &Path, data: &[u8]) -> io::Result<u64> {
+    let mut file = open_rw(path)?;
+    let offset = file.seek(SeekFrom::End(0))?;
+    file.write_all(data)?;
+    Ok(offset)
+}
+
+fn read_fully_at(path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let file = File::open(path)?;
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+fn read_all(path: &Path) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    File::open(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+fn list_sorted(dir: &Path) -> io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        names.push(name.to_string_lossy().into_owned());
+    }
+    names.sort();
+    Ok(names)
+}
+
 impl Fs for RealFs {
-    fn create_dir_all(&self, path: &Path, _label: &str) -> io::Result<()> {
-        fs::create_dir_all(path)
+    fn create_dir_all(&self, path: &Path, label: &str) -> io::Result<()> {
+        ctx(fs::create_dir_all(path), label, path)
     }
 
-    fn open(&self, path: &Path, mode: OpenMode, _label: &str) -> io::Result<()> {
-        let mut opts = OpenOptions::new();
-        opts.read(true).write(true);
-        match mode {
-            OpenMode::Existing => {}
-            OpenMode::Create => {
-                opts.create(true);
-            }
-            OpenMode::CreateNew => {
-                opts.create_new(true);
-            }
-            OpenMode::Truncate => {
-                opts.create(true).truncate(true);
-            }
-        }
-        opts.open(path).map(drop)
+    fn open(&self, path: &Path, mode: OpenMode, label: &str) -> io::Result<()> {
+        ctx(open_with(path, mode), label, path)
     }
 
-    fn write_at(&self, path: &Path, offset: u64, data: &[u8], _label: &str) -> io::Result<()> {
-        open_rw(path)?.write_all_at(data, offset)
+    fn write_at(&self, path: &Path, offset: u64, data: &[u8], label: &str) -> io::Result<()> {
+        let result = open_rw(path).and_then(|f| f.write_all_at(data, offset));
+        ctx(result, label, path)
     }
 
-    fn append(&self, path: &Path, data: &[u8], _label: &str) -> io::Result<u64> {
-        let mut file = open_rw(path)?;
-        let offset = file.seek(SeekFrom::End(0))?;
-        file.write_all(data)?;
-        Ok(offset)
+    fn append(&self, path: &Path, data: &[u8], label: &str) -> io::Result<u64> {
+        ctx(append_at_end(path, data), label, path)
     }
 
-    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], _label: &str) -> io::Result<usize> {
-        let file = File::open(path)?;
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(filled)
+    fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize> {
+        ctx(read_fully_at(path, offset, buf), label, path)
     }
 
-    fn read(&self, path: &Path, _label: &str) -> io::Result<Vec<u8>> {
-        let mut out = Vec::new();
-        File::open(path)?.read_to_end(&mut out)?;
-        Ok(out)
+    fn read(&self, path: &Path, label: &str) -> io::Result<Vec<u8>> {
+        ctx(read_all(path), label, path)
     }
 
-    fn len(&self, path: &Path, _label: &str) -> io::Result<u64> {
-        Ok(fs::metadata(path)?.len())
+    fn len(&self, path: &Path, label: &str) -> io::Result<u64> {
+        ctx(fs::metadata(path).map(|m| m.len()), label, path)
     }
 
-    fn truncate(&self, path: &Path, len: u64, _label: &str) -> io::Result<()> {
-        open_rw(path)?.set_len(len)
+    fn truncate(&self, path: &Path, len: u64, label: &str) -> io::Result<()> {
+        ctx(open_rw(path).and_then(|f| f.set_len(len)), label, path)
     }
 
-    fn sync(&self, path: &Path, _label: &str) -> io::Result<()> {
-        open_rw(path)?.sync_all()
+    fn sync(&self, path: &Path, label: &str) -> io::Result<()> {
+        ctx(open_rw(path).and_then(|f| f.sync_all()), label, path)
     }
 
-    fn sync_dir(&self, path: &Path, _label: &str) -> io::Result<()> {
+    fn sync_dir(&self, path: &Path, label: &str) -> io::Result<()> {
         // A directory fsync on Linux needs a read-only descriptor of the dir.
-        File::open(path)?.sync_all()
+        ctx(File::open(path).and_then(|d| d.sync_all()), label, path)
     }
 
-    fn rename(&self, from: &Path, to: &Path, _label: &str) -> io::Result<()> {
-        fs::rename(from, to)
+    fn rename(&self, from: &Path, to: &Path, label: &str) -> io::Result<()> {
+        let result = fs::rename(from, to);
+        result.map_err(|e| {
+            let (from, to) = (from.display(), to.display());
+            io::Error::new(e.kind(), format!("{label}: {from} -> {to}: {e}"))
+        })
     }
 
-    fn remove(&self, path: &Path, _label: &str) -> io::Result<()> {
-        fs::remove_file(path)
+    fn remove(&self, path: &Path, label: &str) -> io::Result<()> {
+        ctx(fs::remove_file(path), label, path)
     }
 
-    fn list(&self, dir: &Path, _label: &str) -> io::Result<Vec<String>> {
-        let mut names = Vec::new();
-        for entry in fs::read_dir(dir)? {
-            let name = entry?.file_name();
-            names.push(name.to_string_lossy().into_owned());
-        }
-        names.sort();
-        Ok(names)
+    fn list(&self, dir: &Path, label: &str) -> io::Result<Vec<String>> {
+        ctx(list_sorted(dir), label, dir)
     }
 
-    fn exists(&self, path: &Path, _label: &str) -> io::Result<bool> {
-        path.try_exists()
+    fn exists(&self, path: &Path, label: &str) -> io::Result<bool> {
+        ctx(path.try_exists(), label, path)
     }
 }

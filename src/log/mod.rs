@@ -7,7 +7,7 @@
 //!
 //! Write protocol (one entry): write `events.pending` + fsync, append the
 //! line to `events.jsonl` + fsync, unlink `events.pending`. Recovery
-//! ([`repair`]) truncates a partial trailing line, then replays a complete
+//! ([`repair()`]) truncates a partial trailing line, then replays a complete
 //! pending entry unless its `seq` is already in the log (tail dedup), and
 //! removes a torn pending file.
 //!

@@ -31,6 +31,9 @@ pub fn check_invariants(fs: &dyn Fs, root: &Path) -> Result<(), Vec<String>> {
     // session id -> (record state, live parent session if any)
     let mut live: BTreeMap<SessionId, Option<SessionId>> = BTreeMap::new();
     for name in names {
+        if SessionId::from_hex(&name).is_err() {
+            continue; // not ours (see ScannedSession::Foreign)
+        }
         let dir = agents_dir.join(&name);
         let files = match fs.list(&dir, "invariants session dir list") {
             Ok(f) => f,
@@ -84,7 +87,9 @@ pub fn check_invariants(fs: &dyn Fs, root: &Path) -> Result<(), Vec<String>> {
             .entries
             .iter()
             .any(|e| matches!(e.event, Event::AgentTerminated { .. }));
-        if terminated != (record.state == SessionState::Terminated) {
+        // A TERMINATED record is final even if its log was lost; the other
+        // direction means recovery skipped fixing the record.
+        if terminated && record.state != SessionState::Terminated {
             bad.push(format!(
                 "{}: record state {:?} disagrees with the log (agent.terminated logged: {terminated})",
                 path.display(),

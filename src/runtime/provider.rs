@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::ids::AgentId;
+use super::ids::{fnv1a, AgentId};
 use super::turn::ConversationItem;
 
 /// What a provider sees for one completion.
@@ -60,13 +60,6 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone)]
 pub struct FakeProvider {
     seed: u64,
-}
-
-/// FNV-1a: a fixed hash so the reply does not depend on the std hasher.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 impl FakeProvider {

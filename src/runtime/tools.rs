@@ -15,8 +15,33 @@ pub struct ToolContext<'a> {
     pub session: &'a SessionId,
     /// `<session>-<seq of the tool.call entry>`: stable across restarts.
     pub call_id: &'a str,
-    /// Key to hand to a dedup-capable external service (equals `call_id`).
+    /// Key to hand to a dedup-capable external service, see
+    /// [`idempotency_key`]: unlike `call_id` it is the same when a turn lost
+    /// in a crash is run again and asks for the same call.
     pub idempotency_key: &'a str,
+    /// Logical time (runtime clock ticks) of the `tool.call` entry: the only
+    /// clock a ledger may use (no wall-clock time).
+    pub now: u64,
+}
+
+/// The idempotency key of the `index`-th call of provider round `round` in
+/// the `turn`-th turn (counting completed turns from 0) of `session`, for
+/// `call`. A turn lost in a crash is not in the conversation, so its retry
+/// has the same turn number; if it asks for the same call (same tool, same
+/// arguments) it gets the same key and a dedup-capable ledger performs the
+/// side effect at most once. A different call gets a different key.
+pub fn idempotency_key(
+    session: &SessionId,
+    turn: usize,
+    round: u32,
+    index: usize,
+    call: &ToolRequest,
+) -> String {
+    let content = format!("{}\n{}", call.tool, call.args);
+    format!(
+        "{session}-t{turn}-r{round}-c{index}-{:016x}",
+        super::ids::fnv1a(content.as_bytes())
+    )
 }
 
 /// A tool's result (a failed tool is a normal result with `ok: false`).

@@ -12,7 +12,7 @@ use crate::log::{Event, LogEntry};
 
 use super::ids::AgentId;
 use super::provider::{ProviderRequest, ToolRequest};
-use super::tools::{ToolContext, ToolOutput};
+use super::tools::{idempotency_key, ToolContext, ToolOutput};
 use super::{Runtime, RuntimeError};
 
 /// One item of an agent's conversation, in order.
@@ -112,6 +112,10 @@ impl Runtime {
             },
         )?;
         let mut working = self.slot(agent)?.conversation.clone();
+        let turn_no = working
+            .iter()
+            .filter(|i| matches!(i, ConversationItem::Prompt { .. }))
+            .count();
         working.push(ConversationItem::Prompt {
             text: prompt.to_string(),
         });
@@ -142,11 +146,11 @@ impl Runtime {
                     limit: self.config.max_tool_rounds,
                 });
             }
-            for call in reply.tool_calls {
+            for (index, call) in reply.tool_calls.into_iter().enumerate() {
                 let slot = self.slot(agent)?;
                 let session = slot.record.session_id.clone();
                 let call_id = format!("{session}-{}", slot.log.next_seq());
-                self.log_to(
+                let call_entry = self.log_to(
                     agent,
                     Event::ToolCall {
                         call_id: call_id.clone(),
@@ -155,11 +159,13 @@ impl Runtime {
                         irreversible: call.irreversible,
                     },
                 )?;
+                let key = idempotency_key(&session, turn_no, round, index, &call);
                 let ctx = ToolContext {
                     agent,
                     session: &session,
                     call_id: &call_id,
-                    idempotency_key: &call_id,
+                    idempotency_key: &key,
+                    now: call_entry.ts,
                 };
                 let output = tools.execute(&ctx, &call).map_err(|source| RuntimeError::Tool {
                     agent: agent.clone(),

@@ -80,6 +80,8 @@ pub enum ScannedSession {
     Record(SessionRecord),
     /// A directory without `session.json` (crash between mkdir and record).
     NoRecord(SessionId),
+    /// An entry whose name is not a session id (not ours; left alone).
+    Foreign(String),
 }
 
 /// The session records under `<root>/agents/`.
@@ -224,10 +226,13 @@ impl SessionStore {
         let mut out = Vec::new();
         let mut tmp_removed = 0;
         for name in names {
-            let id = SessionId::from_hex(&name).map_err(|reason| SessionError::Invalid {
-                path: self.agents_dir.join(&name),
-                reason,
-            })?;
+            let Ok(id) = SessionId::from_hex(&name) else {
+                // Not a name this runtime ever creates, so it holds nothing
+                // acknowledged: reported, left alone.
+                tracing::warn!(entry = %name, "ignoring a foreign entry in agents/");
+                out.push(ScannedSession::Foreign(name));
+                continue;
+            };
             let tmp = self.dir(&id).join(SESSION_TMP);
             let has_tmp = self
                 .fs

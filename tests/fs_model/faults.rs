@@ -26,6 +26,7 @@ fn mutations() -> Vec<Mutation> {
         ("write_at", |fs| fs.write_at(p("/d/f"), 1, b"ZZ", "write")),
         ("append", |fs| fs.append(p("/d/f"), b"more", "append").map(drop)),
         ("truncate", |fs| fs.truncate(p("/d/f"), 2, "truncate")),
+        ("sync", |fs| fs.sync(p("/d/f"), "sync f")),
         ("sync_dir", |fs| fs.sync_dir(p("/d"), "sync d")),
         ("rename", |fs| fs.rename(p("/d/f"), p("/d/f2"), "rename")),
         ("remove", |fs| fs.remove(p("/d/f"), "remove")),
@@ -215,4 +216,40 @@ fn write_past_max_file_bytes_fails_and_changes_nothing() {
     let err = fs.write_at(p("/f"), u64::MAX, b"x", "overflow").unwrap_err();
     assert_eq!(err.kind(), ErrorKind::FileTooLarge);
     assert_eq!(fs.read(p("/f"), "read").unwrap(), b"12345");
+}
+
+#[test]
+fn undecided_lists_unsynced_data_and_undurable_dir_ops() {
+    let fs = busy_disk(0);
+    let lines = fs.undecided();
+    let has = |needle: &str| lines.iter().any(|l| l.contains(needle));
+    assert!(has("/d/f: 1 unsynced and 0 unknown"), "{lines:#?}");
+    assert!(has("create /d/new: undecided under Strict"), "{lines:#?}");
+    assert!(
+        has("rename /d/new -> /d/renamed: undecided under Strict"),
+        "{lines:#?}"
+    );
+    fs.sync(p("/d/f"), "sync f").unwrap();
+    fs.sync(p("/d/renamed"), "sync renamed").unwrap();
+    fs.sync_dir(p("/d"), "sync d").unwrap();
+    assert_eq!(fs.undecided(), Vec::<String>::new());
+}
+
+#[test]
+fn sim_config_reads_old_json_with_defaults_and_clamps_probabilities() {
+    let config: SimConfig = serde_json::from_str(r#"{"seed": 5}"#).unwrap();
+    assert_eq!(config, SimConfig::new(5));
+    let wild = SimConfig {
+        dir_op_survival: 7.0,
+        unsynced_write_survival: f64::NAN,
+        ..SimConfig::new(1)
+    };
+    let fs = SimFs::new(wild);
+    assert_eq!(fs.config().dir_op_survival, 1.0);
+    assert_eq!(fs.config().unsynced_write_survival, 0.0);
+    // And the clamped config runs a power loss without panicking.
+    fs.open(p("/f"), OpenMode::Create, "create").unwrap();
+    fs.append(p("/f"), b"x", "append").unwrap();
+    fs.restart(STRICT);
+    assert_eq!(fs.disk_image().get(p("/f")).map(Vec::len), Some(0));
 }

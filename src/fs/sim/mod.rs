@@ -11,10 +11,12 @@
 //! entries and the durable entries plus a log of unsynced creates, renames,
 //! removes and mkdirs. `rename` moves an entry to the same inode, so a
 //! file's data durability (`sync`) and its entry's durability (`sync_dir`)
-//! are separate facts, as on a real filesystem.
+//! are separate facts, as on a real filesystem. Limit: no file grows past
+//! [`SimConfig::max_file_bytes`] (`ErrorKind::FileTooLarge`, no effect).
 //!
 //! **I/O points.** Every [`Fs`](crate::fs::Fs) call is one numbered point (from 1), recorded
-//! in [`SimFs::trace`] with the caller's label and its [`Outcome`]. A
+//! in [`SimFs::trace`] with the caller's label and its [`Outcome`] (a
+//! rename's path reads `"<from> -> <to>"`). A
 //! [`Fault`] is armed at one point number. All random choices draw from one
 //! ChaCha8 RNG seeded by [`SimConfig::seed`], in a fixed order, so a seed and
 //! an op sequence replay to byte-identical disks and traces
@@ -22,7 +24,7 @@
 //!
 //! | Fault | Stands for | Effect |
 //! |---|---|---|
-//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), any other op whole — else not at all; every later call errors until [`SimFs::restart`] |
+//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), a `create_dir_all` possibly only its outer directories, any other op whole — else not at all; every later call errors, uncounted and untraced, until [`SimFs::restart`] |
 //! | `FailAt(n, Eio)` | a media error, a yanked or dm-error'd device, a failing NFS/FUSE backend | point `n` returns EIO (`ErrorKind::Other`) and changes nothing — except a failed `sync`, see below |
 //! | `FailAt(n, Enospc)` | a full disk or quota (ext4 can also report it from `fsync` under delayed allocation) | as EIO, with `ErrorKind::StorageFull` |
 //! | `LostReplyAt(n)` | the kernel completed the op but the caller saw an error (EINTR after completion, a dropped NFS reply, an error from a different page reported on this `fsync`) | point `n` takes full effect; the caller gets EIO |
@@ -50,6 +52,11 @@
 //! (b) creates or renames `f`'s inode (wherever), or (c) creates a directory
 //! that is an ancestor of `f`. Removes elsewhere stay undecided.
 //!
+//! **Inspecting.** [`SimFs::disk_image`] is the process's view (the disk,
+//! right after a restart); [`SimFs::durable_image`] the disk if nothing
+//! undecided reached it; [`SimFs::undecided`] lists what a power loss could
+//! still decide, for failure reports.
+//!
 //! # Compared with turmoil-fs
 //!
 //! Read: `tokio-rs/turmoil`, `crates/turmoil-fs/src/lib.rs`. It agrees with
@@ -60,10 +67,10 @@
 //! plain config fields, as ours are. It differs: turmoil-fs drops *all*
 //! pending data at a crash and instead flushes randomly during the run
 //! (`sync_probability`), where we decide at power-loss time which subset of
-//! unsynced writes survived (so one recorded run can be restarted under
-//! every crash mode); it tears by `block_size`, we by byte; it injects EIO
-//! by probability (`io_error_probability`), where we name the exact I/O
-//! point; it tracks pending ops by path, we by inode. It models file
+//! unsynced writes survived (so the same op sequence can be ended by any
+//! crash mode and every undecided write is a real choice); it tears by `block_size`, we by byte; it injects EIO
+//! by probability (`io_error_probability`) and ENOSPC by `capacity`, where
+//! we name the exact I/O point; it tracks pending ops by path, we by inode. It models file
 //! descriptors, permissions, timestamps, links, O_DIRECT, latency, a page
 //! cache and read corruption, which our path-based seam does not need.
 //! Ours adds: the crash counter (`CrashAt`, sweepable point by point), the
@@ -76,6 +83,7 @@ mod hash;
 mod inode;
 mod ops;
 mod power;
+mod report;
 mod state;
 mod types;
 
@@ -205,8 +213,11 @@ impl SimFs {
         self.lock().image.visible_files()
     }
 
-    /// The files every power loss preserves, under either [`DirModel`]:
-    /// synced data under `sync_dir`ed entries, nothing undecided.
+    /// The disk a power loss leaves if nothing undecided reached it (under
+    /// either [`DirModel`]): synced data under `sync_dir`ed entries. This
+    /// is the floor for a file nothing touched since its last `sync` and
+    /// `sync_dir`; a later, undecided write, rename or remove may still
+    /// change it on the real post-crash disk.
     pub fn durable_image(&self) -> BTreeMap<PathBuf, Vec<u8>> {
         let s = self.lock();
         let disk = power::resolve(&s.image, DirModel::Strict, &mut power::Nothing);

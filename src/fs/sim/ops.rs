@@ -112,6 +112,7 @@ impl Fs for SimFs {
 
     fn write_at(&self, path: &Path, offset: u64, data: &[u8], label: &str) -> io::Result<()> {
         self.point(IoOp::WriteAt, path, None, label, |image, apply| {
+            image.file(path)?;
             self.check_end(path, offset, data.len())?;
             write(image, path, offset, apply.cut(data))
         })
@@ -120,6 +121,7 @@ impl Fs for SimFs {
     fn append(&self, path: &Path, data: &[u8], label: &str) -> io::Result<u64> {
         self.point(IoOp::Append, path, None, label, |image, apply| {
             let offset = image.inode(path)?.visible.len() as u64;
+            image.file(path)?;
             self.check_end(path, offset, data.len())?;
             write(image, path, offset, apply.cut(data))?;
             Ok(offset)
@@ -150,8 +152,9 @@ impl Fs for SimFs {
 
     fn truncate(&self, path: &Path, len: u64, label: &str) -> io::Result<()> {
         self.point(IoOp::Truncate, path, None, label, |image, _| {
+            let inode = image.inode_mut(path)?;
             self.check_end(path, len, 0)?;
-            image.inode_mut(path)?.push(DataOp::Truncate { len });
+            inode.push(DataOp::Truncate { len });
             Ok(())
         })
     }

@@ -15,6 +15,10 @@ use crate::canary::{Canaries, Canary};
 use crate::store::schema::{sql, str_enum, StoreError};
 use crate::world::{DeliveryError, Outbox};
 
+mod gate;
+
+pub use gate::ActivityGate;
+
 str_enum! {
     /// Ledger state of one irreversible action.
     pub enum ActivityStatus in "activity_log"."status" {

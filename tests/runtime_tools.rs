@@ -1,0 +1,81 @@
+//! Tool execution goes through the `ToolExecutor` seam, and the
+//! idempotency key it gets is stable for a turn retried after a crash (so a
+//! dedup-capable ledger performs an irreversible side effect at most once)
+//! and different for a different call.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
+use durable_agent::runtime::{
+    Runtime, RuntimeConfig, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest,
+};
+
+/// Records (idempotency key, irreversible) of every call; survives crashes
+/// like the external world does.
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<(String, bool)>>);
+
+impl ToolExecutor for Recorder {
+    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+        let mut calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        calls.push((ctx.idempotency_key.to_string(), call.irreversible));
+        Ok(ToolOutput {
+            ok: true,
+            output: "done".into(),
+        })
+    }
+}
+
+fn open(sim: &SimFs, tools: &Arc<Recorder>) -> Runtime {
+    let fs: Arc<dyn Fs> = Arc::new(sim.clone());
+    let mut config = RuntimeConfig::new(8);
+    config.tools = tools.clone();
+    Runtime::open(fs, Path::new("/data"), config).unwrap().0
+}
+
+/// The I/O point of the turn.complete append in the first turn after create.
+fn turn_complete_point(prompt: &str) -> u64 {
+    let sim = SimFs::new(SimConfig::new(8));
+    let mut rt = open(&sim, &Arc::new(Recorder::default()));
+    let a = rt.create_root("a", "").unwrap();
+    let start = sim.points();
+    rt.run_turn(&a, prompt).unwrap();
+    sim.trace()
+        .iter()
+        .find(|t| t.point > start && t.label == "events.pending create turn.complete")
+        .unwrap()
+        .point
+}
+
+#[test]
+fn a_turn_retried_after_a_crash_reuses_the_idempotency_key_of_its_tool_call() {
+    let prompt = "send_email to bob";
+    let point = turn_complete_point(prompt);
+    for mode in [CrashMode::ProcessCrash, CrashMode::PowerLoss(DirModel::Strict)] {
+        let sim = SimFs::new(SimConfig::new(8));
+        let tools = Arc::new(Recorder::default());
+        let mut rt = open(&sim, &tools);
+        let a = rt.create_root("a", "").unwrap();
+        sim.set_fault(Some(Fault::CrashAt(point)));
+        assert!(rt.run_turn(&a, prompt).is_err());
+        drop(rt);
+        sim.restart(mode);
+        let first = tools.0.lock().unwrap().clone();
+        assert_eq!(first.len(), 1, "the side effect ran before the crash");
+        assert!(first[0].1, "send_email is irreversible");
+
+        let mut rt = open(&sim, &tools);
+        assert!(rt.state().conversations[&a].is_empty(), "the lost turn is gone");
+        rt.run_turn(&a, prompt).unwrap();
+        let calls = tools.0.lock().unwrap().clone();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1].0, calls[0].0, "{mode:?}: the retried turn got a new key");
+
+        // The next turn asking for the same call is a new turn: a new key.
+        rt.run_turn(&a, prompt).unwrap();
+        let calls = tools.0.lock().unwrap().clone();
+        assert_eq!(calls.len(), 3);
+        assert_ne!(calls[2].0, calls[1].0);
+    }
+}
