@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use crate::fs::Fs;
 use crate::runtime::{AgentId, Runtime, RuntimeConfig};
 use crate::sqlite::{Db, SqliteOptions};
-use crate::store::activities::ActivityStore;
+use crate::store::activities::{ActivityGate, ActivityStore};
 use crate::store::schema::open_store;
 use crate::store::triggers::{EmitOutcome, TriggerSource, TriggerSpec, TriggerStore};
 use crate::world::World;
@@ -27,8 +27,8 @@ pub(super) struct Core {
     pub(super) runtime: Runtime,
     pub(super) db: Arc<Mutex<Db>>,
     pub(super) triggers: TriggerStore,
-    pub(super) ledger: ActivityStore,
-    pub(super) world: World,
+    /// The activity ledger (its own connection), shared with the tools.
+    pub(super) gate: ActivityGate,
     /// Worker `i`'s id.
     pub(super) agents: Vec<AgentId>,
     pub(super) stopped: Option<String>,
@@ -125,7 +125,11 @@ impl Daemon {
         durable_parent(&*fs, &config.db_path)?;
         let db = Arc::new(Mutex::new(open_store(fs.clone(), &config.db_path, &opts)?));
         let db_watch = Arc::downgrade(&db);
-        let ledger = ActivityStore::new(config.canaries.clone());
+        let gate = ActivityGate::new(
+            open_store(fs.clone(), &config.db_path, &opts)?,
+            Arc::new(world),
+            ActivityStore::new(config.canaries.clone()),
+        );
         let mut rc = RuntimeConfig::new(config.seed)
             .with_slots(config.slots)
             .with_canaries(config.canaries.clone());
@@ -135,10 +139,8 @@ impl Daemon {
             config.provider_failure,
         ));
         rc.tools = Arc::new(LedgerTools {
-            db: db.clone(),
-            world: world.clone(),
+            gate: gate.clone(),
             clock,
-            ledger: ledger.clone(),
         });
         let (mut runtime, report) = Runtime::open(fs, &config.root, rc)?;
         let violations = runtime.check_invariants();
@@ -151,7 +153,7 @@ impl Daemon {
             // WORKAROUND: the store has no "reclaim every lease" call; any
             // lease of the dead process ends by now + lease_ms.
             let reclaimed = triggers.reclaim_expired(db.conn(), now.saturating_add(config.lease_ms))?;
-            (reclaimed, ledger.recover(db.conn(), &world, now)?)
+            (reclaimed, gate.recover(now)?)
         };
         let record = |event| observer.record(clock.now_ms(), event);
         let agents = ensure_agents(&mut runtime, config.agents, &record)?;
@@ -159,8 +161,7 @@ impl Daemon {
             runtime,
             db,
             triggers,
-            ledger,
-            world,
+            gate,
             agents,
             stopped: None,
         };

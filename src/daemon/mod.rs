@@ -240,6 +240,12 @@ pub enum DaemonEvent {
         attempt: u32,
         status: String,
     },
+    /// A handler found its lease expired (reclaimed meanwhile) and stood
+    /// down: the newer claim owns the trigger.
+    LeaseLost {
+        key: String,
+        attempt: u32,
+    },
     LeasesReclaimed {
         ids: Vec<String>,
     },
@@ -279,3 +285,6 @@ pub enum DaemonError {
 
 /// Shared handle type for the observer.
 pub type Observer = Arc<dyn DaemonObserver>;
+
+#[cfg(all(test, not(madsim)))]
+mod tests;

@@ -22,8 +22,7 @@ use serde_json::json;
 
 use crate::runtime::RuntimeError;
 use crate::store::activities::{ActivityOutcome, IrreversibleCall};
-use crate::store::triggers::{Trigger, TriggerSource, TriggerSpec};
-use crate::store::StoreError;
+use crate::store::triggers::{Trigger, TriggerSource, TriggerSpec, TriggerStatus};
 
 use super::agents::{draw_ms, sleep_ms};
 use super::core::{emit, Core, Shared};
@@ -122,6 +121,15 @@ async fn handle(sh: Arc<Shared>, trigger: Trigger, latency_ms: u64, fail: bool) 
 
 fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(), DaemonError> {
     let key = key_of(trigger);
+    if !still_claimed(sh, core, trigger)? {
+        // The lease ran out before we got here; it was reclaimed (and maybe
+        // claimed again): the newer claim owns the trigger now.
+        sh.record(DaemonEvent::LeaseLost {
+            key,
+            attempt: trigger.attempts,
+        });
+        return Ok(());
+    }
     if fail {
         return retry_later(sh, core, trigger, "simulated handler failure");
     }
@@ -132,11 +140,7 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         "fire",
         json!({ "key": key, "fire_at_ms": trigger.fire_at_ms }),
     );
-    let outcome = {
-        let db = core.db();
-        core.ledger
-            .execute_irreversible(db.conn(), &core.world, &call, now)?
-    };
+    let outcome = core.gate.execute(&call, now)?;
     let (from_ledger, needs_confirmation) = match outcome {
         ActivityOutcome::Done { from_ledger, .. } => (from_ledger, false),
         ActivityOutcome::NeedsConfirmation { .. } => (false, true),
@@ -163,12 +167,7 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         }
         Err(e) => return Err(e.into()),
     }
-    match core.triggers.ack_done(core.db().conn(), &trigger.id, sh.now()) {
-        // The lease ran out while we worked and another claim owns it now;
-        // that claim will find the firing in the ledger.
-        Err(StoreError::WrongState { .. }) => return Ok(()),
-        r => r?,
-    }
+    core.triggers.ack_done(core.db().conn(), &trigger.id, sh.now())?;
     sh.record(DaemonEvent::TriggerFired {
         key,
         overdue_note: note.is_some(),
@@ -178,14 +177,24 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
     Ok(())
 }
 
+/// Whether `trigger` is still CLAIMED by this claim with a live lease. The
+/// store's acks check only the status, not which claim holds it, so a
+/// handler whose lease expired must not act (the daemon's core lock makes
+/// this check and the acks below one step).
+fn still_claimed(sh: &Shared, core: &Core, trigger: &Trigger) -> Result<bool, DaemonError> {
+    let now = sh.now();
+    let row = core.triggers.get(core.db().conn(), &trigger.id, now)?;
+    Ok(row.is_some_and(|r| {
+        r.status == TriggerStatus::Claimed
+            && r.attempts == trigger.attempts
+            && r.lease_until_ms.is_some_and(|until| until > now)
+    }))
+}
+
 fn retry_later(sh: &Shared, core: &mut Core, trigger: &Trigger, error: &str) -> Result<(), DaemonError> {
-    let status = match core
+    let status = core
         .triggers
-        .ack_failed(core.db().conn(), &trigger.id, sh.now(), error, true)
-    {
-        Err(StoreError::WrongState { .. }) => return Ok(()),
-        r => r?,
-    };
+        .ack_failed(core.db().conn(), &trigger.id, sh.now(), error, true)?;
     sh.record(DaemonEvent::TriggerFailed {
         key: key_of(trigger),
         attempt: trigger.attempts,

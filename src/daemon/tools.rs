@@ -7,10 +7,10 @@
 //!   as idempotency key), pure tools answer directly.
 //!
 //! Invariant: an irreversible side effect reaches the world only through
-//! [`ActivityStore::execute_irreversible`], so it happens at most once per
+//! [`ActivityGate::execute`], so it happens at most once per
 //! key whatever crashes in between.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -19,9 +19,7 @@ use crate::runtime::{
     FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, ToolContext, ToolError,
     ToolExecutor, ToolOutput, ToolRequest,
 };
-use crate::sqlite::Db;
-use crate::store::activities::{ActivityOutcome, ActivityStore, IrreversibleCall};
-use crate::world::World;
+use crate::store::activities::{ActivityGate, ActivityOutcome, IrreversibleCall};
 
 use super::DaemonClock;
 
@@ -66,22 +64,12 @@ impl Provider for FlakyProvider {
     }
 }
 
-/// Tool executor: irreversible tools through the activity ledger on the
-/// daemon's database, against the external world.
+/// Tool executor: irreversible tools through the activity ledger's gate
+/// (its own connection to the daemon's database), against the world.
 #[derive(Debug, Clone)]
 pub struct LedgerTools {
-    pub db: Arc<Mutex<Db>>,
-    pub world: World,
+    pub gate: ActivityGate,
     pub clock: DaemonClock,
-    pub ledger: ActivityStore,
-}
-
-impl LedgerTools {
-    fn lock_db(&self) -> MutexGuard<'_, Db> {
-        // Every ledger write is one transaction: a panic elsewhere cannot
-        // leave the connection mid-transaction, so a poisoned lock is usable.
-        self.db.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 impl ToolExecutor for LedgerTools {
@@ -95,10 +83,9 @@ impl ToolExecutor for LedgerTools {
             &call.tool,
             call.args.clone(),
         );
-        let db = self.lock_db();
         let outcome = self
-            .ledger
-            .execute_irreversible(db.conn(), &self.world, &request, self.clock.now_ms())
+            .gate
+            .execute(&request, self.clock.now_ms())
             .map_err(|e| ToolError(format!("{} {}: {e}", call.tool, ctx.idempotency_key)))?;
         Ok(match outcome {
             ActivityOutcome::Done { provider_ref, .. } => ToolOutput {

@@ -33,7 +33,19 @@ static SERIAL: Mutex<()> = Mutex::new(());
 pub fn run_sim(plan: &SimPlan) -> SimOutcome {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let rt = madsim::runtime::Runtime::with_seed_and_config(plan.seed, madsim::Config::default());
-    rt.block_on(supervise(plan.clone()))
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(supervise(plan.clone()))
+    }));
+    match run {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            eprintln!(
+                "madsim daemon simulation panicked: MADSIM_TEST_SEED={seed}\nreproduce: MADSIM_TEST_SEED={seed} cargo sim",
+                seed = plan.seed
+            );
+            std::panic::resume_unwind(panic)
+        }
+    }
 }
 
 /// What the node's init closure needs; survives restarts.
