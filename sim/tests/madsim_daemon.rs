@@ -110,6 +110,7 @@ fn same_seed_gives_the_same_trace_hash_and_another_seed_does_not() {
     );
     assert_eq!(a.events, b.events);
     assert_eq!(a.crashes, b.crashes);
+    eprintln!("seed {seed}: trace hash {:016x}", a.hash);
     let c = run_sim(&short(seed + 1));
     assert_ne!(
         a.hash,
@@ -127,6 +128,8 @@ fn one_time_trigger_fires_once_across_restart() {
     let key = DaemonConfig::once_key("standup");
     let fire_key = DaemonConfig::fire_key(&key);
     let mut overdue_checked = 0;
+    // Crashed before the claim / between claim and ack / after the ack.
+    let mut classes = [0u32; 3];
     for seed in seeds(100..=139) {
         let mut plan = SimPlan::new(seed, 2, 6 * 60_000, 1);
         plan.crash_window_ms = (FIRE_AT_MS - 3_000, FIRE_AT_MS + 3_000);
@@ -156,9 +159,12 @@ fn one_time_trigger_fires_once_across_restart() {
         // Overdue at restart and never claimed before the crash: claimed at
         // boot, with the overdue note, and fired within the latency bound.
         let crash = &out.crashes[0];
-        let claimed_before = out.events.iter().any(|(t, e)| {
-            *t <= crash.killed_ms && matches!(e, DaemonEvent::TriggerClaimed { key: k, .. } if *k == key)
-        });
+        let before =
+            |f: &dyn Fn(&DaemonEvent) -> bool| out.events.iter().any(|(t, e)| *t <= crash.killed_ms && f(e));
+        let claimed_before =
+            before(&|e| matches!(e, DaemonEvent::TriggerClaimed { key: k, .. } if *k == key));
+        let fired_before = before(&|e| matches!(e, DaemonEvent::TriggerFired { key: k, .. } if *k == key));
+        classes[usize::from(claimed_before) + usize::from(fired_before)] += 1;
         let late = crash.restarted_ms > FIRE_AT_MS + plan.daemon.trigger_policy.overdue_grace_ms;
         if late && !claimed_before {
             let claim = out.events.iter().find(|(t, e)| {
@@ -187,10 +193,15 @@ fn one_time_trigger_fires_once_across_restart() {
             overdue_checked += 1;
         }
     }
+    eprintln!("crash before claim / in flight / after ack: {classes:?}; overdue restarts {overdue_checked}");
     if std::env::var("MADSIM_TEST_SEED").is_err() {
         assert!(
             overdue_checked >= 3,
             "only {overdue_checked} seeds restarted overdue"
+        );
+        assert!(
+            classes.iter().all(|n| *n > 0),
+            "a crash class was never hit: {classes:?}"
         );
     }
 }
