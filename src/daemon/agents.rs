@@ -75,7 +75,7 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
         if !messages.is_empty() {
             sh.record(DaemonEvent::Delivered {
                 agent: name.clone(),
-                count: messages.len(),
+                ids: messages.iter().map(|m| m.id.to_string()).collect(),
             });
         }
         let inbox: Vec<&str> = messages.iter().map(|m| m.payload.as_str()).collect();

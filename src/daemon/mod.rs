@@ -198,9 +198,10 @@ pub enum DaemonEvent {
         from: String,
         to: String,
     },
+    /// `deliver` returned these message ids to the agent.
     Delivered {
         agent: String,
-        count: usize,
+        ids: Vec<String>,
     },
     TurnCompleted {
         agent: String,

@@ -30,7 +30,7 @@ mod run;
 use durable_agent::daemon::DaemonConfig;
 use durable_agent::fs::CrashMode;
 
-pub use oracle::{check, FinalView};
+pub use oracle::{check, undelivered_but_marked, FinalView};
 pub use recorder::Recorder;
 #[cfg(madsim)]
 pub use run::run_sim;
@@ -105,6 +105,8 @@ pub struct SimOutcome {
     pub io_points: u64,
     /// Oracle violations (empty: the run is correct).
     pub violations: Vec<String>,
+    /// The known delivery gap ([`oracle::undelivered_but_marked`]).
+    pub known_gap: Vec<String>,
     /// Fire-key deliveries in the world, per key.
     pub fire_deliveries: std::collections::BTreeMap<String, usize>,
     pub view: FinalView,
@@ -128,6 +130,9 @@ impl SimOutcome {
         }
         for v in &self.violations {
             s.push_str(&format!("violation: {v}\n"));
+        }
+        for g in &self.known_gap {
+            s.push_str(&format!("known gap: {g}\n"));
         }
         s
     }

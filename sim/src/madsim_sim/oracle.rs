@@ -18,6 +18,12 @@
 //!   on-disk `recovery::check_invariants` are clean; the `lead` root and
 //!   every worker are alive under it.
 //!
+//! Known gap (reported by [`undelivered_but_marked`], not a violation yet):
+//! a `deliver` that fails after its `message.delivered` entry reached the
+//! pending file is replayed by recovery, so its messages count as delivered
+//! though the agent never got them; likewise messages handed to a turn that
+//! never completes. Delivery is not tied to the consuming turn.
+//!
 //! Invariant: pure; reads its inputs only.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -143,6 +149,32 @@ pub fn check(events: &[(u64, DaemonEvent)], view: &FinalView, settle_ms: u64) ->
     bad
 }
 
+/// Known gap, reported apart from the violations (see the module doc):
+/// messages recovery shows as delivered although no `deliver` call ever
+/// returned them — a `deliver` whose `message.delivered` entry became
+/// durable (pending-file replay) while the call itself failed. Nobody
+/// processes them: lost to the agent.
+pub fn undelivered_but_marked(events: &[(u64, DaemonEvent)], view: &FinalView) -> Vec<String> {
+    let handed: BTreeSet<&str> = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            DaemonEvent::Delivered { ids, .. } => Some(ids),
+            _ => None,
+        })
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let mut out = Vec::new();
+    for (name, a) in &view.agents {
+        for id in a.delivered.iter().filter(|id| !handed.contains(id.as_str())) {
+            out.push(format!(
+                "agent {name}: message {id} is recorded delivered but no deliver call returned it"
+            ));
+        }
+    }
+    out
+}
+
 fn check_tree(view: &FinalView, bad: &mut Vec<String>) {
     match view.agents.get("lead") {
         Some(lead) if lead.parent.is_none() => {}
@@ -173,7 +205,7 @@ mod tests {
             AgentMessages {
                 parent: Some("lead".into()),
                 pending: vec!["m2".into()],
-                delivered: ["m1".to_string()].into(),
+                delivered: BTreeSet::new(),
             },
         );
         view
@@ -190,11 +222,24 @@ mod tests {
 
     #[test]
     fn acked_messages_pending_or_delivered_pass_and_a_missing_one_fails() {
-        let view = healthy_view();
-        assert!(check(&[acked("m1"), acked("m2")], &view, 0).is_empty());
-        let bad = check(&[acked("m3")], &view, 0);
+        let mut view = healthy_view();
+        let agent = view.agents.get_mut("agent-0").unwrap();
+        agent.delivered.insert("m1".into());
+        let handed = (
+            6,
+            DaemonEvent::Delivered {
+                agent: "agent-0".into(),
+                ids: vec!["m1".into()],
+            },
+        );
+        assert!(check(&[acked("m1"), acked("m2"), handed.clone()], &view, 0).is_empty());
+        let bad = check(&[acked("m3"), handed], &view, 0);
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert!(bad[0].contains("m3"));
+        // Delivered on disk, but no deliver call returned it.
+        assert!(check(&[acked("m1")], &view, 0).is_empty());
+        let gap = undelivered_but_marked(&[acked("m1")], &view);
+        assert!(gap.len() == 1 && gap[0].contains("m1"), "{gap:?}");
     }
 
     #[test]
