@@ -8,6 +8,8 @@
 //! twice (a crash during recovery) gives the same result.
 //!
 //! Steps:
+//! 0. the SQLite stores first ([`recover_stores`]): decide every INTENT in
+//!    the activity ledger, reclaim expired trigger leases;
 //! 1. scan session records (removing `.tmp` leftovers); record-less
 //!    directories are orphans from a crash in session creation: cleaned;
 //! 2. repair each log (cut a partial trailing line, replay or clean the
@@ -24,6 +26,7 @@
 //!    conversation rebuilt from the log on its next turn.
 
 mod invariants;
+mod stores;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -32,6 +35,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub use invariants::check_invariants;
+pub use stores::{recover_stores, StoreRecovery, StoreRecoveryError};
 
 use crate::fs::Fs;
 use crate::log::{self, Event, EventLog, LogEntry, LogRepair};

@@ -1,0 +1,55 @@
+//! Boot recovery of the SQLite stores (step 0 of the recovery procedure):
+//! run before the runtime's own recovery, so that no turn can start while
+//! an irreversible action's fate is undecided or a trigger is leased to a
+//! process that no longer exists.
+//!
+//! Invariant: afterwards no activity is left in INTENT without a decision
+//! (retried with its key where the provider dedups, else
+//! `needs_confirmation`), and no trigger is CLAIMED with an expired lease.
+//! Both steps are idempotent, so a crash during them is recovered by
+//! running them again.
+
+use serde::Serialize;
+
+use crate::store::activities::{ActivityError, ActivityGate, ActivityOutcome};
+use crate::store::triggers::TriggerStore;
+use crate::store::StoreError;
+
+/// What store recovery did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StoreRecovery {
+    /// Decisions taken on INTENT rows, in ledger order.
+    pub activities: Vec<String>,
+    /// Triggers whose expired lease was reclaimed (CLAIMED → PENDING/DEAD).
+    pub reclaimed_triggers: Vec<String>,
+}
+
+/// Why store recovery stopped (the outcome of the failing step is unknown:
+/// reopen and run recovery again).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreRecoveryError {
+    #[error("activity ledger recovery: {0}")]
+    Activities(#[from] ActivityError),
+    #[error("trigger lease reclaim: {0}")]
+    Triggers(#[from] StoreError),
+}
+
+/// Recover the activity ledger through `gate`, then reclaim expired trigger
+/// leases on `conn` (the trigger store's connection), at logical time `now_ms`.
+pub fn recover_stores(
+    gate: &ActivityGate,
+    triggers: &TriggerStore,
+    conn: &rusqlite::Connection,
+    now_ms: u64,
+) -> Result<StoreRecovery, StoreRecoveryError> {
+    let activities = gate.recover(now_ms)?.iter().map(describe).collect();
+    let reclaimed_triggers = triggers.reclaim_expired(conn, now_ms)?;
+    Ok(StoreRecovery {
+        activities,
+        reclaimed_triggers,
+    })
+}
+
+fn describe(outcome: &ActivityOutcome) -> String {
+    format!("{outcome:?}")
+}
