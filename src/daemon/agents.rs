@@ -61,6 +61,8 @@ fn retryable(e: &RuntimeError) -> bool {
 
 async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped> {
     let name = DaemonConfig::agent_name(i);
+    // The retry loop of `store::retry::call_with_retry`, made async: its
+    // `Sleeper` blocks, and a blocked task would stall every agent.
     let policy = sh.config.turn_retry;
     let mut attempt = 0u32;
     loop {

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::fs::Fs;
+use crate::recovery::recover_stores;
 use crate::runtime::{AgentId, Runtime, RuntimeConfig};
 use crate::sqlite::{Db, SqliteOptions};
 use crate::store::activities::{ActivityGate, ActivityStore};
@@ -106,10 +107,10 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Recover and get ready: open the stores and the runtime (which runs
-    /// recovery), reclaim every lease (one daemon owns the database, so a
-    /// lease found at boot belongs to a dead process), settle INTENTs left
-    /// by a crash, create missing agents, emit the one-time triggers.
+    /// Recover and get ready: open the stores and recover them (step 0 of
+    /// [`crate::recovery`]: settle INTENTs, reclaim leases — every lease, as
+    /// one daemon owns the database), open the runtime (which runs the rest
+    /// of recovery), create missing agents, emit the one-time triggers.
     pub fn boot(
         fs: Arc<dyn Fs>,
         world: World,
@@ -130,6 +131,18 @@ impl Daemon {
             Arc::new(world),
             ActivityStore::new(config.canaries.clone()),
         );
+        let triggers = TriggerStore::new(config.trigger_policy, config.canaries.clone());
+        // Step 0 of the one recovery procedure: the stores, before any turn.
+        let (stores, reclaimed_all) = {
+            let db = db.lock().unwrap_or_else(|e| e.into_inner());
+            let stores = recover_stores(&gate, &triggers, db.conn(), now)?;
+            // One daemon owns the database, so every lease still held at
+            // boot belongs to the dead process: reclaim it now instead of
+            // letting the trigger wait out its lease. (WORKAROUND: the store
+            // has no "reclaim all" call; any such lease ends by now + lease.)
+            let all = triggers.reclaim_expired(db.conn(), now.saturating_add(config.lease_ms))?;
+            (stores, all)
+        };
         let mut rc = RuntimeConfig::new(config.seed)
             .with_slots(config.slots)
             .with_canaries(config.canaries.clone());
@@ -147,14 +160,6 @@ impl Daemon {
         if !violations.is_empty() {
             return Err(DaemonError::Invariants(violations));
         }
-        let triggers = TriggerStore::new(config.trigger_policy, config.canaries.clone());
-        let (reclaimed, settled) = {
-            let db = db.lock().unwrap_or_else(|e| e.into_inner());
-            // WORKAROUND: the store has no "reclaim every lease" call; any
-            // lease of the dead process ends by now + lease_ms.
-            let reclaimed = triggers.reclaim_expired(db.conn(), now.saturating_add(config.lease_ms))?;
-            (reclaimed, gate.recover(now)?)
-        };
         let record = |event| observer.record(clock.now_ms(), event);
         let agents = ensure_agents(&mut runtime, config.agents, &record)?;
         let mut core = Core {
@@ -182,8 +187,8 @@ impl Daemon {
             boot: config.boot,
             agents_recovered: report.agents_recovered,
             messages_reinjected: report.reinjected_count(),
-            leases_reclaimed: reclaimed.len(),
-            intents_settled: settled.len(),
+            leases_reclaimed: stores.reclaimed_triggers.len() + reclaimed_all.len(),
+            intents_settled: stores.activities.len(),
         });
         let shared = Arc::new(Shared {
             core: tokio::sync::Mutex::new(core),

@@ -40,7 +40,11 @@ pub use self::core::Daemon;
 pub use tools::{FlakyProvider, LedgerTools};
 
 /// The daemon's clock: logical milliseconds since `origin`, plus
-/// `origin_ms`. Under madsim `Instant` is simulated time.
+/// `origin_ms`. Under madsim `Instant` is simulated time and the supervisor
+/// keeps one clock across node restarts, as a wall clock would. Trigger
+/// times are stored in this clock, so it must not restart from zero: in
+/// production `origin_ms` is read once at process start from the host's
+/// clock (the one wall-clock read, at the edge, outside the logic).
 #[derive(Debug, Clone, Copy)]
 pub struct DaemonClock {
     pub origin: tokio::time::Instant,
@@ -272,6 +276,8 @@ pub enum DaemonError {
     Store(#[from] crate::store::StoreError),
     #[error("activity ledger: {0}")]
     Activity(#[from] crate::store::activities::ActivityError),
+    #[error("store recovery: {0}")]
+    StoreRecovery(#[from] crate::recovery::StoreRecoveryError),
     #[error("cannot create the database directory {path}: {source}")]
     Io {
         path: PathBuf,
