@@ -69,6 +69,7 @@ fn assert_backoff(out: &SimOutcome, plan: &SimPlan) {
 #[test]
 fn daemon_keeps_every_guarantee_across_seeded_crashes() {
     let mut totals = (0usize, 0usize, 0usize, 0usize);
+    let mut recurring_fired = 0;
     for seed in seeds(1..=6) {
         let plan = busy_plan(seed);
         let out = run_sim(&plan);
@@ -80,6 +81,9 @@ fn daemon_keeps_every_guarantee_across_seeded_crashes() {
         totals.1 += count(|e| matches!(e, DaemonEvent::MessageAcked { .. }));
         totals.2 += count(|e| matches!(e, DaemonEvent::TriggerFired { .. }));
         totals.3 += count(|e| matches!(e, DaemonEvent::TurnRetry { .. }));
+        recurring_fired += count(
+            |e| matches!(e, DaemonEvent::TriggerFired { key, .. } if key.starts_with("scheduled:digest:")),
+        );
         eprintln!(
             "seed {seed}: {} events, {} io points, crashes {:?}",
             out.events.len(),
@@ -96,6 +100,7 @@ fn daemon_keeps_every_guarantee_across_seeded_crashes() {
         turns > 0 && messages > 0 && fired > 0 && retries > 0,
         "{totals:?}"
     );
+    assert!(recurring_fired > 0, "the recurring digest never fired");
 }
 
 #[test]
