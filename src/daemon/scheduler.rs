@@ -151,9 +151,11 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         .get("agent")
         .and_then(serde_json::Value::as_u64)
         .and_then(|a| usize::try_from(a).ok())
-        .filter(|a| *a < core.agents.len())
         .unwrap_or(0);
-    let id = core.agents[agent].clone();
+    // An unknown worker index falls back to worker 0 (the task still runs).
+    let Some(id) = core.agents.get(agent).or(core.agents.first()).cloned() else {
+        return retry_later(sh, core, trigger, "no worker agent to run the trigger");
+    };
     let note = trigger.overdue_note();
     let prompt = format!(
         "trigger {key}: {}{}",
@@ -162,8 +164,8 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
     );
     match core.runtime.run_turn(&id, &prompt) {
         Ok(_) => {}
-        Err(RuntimeError::Provider { source, .. }) => {
-            return retry_later(sh, core, trigger, &source.to_string())
+        Err(e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. })) => {
+            return retry_later(sh, core, trigger, &e.to_string())
         }
         Err(e) => return Err(e.into()),
     }
