@@ -113,9 +113,10 @@ pub struct SimOutcome {
 }
 
 impl SimOutcome {
-    /// The one-line reproduction command.
+    /// The one-line reproduction command (narrowed to the running test:
+    /// libtest names each test's thread after it).
     pub fn repro(&self) -> String {
-        format!("MADSIM_TEST_SEED={} cargo sim", self.seed)
+        repro_command(self.seed)
     }
 
     /// A report for a failing run: seed, command, crashes, violations.
@@ -135,6 +136,15 @@ impl SimOutcome {
             s.push_str(&format!("known gap: {g}\n"));
         }
         s
+    }
+}
+
+/// `MADSIM_TEST_SEED=<seed> cargo sim [<test>]`.
+pub fn repro_command(seed: u64) -> String {
+    let thread = std::thread::current();
+    match thread.name().filter(|n| *n != "main") {
+        Some(test) => format!("MADSIM_TEST_SEED={seed} cargo sim {test}"),
+        None => format!("MADSIM_TEST_SEED={seed} cargo sim"),
     }
 }
 

@@ -40,8 +40,9 @@ pub fn run_sim(plan: &SimPlan) -> SimOutcome {
         Ok(outcome) => outcome,
         Err(panic) => {
             eprintln!(
-                "madsim daemon simulation panicked: MADSIM_TEST_SEED={seed}\nreproduce: MADSIM_TEST_SEED={seed} cargo sim",
-                seed = plan.seed
+                "madsim daemon simulation panicked: MADSIM_TEST_SEED={}\nreproduce: {}",
+                plan.seed,
+                super::repro_command(plan.seed)
             );
             std::panic::resume_unwind(panic)
         }
