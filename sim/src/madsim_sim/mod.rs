@@ -1,6 +1,7 @@
 //! Deterministic simulation of the concurrent daemon under madsim.
 //!
-//! One madsim node runs [`durable_agent::daemon::Daemon`] on a [`SimFs`]
+//! One madsim node runs [`durable_agent::daemon::Daemon`] on a
+//! [`durable_agent::fs::SimFs`]
 //! (madsim has no disk model: SimFs is the disk). The supervisor kills the
 //! node at simulated instants drawn from the seed — either right away or a
 //! seeded number of I/O points later, mid-operation — applies a crash mode
@@ -14,7 +15,9 @@
 //! the plan's seed, so [`SimOutcome::hash`] repeats. Runs are serialised in
 //! one process (SQLite's PRNG is process-global).
 //!
-//! Reproduce a failing seed: `MADSIM_TEST_SEED=<seed> cargo sim`.
+//! Run: `cargo sim` (fixed seeds, the PR gate). Reproduce a failing seed:
+//! `MADSIM_TEST_SEED=<seed> cargo sim <test>` (printed on failure). Nightly
+//! ranges: `MADSIM_TEST_SEEDS=<start>..<end> cargo sim`.
 //!
 //! The fuzzer's op-sequence oracle (`sim/src/oracle.rs`, branch `fuzz`)
 //! compares a recovered state with a reference model replaying the same op
