@@ -3,7 +3,7 @@
 //! recovery finds on the disk at the end ([`FinalView`]).
 //!
 //! - **Acked messages survive**: every `MessageAcked` id is pending or
-//!   delivered at its recipient, and no id is pending twice.
+//!   delivered at its recipient, and no id is pending twice or both.
 //! - **Triggers are never lost**: every key whose `emit` returned has a row;
 //!   a trigger due more than `settle_ms` before the end has been handled
 //!   (DONE, or dead-lettered/failed after its retries), not left PENDING or
@@ -113,6 +113,11 @@ pub fn check(events: &[(u64, DaemonEvent)], view: &FinalView, settle_ms: u64) ->
             bad.push(format!(
                 "agent {name}: a message is pending twice: {:?}",
                 a.pending
+            ));
+        }
+        for id in a.pending.iter().filter(|id| a.delivered.contains(*id)) {
+            bad.push(format!(
+                "agent {name}: message {id} is both delivered and pending"
             ));
         }
     }
@@ -233,6 +238,13 @@ mod tests {
             },
         );
         assert!(check(&[acked("m1"), acked("m2"), handed.clone()], &view, 0).is_empty());
+        let mut twice = view.clone();
+        twice.agents.get_mut("agent-0").unwrap().pending.push("m1".into());
+        let bad = check(&[acked("m1")], &twice, 0);
+        assert!(
+            bad.iter().any(|b| b.contains("both delivered and pending")),
+            "{bad:?}"
+        );
         let bad = check(&[acked("m3"), handed], &view, 0);
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert!(bad[0].contains("m3"));
