@@ -1,0 +1,149 @@
+//! Arbitrary on-disk images through recovery. The image starts from a real
+//! one (the built-in tour run on SimFs, so the fuzzer reaches deep parsing
+//! paths) and the input corrupts it: overwrite, truncate or append bytes in
+//! any file (event logs, pending entries, session records, the SQLite
+//! store), or plant a whole new file.
+//!
+//! Must hold for every input: no panic; an error names the file it is
+//! about; a recovered runtime passes its invariant checks. The SQLite store
+//! is opened too and must fail with a typed error, never a panic.
+#![no_main]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use arbitrary::Arbitrary;
+use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
+use durable_agent::runtime::{Runtime, RuntimeConfig};
+use durable_agent::sqlite::SqliteOptions;
+use durable_agent::store::schema::open_store;
+use libfuzzer_sys::fuzz_target;
+
+#[derive(Debug, Arbitrary)]
+enum Edit {
+    Overwrite { file: u8, offset: u32, bytes: Vec<u8> },
+    Truncate { file: u8, len: u32 },
+    Append { file: u8, bytes: Vec<u8> },
+    Plant { file: u8, name: u8, bytes: Vec<u8> },
+}
+
+#[derive(Debug, Arbitrary)]
+struct Input {
+    edits: Vec<Edit>,
+}
+
+const ROOT: &str = "/data";
+const DB: &str = "/data/store.db";
+
+/// The files of a healthy image: a small agent tree with turns, messages
+/// and an eviction, plus a migrated store — built once per process.
+fn base_image() -> &'static Vec<(PathBuf, Vec<u8>)> {
+    static BASE: OnceLock<Vec<(PathBuf, Vec<u8>)>> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let fs = SimFs::new(SimConfig::new(1));
+        let shared: Arc<dyn Fs> = Arc::new(fs.clone());
+        let built = (|| -> Result<(), Box<dyn std::error::Error>> {
+            let (mut rt, _) = Runtime::open(shared.clone(), Path::new(ROOT), RuntimeConfig::new(1))?;
+            let root = rt.create_root("alpha", "coordinate")?;
+            let child = rt.spawn_child(&root, "worker", "work")?;
+            rt.run_turn(&root, "plan the work")?;
+            rt.send_message(&root, &child, "do it")?;
+            rt.run_turn(&child, "working")?;
+            rt.send_message(&child, &root, "done")?;
+            rt.deliver(&child)?;
+            rt.evict(&root)?;
+            drop(rt);
+            drop(open_store(
+                shared.clone(),
+                Path::new(DB),
+                &SqliteOptions::default(),
+            )?);
+            Ok(())
+        })();
+        // The base image is a fixture: if building it fails the target is
+        // broken, which must be loud, not a silently empty image.
+        if let Err(e) = built {
+            panic!("building the base image failed: {e}");
+        }
+        fs.disk_image()
+            .into_iter()
+            .filter(|(p, _)| p.starts_with(ROOT))
+            .collect()
+    })
+}
+
+fn pick(files: &[(PathBuf, Vec<u8>)], i: u8) -> Option<usize> {
+    if files.is_empty() {
+        None
+    } else {
+        Some(usize::from(i) % files.len())
+    }
+}
+
+fuzz_target!(|input: Input| {
+    let mut files = base_image().clone();
+    for edit in input.edits.into_iter().take(8) {
+        match edit {
+            Edit::Overwrite { file, offset, bytes } => {
+                if let Some(i) = pick(&files, file) {
+                    let data = &mut files[i].1;
+                    let at = (offset as usize) % (data.len() + 1);
+                    let end = (at + bytes.len()).min(data.len());
+                    data[at..end].copy_from_slice(&bytes[..end - at]);
+                }
+            }
+            Edit::Truncate { file, len } => {
+                if let Some(i) = pick(&files, file) {
+                    let data = &mut files[i].1;
+                    let keep = (len as usize) % (data.len() + 1);
+                    data.truncate(keep);
+                }
+            }
+            Edit::Append { file, bytes } => {
+                if let Some(i) = pick(&files, file) {
+                    files[i].1.extend_from_slice(&bytes);
+                }
+            }
+            Edit::Plant { file, name, bytes } => {
+                if let Some(i) = pick(&files, file) {
+                    let dir = files[i].0.parent().map(Path::to_path_buf).unwrap_or_default();
+                    let names = [
+                        "events.jsonl",
+                        "events.pending",
+                        "session.json",
+                        "session.json.tmp",
+                    ];
+                    let path = dir.join(names[usize::from(name) % names.len()]);
+                    files.push((path, bytes));
+                }
+            }
+        }
+    }
+
+    let fs = SimFs::new(SimConfig::new(3));
+    for (path, data) in &files {
+        if let Some(dir) = path.parent() {
+            let _ = fs.create_dir_all(dir, "fuzz image mkdir");
+        }
+        let _ = fs.open(path, OpenMode::Truncate, "fuzz image create");
+        let _ = fs.write_at(path, 0, data, "fuzz image write");
+    }
+    let shared: Arc<dyn Fs> = Arc::new(fs.clone());
+    match Runtime::open(shared.clone(), Path::new(ROOT), RuntimeConfig::new(3)) {
+        Ok((runtime, _report)) => {
+            let violations = runtime.check_invariants();
+            assert!(
+                violations.is_empty(),
+                "recovered runtime breaks invariants: {violations:?}"
+            );
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains('/'), "recovery error names no file: {msg}");
+        }
+    }
+    if let Err(e) = open_store(shared, Path::new(DB), &SqliteOptions::default()) {
+        let msg = e.to_string();
+        assert!(msg.contains(DB), "store error names no database: {msg}");
+    }
+});
