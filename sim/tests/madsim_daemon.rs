@@ -97,12 +97,16 @@ mod sim {
     fn daemon_keeps_every_guarantee_across_seeded_crashes() {
         let mut totals = (0usize, 0usize, 0usize, 0usize);
         let mut recurring_fired = 0;
+        let mut modes = std::collections::BTreeSet::new();
+        let mut mid_io = 0;
         for seed in seeds(1..=6) {
             let plan = busy_plan(seed);
             let out = run_sim(&plan);
             assert_clean(&out);
             assert_backoff(&out, &plan);
             assert!(!out.crashes.is_empty(), "seed {seed}: no crash happened");
+            modes.extend(out.crashes.iter().map(|c| format!("{:?}", c.mode)));
+            mid_io += out.crashes.iter().filter(|c| c.point.is_some()).count();
             let count = |f: fn(&DaemonEvent) -> bool| out.events.iter().filter(|(_, e)| f(e)).count();
             totals.0 += count(|e| matches!(e, DaemonEvent::TurnCompleted { .. }));
             totals.1 += count(|e| matches!(e, DaemonEvent::MessageAcked { .. }));
@@ -128,6 +132,11 @@ mod sim {
             "{totals:?}"
         );
         assert!(recurring_fired > 0, "the recurring digest never fired");
+        if fixed_seeds() {
+            // Every crash mode, and deaths inside an I/O call, were exercised.
+            assert_eq!(modes.len(), 3, "{modes:?}");
+            assert!(mid_io > 0);
+        }
     }
 
     #[test]
