@@ -1,6 +1,33 @@
 //! The harness: a reference model of the runtime's acknowledged state (the
-//! oracle), operation generators, the crash driver, and the madsim
-//! simulation of the concurrent daemon. It drives `durable-agent` on
-//! [`durable_agent::fs::SimFs`] and never touches a real disk.
+//! oracle), operation generators, the crash driver, and the `repro` binary.
+//! It drives `durable-agent` on [`durable_agent::fs::SimFs`] and never
+//! touches a real disk (except to save failing cases under `target/`).
+//!
+//! One path for every entry point: an [`op::Op`] sequence is resolved
+//! against the [`model::Model`], run on the runtime by [`driver::Driver`],
+//! crashed and recovered by [`exec::Exec`], judged by [`oracle`], and
+//! reported by [`report`]. [`search`] (proptest, profiles in [`profile`]),
+//! [`sweep`] (every I/O point) and `repro` all go through [`exec::run_case`]
+//! or [`exec::Exec::step`].
 
+pub mod canaries;
+pub mod driver;
+pub mod exec;
+pub mod machine;
 pub mod madsim_sim;
+pub mod model;
+pub mod op;
+pub mod oracle;
+pub mod profile;
+pub mod replay;
+pub mod report;
+pub mod search;
+pub mod standins;
+pub mod sweep;
+pub mod tour;
+
+pub use exec::{run_case, Case, Exec, GlobalCrash, RunStats};
+pub use profile::Profile;
+pub use report::Failure;
+pub use search::{search, search_with_progress, SearchOutcome};
+pub use sweep::{sweep, SweepOptions, SweepSummary};

@@ -86,6 +86,7 @@ pub struct Db {
     // Field order matters: the connection closes before the VFS may go.
     conn: Connection,
     vfs: Arc<Vfs>,
+    fs: Arc<dyn Fs>,
     path: PathBuf,
 }
 
@@ -121,9 +122,13 @@ pub fn open(fs: Arc<dyn Fs>, path: &Path, opts: &SqliteOptions) -> Result<Db, Sq
     let db = Db {
         conn,
         vfs,
+        fs,
         path: path.to_path_buf(),
     };
     db.configure(opts)?;
+    if opts.journal_mode == JournalMode::Wal && opts.synchronous != Synchronous::Off {
+        db.persist_adopted()?;
+    }
     Ok(db)
 }
 
@@ -156,6 +161,44 @@ fn classify(vfs: &Vfs, path: &Path, op: &str, e: rusqlite::Error) -> SqliteError
 }
 
 impl Db {
+    /// Make durable what SQLite adopted at open. A crash can leave a
+    /// committed WAL frame only in the page cache (its commit never
+    /// returned); SQLite replays it on open, so the reopened process sees
+    /// that transaction. If a later power loss then dropped it, a state
+    /// that recovery already acted on would vanish. So before anyone reads:
+    /// fsync the WAL and the database, then their directory (their entries
+    /// may not be durable either). The same rule as the event log's
+    /// recovery ("recovery persists what it relies on").
+    fn persist_adopted(&self) -> Result<(), SqliteError> {
+        let fs = &self.fs;
+        let adopt = |step: &'static str| {
+            let path = self.path.clone();
+            move |source| SqliteError::Adopt { path, step, source }
+        };
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let wal = PathBuf::from(wal);
+        if fs
+            .exists(&wal, "sqlite open wal exists")
+            .map_err(adopt("wal lookup"))?
+        {
+            fs.sync(&wal, "sqlite open adopt wal fsync")
+                .map_err(adopt("wal fsync"))?;
+        }
+        if fs
+            .exists(&self.path, "sqlite open db exists")
+            .map_err(adopt("db lookup"))?
+        {
+            fs.sync(&self.path, "sqlite open adopt db fsync")
+                .map_err(adopt("db fsync"))?;
+        }
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs.sync_dir(dir, "sqlite open adopt dir fsync")
+                .map_err(adopt("dir fsync"))?;
+        }
+        Ok(())
+    }
+
     fn configure(&self, opts: &SqliteOptions) -> Result<(), SqliteError> {
         let (sync_sql, sync_num) = opts.synchronous.as_sql();
         self.conn
@@ -250,7 +293,12 @@ impl Db {
 
     /// Close the connection, reporting a failed final checkpoint or close.
     pub fn close(self) -> Result<(), SqliteError> {
-        let Db { conn, vfs, path } = self;
+        let Db {
+            conn,
+            vfs,
+            path,
+            fs: _,
+        } = self;
         let result = conn.close().map_err(|(_, e)| classify(&vfs, &path, "close", e));
         drop(vfs);
         result

@@ -125,6 +125,15 @@ pub enum SqliteError {
     /// The path cannot be passed to SQLite (interior NUL byte).
     #[error("{path}: path cannot be used as a SQLite file name: {reason}")]
     BadPath { path: PathBuf, reason: String },
+    /// Making the state SQLite adopted at open durable failed (outcome
+    /// unknown: drop the handle and open again).
+    #[error("{path}: {step} at open failed: {source}")]
+    Adopt {
+        path: PathBuf,
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     /// The VFS could not be registered with SQLite.
     #[error("cannot register SQLite VFS {name}: sqlite3_vfs_register returned {code}")]
     Register { name: String, code: i32 },

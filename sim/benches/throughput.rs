@@ -1,0 +1,69 @@
+//! Harness throughput on 30-op sequences (release: `cargo bench -p
+//! durable-agent-sim --bench throughput`):
+//! - `crash_recover_check`: whole generated cases (ops with crash points,
+//!   recoveries, oracle and invariants) per second;
+//! - `sweep_point`: sweep replays (one crash point each: replay up to the
+//!   crash, recover, judge) per second, on the 30-op tour.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use durable_agent::canary::Canaries;
+use durable_agent_sim::machine::RefMachine;
+use durable_agent_sim::op::CrashKind;
+use durable_agent_sim::tour::tour;
+use durable_agent_sim::{run_case, sweep, Case, SweepOptions};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
+use proptest_state_machine::ReferenceStateMachine;
+
+fn cases(n: usize) -> Vec<Case> {
+    let mut runner = TestRunner::deterministic();
+    let strategy = RefMachine::sequential_strategy(30..=30);
+    (0..n)
+        .map(|_| {
+            let (state, ops, _) = strategy.new_tree(&mut runner).unwrap().current();
+            Case {
+                seed: state.seed,
+                ops,
+                canaries: Canaries::none(),
+                crash_at: None,
+            }
+        })
+        .collect()
+}
+
+fn crash_recover_check(c: &mut Criterion) {
+    let cases = cases(64);
+    let mut g = c.benchmark_group("harness");
+    g.throughput(Throughput::Elements(cases.len() as u64));
+    g.bench_function("crash_recover_check_30_ops", |b| {
+        b.iter(|| {
+            for case in &cases {
+                // Known runtime bugs may fail a case; the cost is the same.
+                let _ = run_case(case);
+            }
+        })
+    });
+    let points: u64 = sweep(
+        7,
+        &tour(),
+        &Canaries::none(),
+        &SweepOptions {
+            kinds: vec![],
+            ..Default::default()
+        },
+    )
+    .points;
+    g.throughput(Throughput::Elements(points));
+    g.sample_size(10);
+    g.bench_function("sweep_points_30_op_tour_power_strict", |b| {
+        let options = SweepOptions {
+            kinds: vec![CrashKind::PowerStrict],
+            ..Default::default()
+        };
+        b.iter(|| sweep(7, &tour(), &Canaries::none(), &options))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, crash_recover_check);
+criterion_main!(benches);

@@ -1,0 +1,97 @@
+//! The canary run: the harness proves itself by searching, with each known
+//! bug class switched on, until the oracle catches it.
+//!
+//! Invariant: a canary is reported `Caught` only with the shrunk, replayed
+//! failure in hand (its case saved for `repro`); a canary the system cannot
+//! re-introduce is reported `Unproven`, never counted as caught.
+
+use std::fmt;
+
+use durable_agent::canary::{Canaries, Canary};
+
+use crate::profile::Profile;
+use crate::search::search;
+
+/// Canaries the system can re-introduce today (every one of `Canary::ALL`;
+/// the list stays explicit so a new canary shows up UNPROVEN, not skipped).
+pub const IMPLEMENTED: [Canary; 8] = [
+    Canary::NoFsyncBeforeRename,
+    Canary::NoDirFsync,
+    Canary::AckBeforeLog,
+    Canary::NoPartialLineRepair,
+    Canary::DeliveredBeforeDelivery,
+    Canary::TriggerWithoutDedup,
+    Canary::SideEffectBeforeIntent,
+    Canary::CheckpointRollbackSkipped,
+];
+
+/// What the search did with one canary on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Caught {
+        /// Cases until the first failure (before shrinking).
+        cases: u64,
+        /// Runs including shrinking.
+        runs: u64,
+        shrunk_ops: usize,
+        what: String,
+        /// The saved case (`repro --case <path>`).
+        case_path: String,
+    },
+    Missed {
+        runs: u64,
+    },
+    Unproven,
+}
+
+/// One row of the canary table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub canary: Canary,
+    pub verdict: Verdict,
+}
+
+/// Search `profile` once per canary (shrinking capped: finding is what is
+/// measured). `only`: restrict to these canaries.
+pub fn run(profile: &Profile, only: Option<&[Canary]>) -> Vec<Row> {
+    let mut profile = profile.clone();
+    profile.max_shrink_iters = profile.max_shrink_iters.min(50);
+    let mut rows = Vec::new();
+    for canary in Canary::ALL {
+        if only.is_some_and(|o| !o.contains(&canary)) {
+            continue;
+        }
+        let verdict = if !IMPLEMENTED.contains(&canary) {
+            Verdict::Unproven
+        } else {
+            let out = search(&profile, &Canaries::only(canary), false);
+            match (&out.failure, out.first_failure_at) {
+                (Some(f), Some(cases)) => Verdict::Caught {
+                    cases,
+                    runs: out.runs,
+                    shrunk_ops: f.case.ops.len(),
+                    what: f.what.clone(),
+                    case_path: f.case.save().map(|p| p.display().to_string()).unwrap_or_default(),
+                },
+                _ => Verdict::Missed { runs: out.runs },
+            }
+        };
+        rows.push(Row { canary, verdict });
+    }
+    rows
+}
+
+impl fmt::Display for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = format!("{:?}", self.canary);
+        match &self.verdict {
+            Verdict::Caught { cases, runs, shrunk_ops, what, case_path } => write!(
+                f,
+                "{name:<26} caught after {cases:>4} cases ({runs} runs with shrinking), shrunk to {shrunk_ops} ops: {what}\n{:26} case: {case_path}",
+                ""
+            ),
+            Verdict::Missed { runs } => write!(f, "{name:<26} MISSED in {runs} cases"),
+            Verdict::Unproven => write!(f, "{name:<26} UNPROVEN (the system cannot re-introduce it yet)"),
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Projection: the system's observable state (runtime, stores, world) as
+//! a model [`State`], plus the loop-store and trigger-store helpers the
+//! driver's ops share with it.
+//!
+//! Invariant: reading only. Nothing here changes the disk except through
+//! the store calls an op asks for (`loop_round`, `checkpoint`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use durable_agent::runtime::{AgentId, ConversationItem};
+use durable_agent::sqlite::Db;
+use durable_agent::store::checkpoints::{CheckpointInput, Message, TokenUsage};
+use durable_agent::store::session::SessionState;
+use durable_agent::store::triggers::TriggerStatus as StoreStatus;
+
+use super::{Driver, LOOP_RUN, LOOP_SESSION};
+use crate::model::{round_messages, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
+use crate::op::ToolStep;
+
+impl Driver {
+    pub(super) fn checkpoint(&self, db: &Db, round: u64, now: u64) -> Result<(), String> {
+        let input = CheckpointInput {
+            run_id: LOOP_RUN.into(),
+            session_id: LOOP_SESSION.into(),
+            turn: round,
+            total_usage: TokenUsage::default(),
+            tool_calls_count: 0,
+        };
+        self.checkpoints
+            .write_checkpoint(db.conn(), &input, now)
+            .map(drop)
+            .map_err(|e| format!("loop checkpoint: {e}"))
+    }
+
+    pub(super) fn loop_round(&self, round: u64, tools: u8, now: u64) -> Result<(), String> {
+        let db = self.db()?;
+        for (i, content) in round_messages(round, tools).iter().enumerate() {
+            let role = if i == 0 { "assistant" } else { "tool" };
+            self.checkpoints
+                .append_message(db.conn(), LOOP_SESSION, round, &Message::new(role, content), now)
+                .map_err(|e| format!("loop message: {e}"))?;
+        }
+        self.checkpoint(db, round, now)
+    }
+
+    fn loop_messages(&self) -> Result<Vec<String>, String> {
+        let msgs = self
+            .checkpoints
+            .messages_up_to(self.db()?.conn(), LOOP_SESSION, i64::MAX)
+            .map_err(|e| e.to_string())?;
+        Ok(msgs.into_iter().map(|m| m.message.content).collect())
+    }
+
+    fn trigger_rows(&self) -> Result<Vec<TriggerRow>, String> {
+        let all = self
+            .triggers
+            .all(self.db()?.conn(), self.now())
+            .map_err(|e| e.to_string())?;
+        Ok(all
+            .into_iter()
+            .map(|t| TriggerRow {
+                key: t.dedup_key.unwrap_or_else(|| format!("?{} (no dedup key)", t.id)),
+                status: match t.status {
+                    StoreStatus::Pending => TriggerStatus::Pending,
+                    StoreStatus::Claimed => TriggerStatus::Claimed,
+                    StoreStatus::Done => TriggerStatus::Done,
+                    StoreStatus::Failed | StoreStatus::Dead => TriggerStatus::Dead,
+                },
+                attempts: t.attempts,
+            })
+            .collect())
+    }
+
+    /// The runtime's observable state as a model [`State`] (empty when not
+    /// open), plus its own in-memory invariant violations.
+    pub fn state(&mut self) -> (State, Vec<String>) {
+        let Some(rt) = self.rt.as_ref() else {
+            return (State::default(), Vec::new());
+        };
+        let rs = rt.state();
+        let violations = rt.check_invariants();
+        for (id, v) in &rs.agents {
+            self.names.insert(id.clone(), v.name.clone());
+        }
+        let name = |names: &BTreeMap<AgentId, String>, id: &AgentId| {
+            names.get(id).cloned().unwrap_or_else(|| format!("?{id}"))
+        };
+        let mut violations = violations;
+        // The stores change only through store ops and boots, which drop
+        // this cache; other ops reuse the last reading (SQL is the cost).
+        let (triggers, loop_messages) = match self.store_cache.clone() {
+            Some(cached) => cached,
+            None => {
+                let read = self.trigger_rows().and_then(|t| Ok((t, self.loop_messages()?)));
+                match read {
+                    Ok(fresh) => {
+                        self.store_cache = Some(fresh.clone());
+                        fresh
+                    }
+                    Err(e) => {
+                        violations.push(format!("the stores cannot be read: {e}"));
+                        (Vec::new(), Vec::new())
+                    }
+                }
+            }
+        };
+        let outbox = self.world.deliveries().into_iter().map(|d| d.idem_key).collect();
+        let mut state = State {
+            agents: BTreeMap::new(),
+            outbox,
+            triggers,
+            loop_messages,
+        };
+        for (id, view) in &rs.agents {
+            let pending: Vec<Msg> = rs
+                .pending
+                .get(id)
+                .map(|ms| {
+                    ms.iter()
+                        .map(|m| Msg {
+                            from: name(&self.names, &m.from),
+                            payload: m.payload.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(ms) = rs.pending.get(id) {
+                for (m, p) in ms.iter().zip(&pending) {
+                    self.msgs.insert(m.id.clone(), p.clone());
+                }
+            }
+            let delivered = rs
+                .delivered
+                .get(id)
+                .map(|ids| {
+                    ids.iter()
+                        .map(|mid| {
+                            self.msgs.get(mid).cloned().unwrap_or_else(|| Msg {
+                                from: "?".into(),
+                                payload: format!("?{mid}"),
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let status = match view.session_state {
+                SessionState::Active => Status::Resident,
+                SessionState::Suspended | SessionState::Terminated => Status::Suspended,
+            };
+            let agent = Agent {
+                parent: view.parent.as_ref().map(|p| name(&self.names, p)),
+                status,
+                turns: turns(rs.conversations.get(id).map(Vec::as_slice).unwrap_or(&[])),
+                pending,
+                delivered,
+            };
+            state.agents.insert(view.name.clone(), agent);
+        }
+        (state, violations)
+    }
+
+    /// The process's view of the disk (for the log invariant).
+    pub fn disk(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        self.fs.disk_image()
+    }
+}
+
+/// Fold a conversation (completed turns) into model turns.
+fn turns(items: &[ConversationItem]) -> Vec<Turn> {
+    let mut out: Vec<Turn> = Vec::new();
+    for item in items {
+        match item {
+            ConversationItem::Prompt { text } => out.push(Turn {
+                prompt: text.clone(),
+                tools: Vec::new(),
+                response: String::new(),
+            }),
+            ConversationItem::ToolCall { irreversible, .. } => {
+                if let Some(t) = out.last_mut() {
+                    t.tools.push(ToolStep {
+                        irreversible: *irreversible,
+                        ok: false,
+                    });
+                }
+            }
+            ConversationItem::ToolResult { ok, .. } => {
+                if let Some(step) = out.last_mut().and_then(|t| t.tools.last_mut()) {
+                    step.ok = *ok;
+                }
+            }
+            ConversationItem::Response { text } => {
+                if let Some(t) = out.last_mut() {
+                    t.response = text.clone();
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,312 @@
+//! The crash driver: applies ops to the model and the runtime in lockstep,
+//! crashes where a case says, recovers, and asks the oracle.
+//!
+//! Invariant: every check a case is subject to happens here, in one order:
+//! after every op the runtime's own invariants, I1 and I4 hold and, when no
+//! crash happened, the runtime equals the model; after every restart I2
+//! and I3 hold and the oracle accepts the recovered state, which then
+//! becomes the model. A case is a pure function of (seed, ops, canaries,
+//! sweep point): replaying it gives the same trace and the same verdict.
+
+use durable_agent::canary::Canaries;
+use durable_agent::fs::Fault;
+use serde::{Deserialize, Serialize};
+
+use crate::driver::Driver;
+use crate::model::{Model, State, Status};
+use crate::op::{CrashKind, FaultKind, Op};
+use crate::oracle;
+use crate::report::Failure;
+
+mod restart;
+
+/// A sweep crash: the `point`-th I/O point of the whole run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GlobalCrash {
+    pub point: u64,
+    pub kind: CrashKind,
+}
+
+/// Everything needed to replay a run (what case files hold).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Case {
+    /// Seeds the runtime's ids and SimFs's power-loss choices.
+    pub seed: u64,
+    pub ops: Vec<Op>,
+    #[serde(default)]
+    pub canaries: Canaries,
+    /// Sweep mode: crash at this global point; `Op::Crash` is then ignored.
+    #[serde(default)]
+    pub crash_at: Option<GlobalCrash>,
+}
+
+/// What a passing run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// I/O points the run performed (all ops and recoveries).
+    pub points: u64,
+    /// Restarts (crashes and clean recovers) checked by the oracle.
+    pub restarts: u64,
+    /// Injected crash points that were hit.
+    pub crashes: u64,
+}
+
+/// Bound on back-to-back crashes while recovering (a crash armed into a
+/// recovery, then the recovery of that).
+const MAX_RECOVERY_ATTEMPTS: u32 = 3;
+
+/// The runtime and the model in lockstep.
+#[derive(Debug)]
+pub struct Exec {
+    seed: u64,
+    canaries: Canaries,
+    global: Option<GlobalCrash>,
+    driver: Driver,
+    model: Model,
+    armed: Option<(u16, CrashKind)>,
+    armed_fault: Option<(u16, FaultKind)>,
+    history: Vec<Op>,
+    restarts: u64,
+    crashes: u64,
+    /// I/O points done before the current op (the crash site is searched
+    /// after it, never in an earlier op).
+    step_start: u64,
+    /// The crash mode of the current op's crash, and the point it fell
+    /// after when it landed between ops.
+    crash_mode: Option<CrashKind>,
+    boundary: Option<u64>,
+    /// One line per accepted restart, for the report.
+    restart_notes: Vec<String>,
+}
+
+fn suspended(state: &State) -> State {
+    let mut s = state.clone();
+    for a in s.agents.values_mut() {
+        a.status = Status::Suspended;
+    }
+    s
+}
+
+impl Exec {
+    /// A fresh disk and an opened runtime.
+    pub fn new(seed: u64, canaries: Canaries, global: Option<GlobalCrash>) -> Result<Exec, Box<Failure>> {
+        let mut exec = Exec {
+            seed,
+            canaries: canaries.clone(),
+            global,
+            driver: Driver::new(seed, canaries),
+            model: Model::default(),
+            armed: None,
+            armed_fault: None,
+            history: Vec::new(),
+            restarts: 0,
+            crashes: 0,
+            step_start: 0,
+            crash_mode: None,
+            boundary: None,
+            restart_notes: Vec::new(),
+        };
+        if let Some(g) = global {
+            exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
+        }
+        match exec.driver.open() {
+            Ok(()) => {}
+            Err(_) if exec.driver.fs.crashed() => {
+                let model = exec.model.clone();
+                exec.restart(
+                    global.map(|g| g.kind).unwrap_or(CrashKind::Process),
+                    &model,
+                    None,
+                    None,
+                )?;
+            }
+            Err(e) => return Err(exec.fail("opening a fresh runtime failed", e.to_string(), None)),
+        }
+        Ok(exec)
+    }
+
+    /// The labelled I/O trace of the run so far.
+    pub fn trace(&self) -> Vec<durable_agent::fs::TraceEntry> {
+        self.driver.fs.trace()
+    }
+
+    /// The model the harness currently holds (the acknowledged state).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Stats so far.
+    pub fn stats(&self) -> RunStats {
+        RunStats {
+            points: self.driver.fs.points(),
+            restarts: self.restarts,
+            crashes: self.crashes,
+        }
+    }
+
+    /// The case that replays this run up to now.
+    pub fn case(&self) -> Case {
+        Case {
+            seed: self.seed,
+            ops: self.history.clone(),
+            canaries: self.canaries.clone(),
+            crash_at: self.global,
+        }
+    }
+
+    /// Apply one op. `Err` is a property violation, fully described.
+    pub fn step(&mut self, op: &Op) -> Result<(), Box<Failure>> {
+        self.history.push(op.clone());
+        self.driver.set_step(self.history.len() as u64);
+        self.step_start = self.driver.fs.points();
+        self.crash_mode = None;
+        self.boundary = None;
+        match op {
+            Op::Crash { offset, kind } => {
+                if self.global.is_none() {
+                    self.armed = Some((*offset, *kind));
+                }
+                Ok(())
+            }
+            Op::Fault { offset, kind } => {
+                if self.global.is_none() {
+                    self.armed_fault = Some((*offset, *kind));
+                }
+                Ok(())
+            }
+            Op::Recover => {
+                // A clean stop, then reopen; an armed crash lands inside the
+                // recovery itself (recovery must be restartable).
+                let model = self.model.clone();
+                let armed = self.armed.take();
+                let sweep_kind = self.global.map(|g| g.kind).unwrap_or(CrashKind::Process);
+                if self.driver.shutdown(sweep_kind.mode()) {
+                    self.crashes += 1;
+                }
+                self.disarm();
+                if let Some((offset, _)) = armed {
+                    self.driver.fs.set_fault(Some(Fault::CrashAt(
+                        self.driver.fs.points() + 1 + u64::from(offset),
+                    )));
+                }
+                let kind = armed
+                    .map(|(_, k)| k)
+                    .or(self.global.map(|g| g.kind))
+                    .unwrap_or(CrashKind::Process);
+                self.crash_mode = Some(kind);
+                self.reopen_and_judge(kind, &model, None, None)
+            }
+            _ => self.action(op),
+        }
+    }
+
+    fn action(&mut self, op: &Op) -> Result<(), Box<Failure>> {
+        let Some(action) = self.model.resolve(op) else {
+            return Ok(()); // no agent fits: skipped, on both sides
+        };
+        let before = self.model.clone();
+        let mut after = before.clone();
+        after.apply(&action);
+        let armed = self.armed.take();
+        let fault = if armed.is_some() {
+            None
+        } else {
+            self.armed_fault.take()
+        };
+        let next = self.driver.fs.points() + 1;
+        if let Some((offset, _)) = armed {
+            self.driver
+                .fs
+                .set_fault(Some(Fault::CrashAt(next + u64::from(offset))));
+        }
+        if let Some((offset, kind)) = fault {
+            self.driver.fs.set_fault(Some(kind.at(next + u64::from(offset))));
+        }
+        let result = self.driver.exec(&action);
+        if fault.is_some() && !self.driver.fs.crashed() {
+            self.disarm();
+            if result.is_err() {
+                // Unknown outcome: the daemon reopens everything in place
+                // (no crash) and the oracle judges it like one.
+                return self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action));
+            }
+        }
+        let kind = armed.map(|(_, k)| k).or(self.global.map(|g| g.kind));
+        if self.driver.fs.crashed() {
+            let kind = kind.unwrap_or(CrashKind::Process);
+            if result.is_ok() {
+                // The runtime acknowledged the op although an I/O point
+                // inside it died: acknowledged means durable, so "after"
+                // is the only candidate.
+                return self.restart(kind, &after, None, None);
+            }
+            return self.restart(kind, &before, Some(&after), Some(&action));
+        }
+        if let Err(e) = result {
+            return Err(self.fail(
+                "the runtime refused a valid operation with no fault injected",
+                e.to_string(),
+                None,
+            ));
+        }
+        self.model = after;
+        if armed.is_some() {
+            // The armed point lay past this op: the harness's own reads
+            // below must not hit it.
+            self.disarm();
+            self.boundary = Some(self.driver.fs.points());
+        }
+        let (state, mut violations) = self.driver.state();
+        if self.driver.fs.crashed() {
+            // A sweep point landed in the projection's reads: that is a
+            // crash between ops.
+            self.boundary = Some(self.driver.fs.points());
+            let model = self.model.clone();
+            return self.restart(kind.unwrap_or(CrashKind::Process), &model, None, None);
+        }
+        violations.extend(oracle::state_invariants(&state));
+        if !violations.is_empty() {
+            return Err(self.fail("an invariant broke", violations.join("\n"), None));
+        }
+        let full_outbox = state.outbox.clone();
+        let mut recovered = suspended(&state);
+        let mut expected = suspended(&self.model.state);
+        // Effects of unknown fate (R4) are compared by the oracle and I4
+        // only; one that shows up now becomes known.
+        let maybe = &self.model.maybe_effects;
+        let shown: Vec<String> = recovered
+            .outbox
+            .iter()
+            .filter(|k| maybe.contains(*k))
+            .cloned()
+            .collect();
+        recovered.outbox.retain(|k| !maybe.contains(k));
+        expected.outbox.retain(|k| !maybe.contains(k));
+        if recovered != expected {
+            return Err(self.fail(
+                "the runtime diverged from the model with no crash",
+                "state after the op differs (session residency ignored)".into(),
+                Some((expected, recovered)),
+            ));
+        }
+        if !shown.is_empty() {
+            self.model.state.outbox = full_outbox;
+            self.model.maybe_effects.retain(|k| !shown.contains(k));
+        }
+        if let Some((_, kind)) = armed {
+            // The process dies right after the op.
+            let model = self.model.clone();
+            return self.restart(kind, &model, None, None);
+        }
+        Ok(())
+    }
+}
+
+/// Replay a case from scratch. `Ok` means every check passed.
+pub fn run_case(case: &Case) -> Result<RunStats, Box<Failure>> {
+    let mut exec = Exec::new(case.seed, case.canaries.clone(), case.crash_at)?;
+    for op in &case.ops {
+        exec.step(op)?;
+    }
+    Ok(exec.stats())
+}

@@ -1,0 +1,171 @@
+//! Restarts and failure reports of [`Exec`]: killing the process,
+//! re-arming the sweep's crash point, recovering, judging, and describing
+//! where a failure happened.
+//!
+//! Invariant: every restart goes through [`Exec::reopen_and_judge`], so no
+//! recovered state escapes the invariants and the oracle.
+
+use durable_agent::fs::sim::Outcome;
+use durable_agent::fs::Fault;
+
+use super::{Exec, MAX_RECOVERY_ATTEMPTS};
+use crate::model::{Action, Model, State};
+use crate::op::CrashKind;
+use crate::oracle;
+use crate::report::{CrashSite, Failure};
+
+impl Exec {
+    /// Kill the process; counts it when an injected crash point was hit.
+    pub(super) fn kill(&mut self, kind: CrashKind) {
+        if self.driver.crash(kind.mode()) {
+            self.crashes += 1;
+        }
+        self.disarm();
+    }
+
+    /// Clear the op's armed crash; in sweep mode keep (re-arm) the global
+    /// crash point until it has been hit (a restart disarms SimFs).
+    pub(super) fn disarm(&mut self) {
+        let fault = match self.global {
+            Some(g) if self.crashes == 0 && g.point > self.driver.fs.points() => {
+                Some(Fault::CrashAt(g.point))
+            }
+            _ => None,
+        };
+        self.driver.fs.set_fault(fault);
+    }
+
+    /// Where the current op's crash hit, if it did.
+    pub(super) fn site(&self) -> Option<CrashSite> {
+        let trace = self.driver.fs.trace();
+        let start = self.step_start;
+        let hit = trace.iter().position(|e| {
+            e.point > start
+                && matches!(
+                    e.outcome,
+                    Outcome::Crashed | Outcome::Failed(_) | Outcome::LostReply
+                )
+        });
+        let site = match (hit, self.boundary) {
+            (Some(i), _) => Some(CrashSite::around(&trace, i, false)),
+            (None, Some(p)) => trace
+                .iter()
+                .rposition(|e| e.point <= p)
+                .map(|i| CrashSite::around(&trace, i, true)),
+            (None, None) => None,
+        };
+        site.map(|mut s| {
+            s.mode = self.crash_mode;
+            s
+        })
+    }
+
+    pub(super) fn fail(&self, what: &str, detail: String, states: Option<(State, State)>) -> Box<Failure> {
+        let crash = self.site();
+        let (expected, recovered) = match states {
+            Some((e, r)) => (Some(e), Some(r)),
+            None => (None, None),
+        };
+        Box::new(Failure {
+            case: self.case(),
+            step: self.history.len().saturating_sub(1),
+            what: what.to_string(),
+            detail,
+            crash,
+            expected,
+            recovered,
+            earlier_restarts: self.restart_notes.clone(),
+        })
+    }
+
+    /// Crash the process with `kind`, recover, and judge.
+    pub(super) fn restart(
+        &mut self,
+        kind: CrashKind,
+        before: &Model,
+        after: Option<&Model>,
+        action: Option<&Action>,
+    ) -> Result<(), Box<Failure>> {
+        self.crash_mode = Some(kind);
+        self.kill(kind);
+        self.reopen_and_judge(kind, before, after, action)
+    }
+
+    pub(super) fn reopen_and_judge(
+        &mut self,
+        kind: CrashKind,
+        before: &Model,
+        after: Option<&Model>,
+        action: Option<&Action>,
+    ) -> Result<(), Box<Failure>> {
+        self.restarts += 1;
+        let mut attempts = 0;
+        let (state, mut violations) = loop {
+            attempts += 1;
+            // A crash armed into the recovery (or a sweep point landing in
+            // it, or in the projection's reads) restarts it.
+            let opened = self.driver.open();
+            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                self.kill(kind);
+                continue;
+            }
+            if let Err(e) = opened {
+                return Err(self.fail("recovery failed", e, None));
+            }
+            self.disarm();
+            let projected = self.driver.state();
+            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                self.kill(kind);
+                continue;
+            }
+            break projected;
+        };
+        violations.extend(oracle::state_invariants(&state));
+        violations.extend(oracle::recovery_invariants(&state));
+        violations.extend(oracle::log_invariants(&self.driver.disk()));
+        if !violations.is_empty() {
+            return Err(self.fail("an invariant broke after recovery", violations.join("\n"), None));
+        }
+        match oracle::judge(before, after, action, &state) {
+            Ok(accepted) => {
+                self.model = accepted.adopted;
+                if accepted.side == oracle::Side::Before {
+                    // The turn was rolled back: remember it for resume_turn,
+                    // and its effects the world did not show as unknown.
+                    if let Some(turn @ Action::RunTurn { agent, .. }) = action {
+                        self.model.lost_turns.insert(agent.clone(), turn.clone());
+                    }
+                    for key in oracle::effects_of(action) {
+                        if !self.model.state.outbox.contains(&key) {
+                            self.model.maybe_effects.insert(key);
+                        }
+                    }
+                }
+                // Names, prompts and effect keys stay unique across the run
+                // even when the interrupted op is rolled back.
+                if let Some(after) = after {
+                    self.model.counter = self.model.counter.max(after.counter);
+                }
+                let site = self
+                    .site()
+                    .map(|c| format!(" at point {} \"{}\"", c.point, c.label))
+                    .unwrap_or_default();
+                self.restart_notes.push(format!(
+                    "op #{}: {kind:?} crash{site}; recovered state accepted as {:?}",
+                    self.history.len(),
+                    accepted.side
+                ));
+                Ok(())
+            }
+            Err(rejected) => Err(self.fail(
+                if after.is_some() {
+                    "the recovered state matches neither the model before nor after the interrupted op"
+                } else {
+                    "the recovered state differs from the acknowledged state"
+                },
+                rejected.reason,
+                Some((rejected.expected, state)),
+            )),
+        }
+    }
+}

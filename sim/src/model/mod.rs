@@ -1,0 +1,372 @@
+//! The reference model: the runtime's ACKNOWLEDGED state as plain data, and
+//! what each operation does to it.
+//!
+//! Invariant: [`Model::apply`] is pure and total over the actions
+//! [`Model::resolve`] produces, and a [`State`] is exactly what the runtime
+//! promises to keep across a crash: the agent tree, each agent's completed
+//! turns, pending and delivered messages, and the irreversible effects the
+//! external world received. Nothing here knows about files, fsync or the
+//! runtime's types; the driver projects the runtime onto a [`State`] and the
+//! oracle compares.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::op::{Op, ToolStep};
+
+mod triggers;
+
+pub use triggers::{TriggerRow, TriggerStatus, KEYS as TRIGGER_KEYS, MAX_ATTEMPTS};
+
+/// Distinct trigger dedup keys (for rendering ops).
+pub fn triggers_keys() -> u8 {
+    TRIGGER_KEYS
+}
+
+/// Whether an agent's session holds a provider slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Holds a slot (created, restored, or used by a turn).
+    Resident,
+    /// Evicted, or recovered after a restart.
+    Suspended,
+}
+
+/// A message as the model knows it (ids are the runtime's business).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Msg {
+    pub from: String,
+    pub payload: String,
+}
+
+/// A completed (acknowledged) turn.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Turn {
+    pub prompt: String,
+    pub tools: Vec<ToolStep>,
+    pub response: String,
+}
+
+/// One live agent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Agent {
+    pub parent: Option<String>,
+    pub status: Status,
+    pub turns: Vec<Turn>,
+    /// Enqueued, not yet delivered, in enqueue order.
+    pub pending: Vec<Msg>,
+    /// Delivered, in delivery order.
+    pub delivered: Vec<Msg>,
+}
+
+/// The acknowledged state of the whole runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct State {
+    /// Live agents by name (terminated agents are gone).
+    pub agents: BTreeMap<String, Agent>,
+    /// Idempotency keys of irreversible effects the world received, in order.
+    pub outbox: Vec<String>,
+    /// Durable triggers in emit (rowid) order.
+    #[serde(default)]
+    pub triggers: Vec<TriggerRow>,
+    /// The checkpointed loop's messages (contents), up to its last
+    /// checkpoint: what a resumed loop reloads.
+    #[serde(default)]
+    pub loop_messages: Vec<String>,
+}
+
+/// A resolved operation: concrete names and payloads, ready for both the
+/// model and the runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    CreateRoot {
+        name: String,
+    },
+    SpawnChild {
+        parent: String,
+        name: String,
+    },
+    RunTurn {
+        agent: String,
+        prompt: String,
+        tools: Vec<ToolStep>,
+        response: String,
+    },
+    SendMessage {
+        from: String,
+        to: String,
+        payload: String,
+    },
+    Deliver {
+        agent: String,
+    },
+    Evict {
+        agent: String,
+    },
+    Restore {
+        agent: String,
+    },
+    Terminate {
+        agent: String,
+    },
+    Emit {
+        key: String,
+    },
+    /// Claim the next due trigger, which the model predicts is `key`.
+    Claim {
+        key: String,
+    },
+    Ack {
+        key: String,
+        ok: bool,
+    },
+    /// Loop round `round` with `tools` tool messages.
+    LoopRound {
+        round: u64,
+        tools: u8,
+    },
+}
+
+/// The messages of loop round `round`: the assistant's, then each tool's.
+pub fn round_messages(round: u64, tools: u8) -> Vec<String> {
+    let mut out = vec![format!("a{round}")];
+    out.extend((0..tools).map(|i| format!("t{round}.{i}")));
+    out
+}
+
+/// Tools per turn, at most: the scripted provider asks for one per round
+/// and the runtime allows 4 rounds (`RuntimeConfig::max_tool_rounds`), the
+/// last of which must answer. Longer scripts (from `arbitrary`) are cut.
+pub const MAX_TOOLS_PER_TURN: usize = 3;
+
+/// The idempotency key of the `index`-th tool of the turn with `prompt`:
+/// prompts are unique, so a duplicate in the outbox is a real double side
+/// effect.
+pub fn effect_key(prompt: &str, index: usize) -> String {
+    format!("{prompt}#{index}")
+}
+
+/// A turn's prompt: unique (`p<n>`) and carrying the tool script, so the
+/// stateless scripted provider can follow it: `p7:Ir` = an irreversible
+/// tool that succeeds, then a reversible one that fails.
+pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
+    let script: String = tools
+        .iter()
+        .map(|t| match (t.irreversible, t.ok) {
+            (true, true) => 'I',
+            (true, false) => 'i',
+            (false, true) => 'R',
+            (false, false) => 'r',
+        })
+        .collect();
+    format!("p{n}:{script}")
+}
+
+/// The model: acknowledged state plus the counter that names new things.
+/// The counter is harness bookkeeping, never compared with the runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Model {
+    pub state: State,
+    pub counter: u64,
+    /// Turns a crash rolled back, by agent: `resume_turn` re-runs them with
+    /// the same prompt (so the same idempotency keys). Bookkeeping.
+    #[serde(default)]
+    pub lost_turns: BTreeMap<String, Action>,
+    /// Effect keys whose delivery is unknown (a lost turn's effect that the
+    /// world did not show at recovery): each may appear in the outbox at
+    /// most once, at any later time, or never (R4). Bookkeeping.
+    #[serde(default)]
+    pub maybe_effects: BTreeSet<String>,
+}
+
+fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
+    if names.is_empty() {
+        None
+    } else {
+        Some(names[r as usize % names.len()])
+    }
+}
+
+impl Model {
+    fn names(&self, keep: impl Fn(&Agent) -> bool) -> Vec<&String> {
+        self.state
+            .agents
+            .iter()
+            .filter(|(_, a)| keep(a))
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    fn has_children(&self, name: &str) -> bool {
+        self.state
+            .agents
+            .values()
+            .any(|a| a.parent.as_deref() == Some(name))
+    }
+
+    /// Turn an abstract op into a concrete action against this state, or
+    /// `None` when no agent fits (the op is then skipped). Control ops
+    /// (crash, recover) have no action.
+    pub fn resolve(&self, op: &Op) -> Option<Action> {
+        let n = self.counter;
+        let all = self.names(|_| true);
+        Some(match op {
+            Op::CreateRoot => Action::CreateRoot {
+                name: format!("a{n:03}"),
+            },
+            Op::SpawnChild { parent } => Action::SpawnChild {
+                parent: pick(&all, parent.0)?.clone(),
+                name: format!("a{n:03}"),
+            },
+            Op::RunTurn { agent, tools } => {
+                let tools = &tools[..tools.len().min(MAX_TOOLS_PER_TURN)];
+                Action::RunTurn {
+                    agent: pick(&all, agent.0)?.clone(),
+                    prompt: script_prompt(n, tools),
+                    tools: tools.to_vec(),
+                    response: format!("r{n}"),
+                }
+            }
+            Op::SendMessage { from, to } => Action::SendMessage {
+                from: pick(&all, from.0)?.clone(),
+                to: pick(&all, to.0)?.clone(),
+                payload: format!("m{n}"),
+            },
+            Op::Deliver { agent } => Action::Deliver {
+                agent: pick(&self.names(|a| !a.pending.is_empty()), agent.0)?.clone(),
+            },
+            Op::Evict { agent } => Action::Evict {
+                agent: pick(&all, agent.0)?.clone(),
+            },
+            Op::Restore { agent } => Action::Restore {
+                agent: pick(&all, agent.0)?.clone(),
+            },
+            Op::Terminate { agent } => {
+                let leaves: Vec<&String> = all.iter().copied().filter(|n| !self.has_children(n)).collect();
+                Action::Terminate {
+                    agent: pick(&leaves, agent.0)?.clone(),
+                }
+            }
+            Op::ResumeTurn { agent } => {
+                let lost: Vec<&String> = self
+                    .lost_turns
+                    .keys()
+                    .filter(|n| self.state.agents.contains_key(*n))
+                    .collect();
+                return self.lost_turns.get(pick(&lost, agent.0)?).cloned();
+            }
+            Op::EmitTrigger { .. } | Op::ClaimTrigger | Op::AckTrigger { .. } => {
+                return self.resolve_trigger(op)
+            }
+            Op::LoopRound { tools } => Action::LoopRound {
+                round: n,
+                tools: tools % 3,
+            },
+            Op::Crash { .. } | Op::Fault { .. } | Op::Recover => return None,
+        })
+    }
+
+    /// The state after `action` is acknowledged. Actions come from
+    /// [`Model::resolve`] on this same model, so they always fit.
+    pub fn apply(&mut self, action: &Action) {
+        self.counter += 1;
+        let agents = &mut self.state.agents;
+        let fresh = |parent: Option<String>| Agent {
+            parent,
+            status: Status::Resident,
+            turns: Vec::new(),
+            pending: Vec::new(),
+            delivered: Vec::new(),
+        };
+        match action {
+            Action::CreateRoot { name } => {
+                agents.insert(name.clone(), fresh(None));
+            }
+            Action::SpawnChild { parent, name } => {
+                agents.insert(name.clone(), fresh(Some(parent.clone())));
+            }
+            Action::RunTurn {
+                agent,
+                prompt,
+                tools,
+                response,
+            } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    a.status = Status::Resident;
+                    a.turns.push(Turn {
+                        prompt: prompt.clone(),
+                        tools: tools.clone(),
+                        response: response.clone(),
+                    });
+                }
+                self.lost_turns.remove(agent);
+                for (i, t) in tools.iter().enumerate() {
+                    let key = effect_key(prompt, i);
+                    // A resumed turn reuses its keys: the ledger never sends a
+                    // key twice, and one of unknown fate stays unknown.
+                    if t.irreversible
+                        && t.ok
+                        && !self.maybe_effects.contains(&key)
+                        && !self.state.outbox.contains(&key)
+                    {
+                        self.state.outbox.push(key);
+                    }
+                }
+            }
+            Action::SendMessage { from, to, payload } => {
+                if let Some(a) = agents.get_mut(to) {
+                    a.pending.push(Msg {
+                        from: from.clone(),
+                        payload: payload.clone(),
+                    });
+                }
+            }
+            Action::Deliver { agent } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    let msgs = std::mem::take(&mut a.pending);
+                    a.delivered.extend(msgs);
+                }
+            }
+            Action::Evict { agent } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    a.status = Status::Suspended;
+                }
+            }
+            Action::Restore { agent } => {
+                if let Some(a) = agents.get_mut(agent) {
+                    a.status = Status::Resident;
+                }
+            }
+            Action::Terminate { agent } => {
+                agents.remove(agent);
+            }
+            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } => self.apply_trigger(action),
+            Action::LoopRound { round, tools } => {
+                self.state.loop_messages.extend(round_messages(*round, *tools))
+            }
+        }
+    }
+
+    /// What a restart does to acknowledged state: every session is
+    /// suspended (nothing holds a slot until it is used again).
+    pub fn restarted(&self) -> Model {
+        let mut m = self.clone();
+        for a in m.state.agents.values_mut() {
+            a.status = Status::Suspended;
+        }
+        // Boot reclaims every lease: a reboot outlasts any lease.
+        for t in &mut m.state.triggers {
+            if t.status == TriggerStatus::Claimed {
+                t.status = if t.attempts >= MAX_ATTEMPTS {
+                    TriggerStatus::Dead
+                } else {
+                    TriggerStatus::Pending
+                };
+            }
+        }
+        m
+    }
+}

@@ -1,0 +1,96 @@
+//! The durable-trigger part of the model (seed 001): one row per dedup key,
+//! `PENDING -claim-> CLAIMED -ack ok-> DONE`, `-ack fail-> PENDING | DEAD`.
+//!
+//! Invariant: a dedup key has at most one row, whatever is emitted; claim
+//! takes the oldest PENDING row (all triggers are due: `fire_at` 0, equal
+//! priority, and every op is later than any backoff); reaching DONE is
+//! final.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Action, Model};
+use crate::op::Op;
+
+/// Claims before a failing trigger is dead-lettered (the store's default
+/// policy).
+pub const MAX_ATTEMPTS: u32 = 5;
+
+/// Distinct dedup keys the generator uses: few, so re-emits collide.
+pub const KEYS: u8 = 4;
+
+/// Lifecycle state of a trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerStatus {
+    Pending,
+    Claimed,
+    Done,
+    Dead,
+}
+
+/// One trigger as the model knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TriggerRow {
+    pub key: String,
+    pub status: TriggerStatus,
+    pub attempts: u32,
+}
+
+impl Model {
+    pub(super) fn resolve_trigger(&self, op: &Op) -> Option<Action> {
+        let rows = &self.state.triggers;
+        match op {
+            Op::EmitTrigger { key } => Some(Action::Emit {
+                key: format!("k{}", key % KEYS),
+            }),
+            Op::ClaimTrigger => rows
+                .iter()
+                .find(|t| t.status == TriggerStatus::Pending)
+                .map(|t| Action::Claim { key: t.key.clone() }),
+            Op::AckTrigger { trigger, ok } => {
+                let claimed: Vec<&TriggerRow> = rows
+                    .iter()
+                    .filter(|t| t.status == TriggerStatus::Claimed)
+                    .collect();
+                if claimed.is_empty() {
+                    return None;
+                }
+                let t = claimed[*trigger as usize % claimed.len()];
+                Some(Action::Ack {
+                    key: t.key.clone(),
+                    ok: *ok,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) fn apply_trigger(&mut self, action: &Action) {
+        let rows = &mut self.state.triggers;
+        match action {
+            Action::Emit { key } if !rows.iter().any(|t| &t.key == key) => {
+                rows.push(TriggerRow {
+                    key: key.clone(),
+                    status: TriggerStatus::Pending,
+                    attempts: 0,
+                });
+            }
+            Action::Claim { key } => {
+                if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
+                    t.status = TriggerStatus::Claimed;
+                    t.attempts += 1;
+                }
+            }
+            Action::Ack { key, ok } => {
+                if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
+                    t.status = match (ok, t.attempts >= MAX_ATTEMPTS) {
+                        (true, _) => TriggerStatus::Done,
+                        (false, true) => TriggerStatus::Dead,
+                        (false, false) => TriggerStatus::Pending,
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+}

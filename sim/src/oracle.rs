@@ -1,0 +1,294 @@
+//! The oracle: what a recovered runtime may look like, and the invariants
+//! that hold after every step.
+//!
+//! The rule: after a crash inside op k, the recovered state equals the
+//! model after ops 1..k-1 ("before") or after ops 1..k ("after"), up to the
+//! relaxations below and nothing else. A crash between ops (or a clean
+//! restart) has a single candidate, the model after the last op; so does an
+//! op the system answered `Ok` although a crash point inside it was hit
+//! (acknowledged means durable). An injected I/O error (EIO, ENOSPC, lost
+//! reply) that fails op k is judged the same way after the system reopens
+//! in place. The state compared: live agents (parent, completed turns,
+//! pending and delivered messages), the external world's outbox, the
+//! durable triggers, and the checkpointed loop's messages.
+//!
+//! Relaxations (the only ones; sim/RELAXATIONS.md mirrors this list):
+//!
+//! - **R1 A restart resets residency and leases.** Recovery holds no
+//!   provider slots, so every surviving session is `suspended`; a reboot
+//!   outlasts every trigger lease, so boot returns each CLAIMED trigger to
+//!   PENDING (DEAD once out of attempts).
+//! - **R2 In-flight op all-or-nothing.** The op the crash interrupted was
+//!   never acknowledged: it may be entirely present ("after") or entirely
+//!   absent ("before"). In particular an unacknowledged child spawn may
+//!   vanish, and an interrupted turn is lost whole (no half turn survives).
+//! - **R3 Re-delivery.** A delivered message may reappear as pending: for
+//!   each agent the recovered delivered list is a prefix of the candidate's,
+//!   and the rest comes back, in order, at the front of the pending list
+//!   (at-least-once delivery; never lost, never reordered).
+//! - **R4 Side effects of the lost turn.** When the interrupted op is a turn
+//!   and the candidate is "before", the external world may already hold
+//!   that turn's irreversible effects (the world is outside the crash).
+//!   Each may appear at most once; it is never re-run (invariant I4). An
+//!   effect absent at that recovery has an unknown fate (its INTENT may be
+//!   in the ledger, awaiting confirmation): it may appear once later, or
+//!   never, and a resumed turn (same keys) does not make it certain.
+//!
+//! Invariants (checked after every step; after recovery also I2):
+//!
+//! - **I1 No orphans.** Every agent's parent is a live agent.
+//! - **I2 Nothing active after recovery.** No session is resident right
+//!   after a restart (R1 is a promise, not just a tolerance).
+//! - **I3 Logs are valid JSONL.** Every `events.jsonl` on disk is a
+//!   sequence of complete JSON lines after recovery (a torn tail may exist
+//!   only between a crash and the next recovery).
+//! - **I4 No duplicate side effect.** No idempotency key reaches the
+//!   external world twice.
+//!
+//! Anything else a recovered runtime shows is a failure.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use crate::model::{effect_key, Action, Model, State, Status};
+
+/// Which candidate a recovered state matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    /// The interrupted op is absent (ops 1..k-1).
+    Before,
+    /// The interrupted op is present (ops 1..k), or there was none.
+    After,
+}
+
+/// The oracle accepted the recovered state; the harness continues from
+/// `adopted` (the candidate with the relaxations the runtime actually took).
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    pub side: Side,
+    pub adopted: Model,
+}
+
+/// The oracle rejected the recovered state: the closest candidate and why.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    /// The candidate the report diffs against (with R1 applied).
+    pub expected: State,
+    pub side: Side,
+    pub reason: String,
+}
+
+/// Check `recovered` against one candidate; `Ok` gives the adopted model.
+fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>) -> Result<Model, String> {
+    let mut adopted = candidate.restarted(); // R1
+    let want = &mut adopted.state;
+    let want_names: Vec<&String> = want.agents.keys().collect();
+    let got_names: Vec<&String> = recovered.agents.keys().collect();
+    if want_names != got_names {
+        return Err(format!(
+            "live agents differ: expected {want_names:?}, recovered {got_names:?}"
+        ));
+    }
+    for (name, w) in want.agents.iter_mut() {
+        let Some(g) = recovered.agents.get(name) else {
+            return Err(format!("agent {name} missing"));
+        };
+        if w.parent != g.parent {
+            return Err(format!(
+                "agent {name}: parent {:?} expected, {:?} recovered",
+                w.parent, g.parent
+            ));
+        }
+        if w.turns != g.turns {
+            return Err(format!(
+                "agent {name}: {} turns expected, {} recovered (or their content differs)",
+                w.turns.len(),
+                g.turns.len()
+            ));
+        }
+        // R3: recovered.delivered is a prefix of the candidate's; the rest
+        // returns to the front of pending.
+        let ok_delivery = g.delivered.len() <= w.delivered.len()
+            && w.delivered[..g.delivered.len()] == g.delivered[..]
+            && {
+                let mut pending = w.delivered[g.delivered.len()..].to_vec();
+                pending.extend(w.pending.iter().cloned());
+                pending == g.pending
+            };
+        if !ok_delivery {
+            return Err(format!(
+                "agent {name}: messages lost, duplicated or reordered (pending {} / delivered {} expected, {} / {} recovered)",
+                w.pending.len(),
+                w.delivered.len(),
+                g.pending.len(),
+                g.delivered.len()
+            ));
+        }
+        w.pending = g.pending.clone();
+        w.delivered = g.delivered.clone();
+    }
+    if want.loop_messages != recovered.loop_messages {
+        return Err(format!(
+            "loop messages differ: expected {:?}, recovered {:?}",
+            want.loop_messages, recovered.loop_messages
+        ));
+    }
+    if want.triggers != recovered.triggers {
+        return Err(format!(
+            "triggers differ: expected {:?}, recovered {:?}",
+            want.triggers, recovered.triggers
+        ));
+    }
+    // R4: the candidate's outbox, then possibly effects of the lost turn;
+    // effects of unknown fate may sit anywhere, at most once (I4).
+    let maybe = &adopted.maybe_effects;
+    let got: Vec<&String> = recovered.outbox.iter().filter(|k| !maybe.contains(*k)).collect();
+    let base = want.outbox.len();
+    if got.len() < base || got[..base].iter().zip(&want.outbox).any(|(g, w)| *g != w) {
+        return Err(format!(
+            "outbox: acknowledged effects {:?} expected first, recovered {:?}",
+            want.outbox, recovered.outbox
+        ));
+    }
+    if let Some(extra) = got[base..].iter().find(|k| !lost_effects.contains(**k)) {
+        return Err(format!(
+            "outbox: effect {extra:?} belongs to no acknowledged or in-flight turn"
+        ));
+    }
+    want.outbox = recovered.outbox.clone();
+    let outbox = want.outbox.clone();
+    adopted.maybe_effects.retain(|k| !outbox.contains(k));
+    Ok(adopted)
+}
+
+/// The irreversible effects `action` would cause (R4).
+pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
+    match action {
+        Some(Action::RunTurn { prompt, tools, .. }) => tools
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.irreversible && t.ok)
+            .map(|(i, _)| effect_key(prompt, i))
+            .collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+/// Judge a recovered state. `before` is the model before the interrupted
+/// op; `after` is the model with it (`None` when the crash fell between
+/// ops, so `before` is the only candidate); `action` is the interrupted op.
+pub fn judge(
+    before: &Model,
+    after: Option<&Model>,
+    action: Option<&Action>,
+    recovered: &State,
+) -> Result<Accepted, Box<Rejected>> {
+    let none = BTreeSet::new();
+    let after_err = match after {
+        Some(after) => match against(after, recovered, &none) {
+            Ok(adopted) => {
+                return Ok(Accepted {
+                    side: Side::After,
+                    adopted,
+                })
+            }
+            Err(e) => Some((after, e)),
+        },
+        None => None,
+    };
+    let lost = if after.is_some() { effects_of(action) } else { none };
+    match against(before, recovered, &lost) {
+        Ok(adopted) => Ok(Accepted {
+            side: if after.is_some() {
+                Side::Before
+            } else {
+                Side::After
+            },
+            adopted,
+        }),
+        Err(before_err) => {
+            // Diff against the candidate the recovered state is closer to:
+            // the one with the same agent set, else "after".
+            let (expected, side, reason) = match after_err {
+                Some((after, after_e)) => {
+                    let same_agents = |m: &Model| m.state.agents.keys().eq(recovered.agents.keys());
+                    let reason = format!("neither candidate matches.\n  vs after  (ops 1..k):   {after_e}\n  vs before (ops 1..k-1): {before_err}");
+                    if same_agents(before) && !same_agents(after) {
+                        (before.restarted().state, Side::Before, reason)
+                    } else {
+                        (after.restarted().state, Side::After, reason)
+                    }
+                }
+                None => (before.restarted().state, Side::After, before_err),
+            };
+            Err(Box::new(Rejected {
+                expected,
+                side,
+                reason,
+            }))
+        }
+    }
+}
+
+/// I1 and I4 on a state (any step). Returns the violations.
+pub fn state_invariants(state: &State) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, a) in &state.agents {
+        if let Some(p) = &a.parent {
+            if !state.agents.contains_key(p) {
+                out.push(format!(
+                    "I1 orphan: agent {name} has parent {p}, which is not live"
+                ));
+            }
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for k in &state.outbox {
+        if !seen.insert(k) {
+            out.push(format!(
+                "I4 duplicate side effect: key {k:?} reached the world twice"
+            ));
+        }
+    }
+    out
+}
+
+/// I2 right after a restart.
+pub fn recovery_invariants(state: &State) -> Vec<String> {
+    state
+        .agents
+        .iter()
+        .filter(|(_, a)| a.status != Status::Suspended)
+        .map(|(n, _)| format!("I2 agent {n} is resident right after recovery"))
+        .collect()
+}
+
+/// I3: every `events.jsonl` in `disk` is complete, valid JSON lines.
+pub fn log_invariants(disk: &std::collections::BTreeMap<PathBuf, Vec<u8>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, bytes) in disk {
+        if path.file_name().and_then(|n| n.to_str()) != Some("events.jsonl") {
+            continue;
+        }
+        if !bytes.is_empty() && bytes.last() != Some(&b'\n') {
+            out.push(format!(
+                "I3 {}: partial trailing line after recovery",
+                path.display()
+            ));
+        }
+        let mut offset = 0usize;
+        for line in bytes.split_inclusive(|b| *b == b'\n') {
+            if line.ends_with(b"\n")
+                && serde_json::from_slice::<serde_json::Value>(&line[..line.len() - 1]).is_err()
+            {
+                out.push(format!(
+                    "I3 {} offset {offset}: line is not valid JSON",
+                    path.display()
+                ));
+            }
+            offset += line.len();
+        }
+    }
+    out
+}

@@ -1,0 +1,108 @@
+//! Search profiles, chosen by `DA_PROFILE` (the port of seed 002's
+//! Hypothesis profiles):
+//!
+//! - `ci`: the PR gate. Fixed proptest seed (derandomized: the same cases
+//!   every run, so a failure means the change broke something), a case count
+//!   that finishes in a few minutes on 2 cores in a debug build.
+//! - `nightly`: random seeds, many cases (`DA_CASES` overrides), longer
+//!   sequences; shards by running several processes.
+//! - `default` (anything else): local runs, random seeds, moderate counts.
+//!
+//! Invariant: a profile is plain data; [`Profile::config`] is the only place
+//! that turns it into a proptest `Config`, so every entry point (tests,
+//! benches, `repro`) searches the same way.
+
+use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
+
+/// Failures of the clean runtime are persisted here (committed) and replayed
+/// before any new case.
+pub const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proptest-regressions/runtime.txt");
+
+/// The `ci` profile's fixed proptest seed.
+pub const CI_SEED: u64 = 0x0DA5_EED0_0000_00C1;
+
+/// How a search runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    pub name: &'static str,
+    /// New cases to run (persisted failures are replayed in addition).
+    pub cases: u32,
+    /// Ops per case: 1..=max_steps.
+    pub max_steps: usize,
+    /// `Some`: derandomized with this seed.
+    pub seed: Option<u64>,
+    /// Bound on shrink iterations (a shrink step replays a whole case).
+    pub max_shrink_iters: u32,
+}
+
+impl Profile {
+    pub fn ci() -> Profile {
+        Profile {
+            name: "ci",
+            cases: 512,
+            max_steps: 30,
+            seed: Some(CI_SEED),
+            max_shrink_iters: 400,
+        }
+    }
+
+    pub fn nightly() -> Profile {
+        Profile {
+            name: "nightly",
+            cases: 20_000,
+            max_steps: 50,
+            seed: None,
+            max_shrink_iters: 4_000,
+        }
+    }
+
+    pub fn local() -> Profile {
+        Profile {
+            name: "default",
+            cases: 512,
+            max_steps: 30,
+            seed: None,
+            max_shrink_iters: 1_000,
+        }
+    }
+
+    /// The profile `DA_PROFILE` names (`ci`, `nightly`, else default), with
+    /// `DA_CASES` overriding the case count.
+    pub fn from_env() -> Profile {
+        let mut p = match std::env::var("DA_PROFILE").as_deref() {
+            Ok("ci") => Profile::ci(),
+            Ok("nightly") => Profile::nightly(),
+            _ => Profile::local(),
+        };
+        if let Some(n) = std::env::var("DA_CASES").ok().and_then(|s| s.parse().ok()) {
+            p.cases = n;
+        }
+        p
+    }
+
+    /// The proptest config. `persist`: replay and record failures in
+    /// [`REGRESSIONS`] (off for canary searches, whose failures are expected
+    /// and must not be replayed first, or the case counts would lie).
+    pub fn config(&self, persist: bool) -> Config {
+        Config {
+            cases: self.cases,
+            max_shrink_iters: self.max_shrink_iters,
+            // A case is a whole simulated run; never time it (seed 002's
+            // `deadline=None`).
+            timeout: 0,
+            max_shrink_time: 0,
+            rng_seed: match self.seed {
+                Some(s) => RngSeed::Fixed(s),
+                None => RngSeed::Random,
+            },
+            failure_persistence: if persist {
+                Some(Box::new(FileFailurePersistence::Direct(REGRESSIONS)))
+            } else {
+                None
+            },
+            max_global_rejects: 100_000,
+            max_local_rejects: 100_000,
+            ..Config::default()
+        }
+    }
+}

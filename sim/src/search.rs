@@ -1,0 +1,127 @@
+//! The property search: generate op sequences with [`RefMachine`], run each
+//! through [`Exec`], shrink the first failure, and report it.
+//!
+//! Invariant: the reported failure is the shrunk case REPLAYED from scratch
+//! with [`run_case`], so what is printed is exactly what `repro` shows; a
+//! failure that does not replay is itself reported (non-determinism).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use durable_agent::canary::Canaries;
+use proptest::test_runner::{TestCaseError, TestError, TestRunner};
+use proptest_state_machine::ReferenceStateMachine;
+
+use crate::exec::{run_case, Case, Exec};
+use crate::machine::RefMachine;
+use crate::profile::Profile;
+use crate::report::Failure;
+
+/// What a search found.
+#[derive(Debug)]
+pub struct SearchOutcome {
+    /// Cases run, shrink replays included.
+    pub runs: u64,
+    /// 1-based index of the first failing case (before shrinking).
+    pub first_failure_at: Option<u64>,
+    /// I/O points performed across all runs.
+    pub points: u64,
+    /// Restarts checked by the oracle across all runs.
+    pub restarts: u64,
+    /// The shrunk failure, replayed.
+    pub failure: Option<Box<Failure>>,
+}
+
+/// Run `profile`'s search against the runtime with `canaries` enabled.
+/// `persist`: replay/record failures in the committed regressions file.
+pub fn search(profile: &Profile, canaries: &Canaries, persist: bool) -> SearchOutcome {
+    search_with_progress(profile, canaries, persist, &|_| {})
+}
+
+/// [`search`], calling `progress(runs_so_far)` after every case.
+pub fn search_with_progress(
+    profile: &Profile,
+    canaries: &Canaries,
+    persist: bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> SearchOutcome {
+    let runs = AtomicU64::new(0);
+    let points = AtomicU64::new(0);
+    let restarts = AtomicU64::new(0);
+    let first = Mutex::new(None);
+    let mut runner = TestRunner::new(profile.config(persist));
+    let strategy = RefMachine::sequential_strategy(1..=profile.max_steps);
+    let result = runner.run(&strategy, |(state, ops, seen)| {
+        let n = runs.fetch_add(1, Ordering::Relaxed) + 1;
+        progress(n);
+        let outcome = (|| {
+            let mut exec = Exec::new(state.seed, canaries.clone(), None)?;
+            for op in &ops {
+                if let Some(seen) = &seen {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                exec.step(op)?;
+            }
+            Ok::<_, Box<Failure>>(exec.stats())
+        })();
+        match outcome {
+            Ok(stats) => {
+                points.fetch_add(stats.points, Ordering::Relaxed);
+                restarts.fetch_add(stats.restarts, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(f) => {
+                let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
+                first.get_or_insert(n);
+                Err(TestCaseError::fail(f.what.clone()))
+            }
+        }
+    });
+    let failure = match result {
+        Ok(()) => None,
+        Err(TestError::Fail(_, (state, ops, _))) => {
+            let case = Case {
+                seed: state.seed,
+                ops,
+                canaries: canaries.clone(),
+                crash_at: None,
+            };
+            Some(match run_case(&case) {
+                Err(f) => f,
+                Ok(_) => Box::new(Failure {
+                    case,
+                    step: 0,
+                    what: "NON-DETERMINISM: the shrunk case failed in the search but passes on replay".into(),
+                    detail: "something in the runtime or harness depends on state outside the seed".into(),
+                    crash: None,
+                    expected: None,
+                    recovered: None,
+                    earlier_restarts: Vec::new(),
+                }),
+            })
+        }
+        Err(TestError::Abort(why)) => Some(Box::new(Failure {
+            case: Case {
+                seed: 0,
+                ops: Vec::new(),
+                canaries: canaries.clone(),
+                crash_at: None,
+            },
+            step: 0,
+            what: "the search aborted".into(),
+            detail: why.to_string(),
+            crash: None,
+            expected: None,
+            recovered: None,
+            earlier_restarts: Vec::new(),
+        })),
+    };
+    let first_failure_at = *first.lock().unwrap_or_else(|e| e.into_inner());
+    SearchOutcome {
+        runs: runs.into_inner(),
+        first_failure_at,
+        points: points.into_inner(),
+        restarts: restarts.into_inner(),
+        failure,
+    }
+}

@@ -1,0 +1,175 @@
+//! The oracle accepts exactly the documented relaxations (R1–R4) and
+//! rejects everything else. Built on model states only: no runtime.
+
+use durable_agent_sim::model::{Action, Model, Status};
+use durable_agent_sim::op::ToolStep;
+use durable_agent_sim::oracle::{judge, state_invariants, Side};
+
+fn model(actions: &[Action]) -> Model {
+    let mut m = Model::default();
+    for a in actions {
+        m.apply(a);
+    }
+    m
+}
+
+fn root(name: &str) -> Action {
+    Action::CreateRoot { name: name.into() }
+}
+
+fn send(from: &str, to: &str, payload: &str) -> Action {
+    Action::SendMessage {
+        from: from.into(),
+        to: to.into(),
+        payload: payload.into(),
+    }
+}
+
+fn turn(agent: &str, prompt: &str, tools: Vec<ToolStep>) -> Action {
+    Action::RunTurn {
+        agent: agent.into(),
+        prompt: prompt.into(),
+        tools,
+        response: "r".into(),
+    }
+}
+
+const IRREV: ToolStep = ToolStep {
+    irreversible: true,
+    ok: true,
+};
+
+#[test]
+fn exact_recovered_state_is_accepted_with_sessions_suspended() {
+    let m = model(&[root("a"), send("a", "a", "m1")]);
+    let recovered = m.restarted().state;
+    let ok = judge(&m, None, None, &recovered).unwrap();
+    assert_eq!(ok.side, Side::After);
+    assert!(ok
+        .adopted
+        .state
+        .agents
+        .values()
+        .all(|a| a.status == Status::Suspended));
+}
+
+#[test]
+fn interrupted_spawn_may_vanish_but_not_half_exist() {
+    let before = model(&[root("a")]);
+    let action = Action::SpawnChild {
+        parent: "a".into(),
+        name: "b".into(),
+    };
+    let mut after = before.clone();
+    after.apply(&action);
+    let vanished = before.restarted().state;
+    assert_eq!(
+        judge(&before, Some(&after), Some(&action), &vanished)
+            .unwrap()
+            .side,
+        Side::Before
+    );
+    // The child present with the wrong parent is neither candidate.
+    let mut wrong = after.restarted().state;
+    wrong.agents.get_mut("b").unwrap().parent = None;
+    assert!(judge(&before, Some(&after), Some(&action), &wrong).is_err());
+}
+
+#[test]
+fn acknowledged_message_lost_is_rejected() {
+    let m = model(&[root("a"), send("a", "a", "m1")]);
+    let mut recovered = m.restarted().state;
+    recovered.agents.get_mut("a").unwrap().pending.clear();
+    let err = judge(&m, None, None, &recovered).unwrap_err();
+    assert!(err.reason.contains("messages lost"), "{}", err.reason);
+}
+
+#[test]
+fn delivered_message_may_come_back_as_pending_in_order() {
+    let deliver = Action::Deliver { agent: "a".into() };
+    let m = model(&[
+        root("a"),
+        send("a", "a", "m1"),
+        send("a", "a", "m2"),
+        deliver,
+        send("a", "a", "m3"),
+    ]);
+    let mut recovered = m.restarted().state;
+    let a = recovered.agents.get_mut("a").unwrap();
+    let m2 = a.delivered.pop().unwrap();
+    a.pending.insert(0, m2.clone());
+    let ok = judge(&m, None, None, &recovered).unwrap();
+    assert_eq!(ok.adopted.state.agents["a"].pending[0], m2);
+    // Out of order (behind m3) is not re-delivery, it is reordering.
+    let mut reordered = m.restarted().state;
+    let a = reordered.agents.get_mut("a").unwrap();
+    let m2 = a.delivered.pop().unwrap();
+    a.pending.push(m2);
+    assert!(judge(&m, None, None, &reordered).is_err());
+}
+
+#[test]
+fn lost_turn_may_leave_its_side_effect_once_but_no_other() {
+    let before = model(&[root("a")]);
+    let action = turn("a", "p1:I", vec![IRREV]);
+    let mut after = before.clone();
+    after.apply(&action);
+    let mut recovered = before.restarted().state;
+    recovered.outbox.push("p1:I#0".into());
+    let ok = judge(&before, Some(&after), Some(&action), &recovered).unwrap();
+    assert_eq!(ok.side, Side::Before);
+    assert_eq!(ok.adopted.state.outbox, vec!["p1:I#0".to_string()]);
+    // An effect of no in-flight turn is rejected.
+    let mut stray = before.restarted().state;
+    stray.outbox.push("p9:I#0".into());
+    assert!(judge(&before, Some(&after), Some(&action), &stray).is_err());
+    // Between ops there is no in-flight turn: any extra effect is rejected.
+    assert!(judge(&before, None, None, &recovered).is_err());
+}
+
+#[test]
+fn duplicate_side_effect_and_orphans_break_invariants() {
+    let m = model(&[
+        root("a"),
+        Action::SpawnChild {
+            parent: "a".into(),
+            name: "b".into(),
+        },
+    ]);
+    let mut s = m.state.clone();
+    s.outbox = vec!["k".into(), "k".into()];
+    s.agents.remove("a");
+    let v = state_invariants(&s);
+    assert!(v.iter().any(|x| x.starts_with("I1")), "{v:?}");
+    assert!(v.iter().any(|x| x.starts_with("I4")), "{v:?}");
+    assert!(state_invariants(&m.state).is_empty());
+}
+
+#[test]
+fn partial_loop_round_and_lost_trigger_are_rejected() {
+    let before = model(&[Action::Emit { key: "k0".into() }]);
+    let action = Action::LoopRound { round: 1, tools: 2 };
+    let mut after = before.clone();
+    after.apply(&action);
+    let mut partial = before.restarted().state;
+    partial.loop_messages = vec!["a1".into(), "t1.0".into()];
+    assert!(judge(&before, Some(&after), Some(&action), &partial).is_err());
+    let mut lost = after.restarted().state;
+    lost.triggers.clear();
+    assert!(judge(&before, Some(&after), Some(&action), &lost).is_err());
+    assert!(judge(&before, Some(&after), Some(&action), &after.restarted().state).is_ok());
+}
+
+#[test]
+fn claimed_trigger_returns_to_pending_at_restart() {
+    let m = model(&[
+        Action::Emit { key: "k0".into() },
+        Action::Claim { key: "k0".into() },
+    ]);
+    let restarted = m.restarted();
+    assert_eq!(
+        restarted.state.triggers[0].status,
+        durable_agent_sim::model::TriggerStatus::Pending
+    );
+    assert_eq!(restarted.state.triggers[0].attempts, 1);
+}
