@@ -19,11 +19,12 @@
 //! `MADSIM_TEST_SEED=<seed> cargo sim <test>` (printed on failure). Nightly
 //! ranges: `MADSIM_TEST_SEEDS=<start>..<end> cargo sim`.
 //!
-//! The fuzzer's op-sequence oracle (`sim/src/oracle.rs`, branch `fuzz`)
-//! compares a recovered state with a reference model replaying the same op
-//! sequence; the daemon's history is concurrent and produced by the daemon
-//! itself, so [`oracle`] checks the same guarantees directly against the
-//! acknowledgements the daemon reported.
+//! The fuzzer's op-sequence oracle ([`crate::oracle`]) compares a recovered
+//! state with a reference model replaying the same op sequence; the
+//! daemon's history is concurrent and produced by the daemon itself, so
+//! [`oracle`] checks the same guarantees directly against the
+//! acknowledgements the daemon reported, and reuses the fuzzer's log check
+//! ([`crate::oracle::log_invariants`], I3) on the recovered disk.
 
 pub mod oracle;
 pub mod recorder;

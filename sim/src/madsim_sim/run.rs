@@ -257,6 +257,9 @@ fn final_view(ctx: &NodeCtx, end_ms: u64) -> FinalView {
     view.disk_violations = recovery::check_invariants(&*fs, &config.root)
         .err()
         .unwrap_or_default();
+    // The fuzzer's I3 (every events.jsonl is complete JSON lines), reused.
+    view.disk_violations
+        .extend(crate::oracle::log_invariants(&ctx.fs.disk_image()));
     let opts = SqliteOptions {
         seed: config.seed,
         ..SqliteOptions::default()
