@@ -12,8 +12,10 @@
 //! - [`store`]: session records and the SQLite-backed stores.
 //! - [`runtime`]: the orchestrator: agents, tree, inbox, turns, tools.
 //! - [`recovery`]: the one recovery procedure.
+//! - [`daemon`]: the concurrent async daemon (tokio; madsim under `--cfg madsim`).
 
 pub mod canary;
+pub mod daemon;
 pub mod fs;
 pub mod log;
 pub mod recovery;

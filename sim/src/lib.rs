@@ -14,6 +14,7 @@ pub mod canaries;
 pub mod driver;
 pub mod exec;
 pub mod machine;
+pub mod madsim_sim;
 pub mod model;
 pub mod op;
 pub mod oracle;

@@ -1,0 +1,207 @@
+//! The trigger scheduler: sleep until the next trigger is due (or a
+//! producer wakes it, or `poll_ms` passed), reclaim expired leases, emit the
+//! current bucket of each recurring schedule, claim every due trigger with a
+//! lease and hand each to a handler task.
+//!
+//! A handler waits the provider's latency, then fires: the side effect goes
+//! through the activity ledger under `fire:{dedup_key}` (so a re-claim after
+//! a crash finds the ledger row and sends nothing), the agent runs a turn
+//! with the prompt (and the overdue note, if late), and the trigger is
+//! acked DONE. A failed handler acks FAILED-retryable: the store puts it
+//! back with exponential backoff in `not_before`, or dead-letters it.
+//!
+//! Invariant: a trigger is acked DONE only after its firing is committed in
+//! the ledger, and the firing is sent at most once per key.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::runtime::RuntimeError;
+use crate::store::activities::{ActivityOutcome, IrreversibleCall};
+use crate::store::triggers::{Trigger, TriggerSource, TriggerSpec, TriggerStatus};
+
+use super::agents::{draw_ms, sleep_ms};
+use super::core::{emit, Core, Shared};
+use super::{DaemonConfig, DaemonError, DaemonEvent};
+
+/// The scheduler's loop; returns when the daemon stops.
+pub(super) async fn scheduler_loop(sh: Arc<Shared>) {
+    let mut rng = sh.rng(0);
+    let mut emitted = BTreeSet::new();
+    loop {
+        let next_ms = {
+            let Ok(mut core) = sh.lock().await else { return };
+            match step(&sh, &mut core, &mut rng, &mut emitted) {
+                Ok(next) => next,
+                Err(e) => {
+                    sh.fail(&mut core, format!("scheduler: {e}"));
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(sh.clock.instant_at(next_ms)) => {}
+            _ = sh.wake.notified() => {}
+        }
+    }
+}
+
+/// One pass; returns the logical time to wake up at.
+fn step(
+    sh: &Arc<Shared>,
+    core: &mut Core,
+    rng: &mut ChaCha8Rng,
+    emitted: &mut BTreeSet<String>,
+) -> Result<u64, DaemonError> {
+    let now = sh.now();
+    let reclaimed = core.triggers.reclaim_expired(core.db().conn(), now)?;
+    if !reclaimed.is_empty() {
+        sh.record(DaemonEvent::LeasesReclaimed { ids: reclaimed });
+    }
+    let mut next = now.saturating_add(sh.config.poll_ms);
+    for rec in &sh.config.recurring {
+        let period = rec.period_ms.max(1);
+        let bucket = now / period;
+        next = next.min((bucket + 1) * period);
+        let key = DaemonConfig::recurring_key(&rec.id, bucket);
+        if emitted.insert(key.clone()) {
+            let spec = TriggerSpec {
+                source: TriggerSource::Scheduled,
+                payload: DaemonConfig::trigger_payload(&key, rec.agent),
+                dedup_key: Some(key),
+                session_id: None,
+                fire_at_ms: bucket * period,
+                priority: 1,
+                description: format!("recurring task {}", rec.id),
+            };
+            emit(core, &spec, now, &|ev| sh.record(ev))?;
+        }
+    }
+    while let Some(trigger) = core.triggers.claim(core.db().conn(), now, sh.config.lease_ms)? {
+        sh.record(DaemonEvent::TriggerClaimed {
+            key: key_of(&trigger),
+            attempt: trigger.attempts,
+            overdue_ms: trigger.overdue_by_ms,
+        });
+        let latency = draw_ms(rng, sh.config.latency_ms);
+        let fail = rng.random_bool(sh.config.trigger_failure.clamp(0.0, 1.0));
+        tokio::spawn(handle(sh.clone(), trigger, latency, fail));
+    }
+    for t in core.triggers.pending(core.db().conn(), now)? {
+        let due = t.fire_at_ms.max(t.not_before_ms.unwrap_or(0));
+        next = next.min(due);
+    }
+    Ok(next.max(now + 1))
+}
+
+/// The task a trigger stands for: its payload's `task`, else its dedup
+/// key, else its id.
+fn key_of(trigger: &Trigger) -> String {
+    trigger
+        .payload
+        .get("task")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+        .or_else(|| trigger.dedup_key.clone())
+        .unwrap_or_else(|| trigger.id.clone())
+}
+
+/// Run one claimed trigger; returns when done (or the daemon stopped).
+async fn handle(sh: Arc<Shared>, trigger: Trigger, latency_ms: u64, fail: bool) {
+    sleep_ms(latency_ms).await;
+    let Ok(mut core) = sh.lock().await else { return };
+    if let Err(e) = fire(&sh, &mut core, &trigger, fail) {
+        sh.fail(&mut core, format!("trigger {}: {e}", key_of(&trigger)));
+    }
+}
+
+fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(), DaemonError> {
+    let key = key_of(trigger);
+    if !still_claimed(sh, core, trigger)? {
+        // The lease ran out before we got here; it was reclaimed (and maybe
+        // claimed again): the newer claim owns the trigger now.
+        sh.record(DaemonEvent::LeaseLost {
+            key,
+            attempt: trigger.attempts,
+        });
+        return Ok(());
+    }
+    if fail {
+        return retry_later(sh, core, trigger, "simulated handler failure");
+    }
+    let now = sh.now();
+    let call = IrreversibleCall::with_key(
+        &DaemonConfig::fire_key(&key),
+        &trigger.id,
+        "fire",
+        json!({ "key": key, "fire_at_ms": trigger.fire_at_ms }),
+    );
+    let outcome = core.gate.execute(&call, now)?;
+    let (from_ledger, needs_confirmation) = match outcome {
+        ActivityOutcome::Done { from_ledger, .. } => (from_ledger, false),
+        ActivityOutcome::NeedsConfirmation { .. } => (false, true),
+        ActivityOutcome::Failed { error, .. } => return retry_later(sh, core, trigger, &error),
+    };
+    let agent = trigger
+        .payload
+        .get("agent")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|a| usize::try_from(a).ok())
+        .unwrap_or(0);
+    // An unknown worker index falls back to worker 0 (the task still runs).
+    let Some(id) = core.agents.get(agent).or(core.agents.first()).cloned() else {
+        return retry_later(sh, core, trigger, "no worker agent to run the trigger");
+    };
+    let note = trigger.overdue_note();
+    let prompt = format!(
+        "trigger {key}: {}{}",
+        trigger.description,
+        note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+    );
+    match core.runtime.run_turn(&id, &prompt) {
+        Ok(_) => {}
+        Err(e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. })) => {
+            return retry_later(sh, core, trigger, &e.to_string())
+        }
+        Err(e) => return Err(e.into()),
+    }
+    core.triggers.ack_done(core.db().conn(), &trigger.id, sh.now())?;
+    sh.record(DaemonEvent::TriggerFired {
+        key,
+        overdue_note: note.is_some(),
+        from_ledger,
+        needs_confirmation,
+    });
+    Ok(())
+}
+
+/// Whether `trigger` is still CLAIMED by this claim with a live lease. The
+/// store's acks check only the status, not which claim holds it, so a
+/// handler whose lease expired must not act (the daemon's core lock makes
+/// this check and the acks below one step).
+fn still_claimed(sh: &Shared, core: &Core, trigger: &Trigger) -> Result<bool, DaemonError> {
+    let now = sh.now();
+    let row = core.triggers.get(core.db().conn(), &trigger.id, now)?;
+    Ok(row.is_some_and(|r| {
+        r.status == TriggerStatus::Claimed
+            && r.attempts == trigger.attempts
+            && r.lease_until_ms.is_some_and(|until| until > now)
+    }))
+}
+
+fn retry_later(sh: &Shared, core: &mut Core, trigger: &Trigger, error: &str) -> Result<(), DaemonError> {
+    let status = core
+        .triggers
+        .ack_failed(core.db().conn(), &trigger.id, sh.now(), error, true)?;
+    sh.record(DaemonEvent::TriggerFailed {
+        key: key_of(trigger),
+        attempt: trigger.attempts,
+        status: status.as_str().to_string(),
+    });
+    sh.wake.notify_one();
+    Ok(())
+}
