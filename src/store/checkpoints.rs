@@ -219,18 +219,7 @@ impl CheckpointStore {
                  tool_calls_count, schema_version, created_at FROM loop_checkpoints \
                  WHERE run_id = ?1 ORDER BY id DESC LIMIT 1",
                 [run_id],
-                |r| {
-                    Ok((
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                        r.get(6)?,
-                        r.get(7)?,
-                    ))
-                },
+                |r| Raw::try_from(r),
             )
             .optional()
             .map_err(sql("checkpoint load"))?;

@@ -378,17 +378,7 @@ type RawActivity = (
 );
 
 fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawActivity> {
-    Ok((
-        r.get(0)?,
-        r.get(1)?,
-        r.get(2)?,
-        r.get(3)?,
-        r.get(4)?,
-        r.get(5)?,
-        r.get(6)?,
-        r.get(7)?,
-        r.get(8)?,
-    ))
+    RawActivity::try_from(r)
 }
 
 fn decode(raw: RawActivity) -> Result<ActivityRecord, StoreError> {

@@ -300,21 +300,7 @@ impl ToolCallStore {
             u32,
         );
         let raws: Vec<Raw> = stmt
-            .query_map([arg], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                    r.get(7)?,
-                    r.get(8)?,
-                    r.get(9)?,
-                    r.get(10)?,
-                ))
-            })
+            .query_map([arg], |r| Raw::try_from(r))
             .map_err(sql("tool call select"))?
             .collect::<Result<_, _>>()
             .map_err(sql("tool call select"))?;
