@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use crate::store::activities::{ActivityError, ActivityGate, ActivityOutcome};
+use crate::store::activities::{ActivityError, ActivityGate};
 use crate::store::triggers::TriggerStore;
 use crate::store::StoreError;
 
@@ -42,14 +42,14 @@ pub fn recover_stores(
     conn: &rusqlite::Connection,
     now_ms: u64,
 ) -> Result<StoreRecovery, StoreRecoveryError> {
-    let activities = gate.recover(now_ms)?.iter().map(describe).collect();
+    let activities = gate
+        .recover(now_ms)?
+        .iter()
+        .map(|outcome| format!("{outcome:?}"))
+        .collect();
     let reclaimed_triggers = triggers.reclaim_expired(conn, now_ms)?;
     Ok(StoreRecovery {
         activities,
         reclaimed_triggers,
     })
-}
-
-fn describe(outcome: &ActivityOutcome) -> String {
-    format!("{outcome:?}")
 }
