@@ -134,8 +134,8 @@ impl Daemon {
         let triggers = TriggerStore::new(config.trigger_policy, config.canaries.clone());
         // Step 0 of the one recovery procedure: the stores, before any turn.
         let (stores, reclaimed_all) = {
+            let stores = recover_stores(&gate, &triggers, &db, now)?;
             let db = db.lock().unwrap_or_else(|e| e.into_inner());
-            let stores = recover_stores(&gate, &triggers, db.conn(), now)?;
             // One daemon owns the database, so every lease still held at
             // boot belongs to the dead process: reclaim it now instead of
             // letting the trigger wait out its lease. (WORKAROUND: the store

@@ -9,8 +9,11 @@
 //! Both steps are idempotent, so a crash during them is recovered by
 //! running them again.
 
+use std::sync::Mutex;
+
 use serde::Serialize;
 
+use crate::sqlite::Db;
 use crate::store::activities::{ActivityError, ActivityGate};
 use crate::store::triggers::TriggerStore;
 use crate::store::StoreError;
@@ -35,11 +38,12 @@ pub enum StoreRecoveryError {
 }
 
 /// Recover the activity ledger through `gate`, then reclaim expired trigger
-/// leases on `conn` (the trigger store's connection), at logical time `now_ms`.
+/// leases on `db` (the trigger store's connection, possibly the gate's
+/// own), at logical time `now_ms`.
 pub fn recover_stores(
     gate: &ActivityGate,
     triggers: &TriggerStore,
-    conn: &rusqlite::Connection,
+    db: &Mutex<Db>,
     now_ms: u64,
 ) -> Result<StoreRecovery, StoreRecoveryError> {
     let activities = gate
@@ -47,7 +51,9 @@ pub fn recover_stores(
         .iter()
         .map(|outcome| format!("{outcome:?}"))
         .collect();
-    let reclaimed_triggers = triggers.reclaim_expired(conn, now_ms)?;
+    // Locked only now: `db` may be the gate's own connection.
+    let db = db.lock().unwrap_or_else(|e| e.into_inner());
+    let reclaimed_triggers = triggers.reclaim_expired(db.conn(), now_ms)?;
     Ok(StoreRecovery {
         activities,
         reclaimed_triggers,

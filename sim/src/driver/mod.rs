@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{CrashMode, Fault, Fs, SimConfig, SimFs};
@@ -71,13 +71,19 @@ pub struct Driver {
     checkpoints: CheckpointStore,
     seed: u64,
     rt: Option<Runtime>,
-    db: Option<Db>,
+    db: Option<Arc<Mutex<Db>>>,
     /// Every agent ever seen, so messages from terminated senders resolve.
     names: BTreeMap<AgentId, String>,
     msgs: BTreeMap<MessageId, Msg>,
     /// Last reading of the stores (triggers, loop messages); `None` after
     /// a boot or a store op.
     store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
+}
+
+/// A panic mid-call leaves no half-applied SQL (each store step is its
+/// own transaction), so a poisoned lock is still usable.
+fn lock(db: &Mutex<Db>) -> MutexGuard<'_, Db> {
+    db.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn err(what: &str) -> impl FnOnce(String) -> String + '_ {
@@ -135,27 +141,29 @@ impl Driver {
             seed: self.seed,
             ..SqliteOptions::default()
         };
-        let open =
-            |what| open_store(fs.clone(), Path::new(STORE_DB), &opts).map_err(|e| err(what)(e.to_string()));
-        let gate = ActivityGate::new(
-            open("open the activity ledger")?,
+        // One connection serves the ledger gate, the trigger store and the
+        // loop, under one lock (as a single-threaded daemon would run it):
+        // one schema read per boot instead of two.
+        let db = open_store(fs.clone(), Path::new(STORE_DB), &opts)
+            .map_err(|e| err("open the stores")(e.to_string()))?;
+        let db = Arc::new(Mutex::new(db));
+        let gate = ActivityGate::shared(
+            db.clone(),
             Arc::new(ScriptedOutbox(self.world.clone())),
             self.activities.clone(),
         );
-        // The ledger's connection migrated the schema; the second one (for
-        // triggers and the loop) only opens, sharing the VFS.
-        let db = durable_agent::sqlite::open(fs.clone(), Path::new(STORE_DB), &opts)
-            .map_err(|e| err("open the trigger store")(e.to_string()))?;
-        recover_stores(&gate, &self.triggers, db.conn(), now)
-            .map_err(|e| err("store recovery")(e.to_string()))?;
-        // The loop resumes from its last checkpoint (rolling back a partial
-        // round); a fresh loop starts with an empty checkpoint.
-        let resumed = self
-            .checkpoints
-            .resume(db.conn(), LOOP_RUN, LOOP_SESSION)
-            .map_err(|e| err("loop resume")(e.to_string()))?;
-        if resumed.checkpoint.is_none() {
-            self.checkpoint(&db, 0, now)?;
+        recover_stores(&gate, &self.triggers, &db, now).map_err(|e| err("store recovery")(e.to_string()))?;
+        {
+            // The loop resumes from its last checkpoint (rolling back a
+            // partial round); a fresh loop starts with an empty checkpoint.
+            let db = lock(&db);
+            let resumed = self
+                .checkpoints
+                .resume(db.conn(), LOOP_RUN, LOOP_SESSION)
+                .map_err(|e| err("loop resume")(e.to_string()))?;
+            if resumed.checkpoint.is_none() {
+                self.checkpoint(&db, 0, now)?;
+            }
         }
         *self.tools.gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(gate);
         let (rt, _report) = Runtime::open(fs, Path::new(ROOT), self.config.clone())
@@ -204,9 +212,12 @@ impl Driver {
             .ok_or_else(|| "harness: runtime not open".to_string())
     }
 
-    fn db(&self) -> Result<&Db, String> {
+    /// The stores' connection (shared with the ledger gate: never hold it
+    /// across a runtime call, which may go through the gate).
+    fn db(&self) -> Result<MutexGuard<'_, Db>, String> {
         self.db
             .as_ref()
+            .map(|db| lock(db))
             .ok_or_else(|| "harness: store not open".to_string())
     }
 
@@ -319,7 +330,8 @@ impl Driver {
             Action::LoopRound { round, tools } => self.loop_round(*round, *tools, now)?,
             Action::Ack { key, ok } => {
                 let id = self.trigger_id(key)?;
-                let conn = self.db()?.conn();
+                let db = self.db()?;
+                let conn = db.conn();
                 let r = if *ok {
                     self.triggers.ack_done(conn, &id, now)
                 } else {

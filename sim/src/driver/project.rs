@@ -41,7 +41,7 @@ impl Driver {
                 .append_message(db.conn(), LOOP_SESSION, round, &Message::new(role, content), now)
                 .map_err(|e| format!("loop message: {e}"))?;
         }
-        self.checkpoint(db, round, now)
+        self.checkpoint(&db, round, now)
     }
 
     fn loop_messages(&self) -> Result<Vec<String>, String> {

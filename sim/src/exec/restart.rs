@@ -12,7 +12,7 @@ use super::{Exec, MAX_RECOVERY_ATTEMPTS};
 use crate::model::{Action, Model, State};
 use crate::op::CrashKind;
 use crate::oracle;
-use crate::report::{CrashSite, Failure};
+use crate::report::{CrashSite, Failure, TRACE_CONTEXT};
 
 impl Exec {
     /// Kill the process; counts it when an injected crash point was hit.
@@ -37,8 +37,13 @@ impl Exec {
 
     /// Where the current op's crash hit, if it did.
     pub(super) fn site(&self) -> Option<CrashSite> {
-        let trace = self.driver.fs.trace();
         let start = self.step_start;
+        // Only the op's points (a boundary lies past them) and the window
+        // before them are needed.
+        let trace = self
+            .driver
+            .fs
+            .trace_from(start.saturating_sub(TRACE_CONTEXT as u64));
         let hit = trace.iter().position(|e| {
             e.point > start
                 && matches!(

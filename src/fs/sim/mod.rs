@@ -207,6 +207,14 @@ impl SimFs {
         self.lock().trace.clone()
     }
 
+    /// The trace from point `first` on: what a report around a recent
+    /// point needs, without copying the whole run's trace.
+    pub fn trace_from(&self, first: u64) -> Vec<TraceEntry> {
+        let s = self.lock();
+        let start = s.trace.partition_point(|e| e.point < first);
+        s.trace[start..].to_vec()
+    }
+
     /// The files the process sees, by path. Right after a `restart` this is
     /// the disk.
     pub fn disk_image(&self) -> BTreeMap<PathBuf, Vec<u8>> {

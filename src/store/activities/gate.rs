@@ -23,11 +23,14 @@ pub struct ActivityGate {
 impl ActivityGate {
     /// `db` must already be migrated (see `store::schema::open_store`).
     pub fn new(db: Db, outbox: Arc<dyn Outbox>, store: ActivityStore) -> Self {
-        ActivityGate {
-            db: Arc::new(Mutex::new(db)),
-            outbox,
-            store,
-        }
+        Self::shared(Arc::new(Mutex::new(db)), outbox, store)
+    }
+
+    /// A gate on a connection other stores use too (under the same lock,
+    /// so their transactions never interleave with a ledger call's). Never
+    /// call the gate while holding `db`'s lock: the gate takes it.
+    pub fn shared(db: Arc<Mutex<Db>>, outbox: Arc<dyn Outbox>, store: ActivityStore) -> Self {
+        ActivityGate { db, outbox, store }
     }
 
     fn with_db<T>(&self, f: impl FnOnce(&Db) -> T) -> T {

@@ -1,0 +1,52 @@
+//! The benchmark's workload without criterion, for a profiler: generate
+//! `N` 30-op cases (proptest's deterministic runner, as the bench does),
+//! run each once, print totals. Instruction counts are repeatable:
+//!
+//! ```text
+//! CARGO_PROFILE_RELEASE_DEBUG=true cargo build --release -p durable-agent-sim --example profile_cases
+//! valgrind --tool=callgrind target/release/examples/profile_cases 16
+//! ```
+
+use durable_agent::canary::Canaries;
+use durable_agent_sim::machine::RefMachine;
+use durable_agent_sim::{run_case, Case};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
+use proptest_state_machine::ReferenceStateMachine;
+
+fn main() -> Result<(), String> {
+    let n: usize = match std::env::args().nth(1) {
+        Some(s) => s.parse().map_err(|e| format!("N: {e}"))?,
+        None => 16,
+    };
+    let mut runner = TestRunner::deterministic();
+    let strategy = RefMachine::sequential_strategy(30..=30);
+    let mut cases = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (state, ops, _) = strategy
+            .new_tree(&mut runner)
+            .map_err(|e| e.to_string())?
+            .current();
+        cases.push(Case {
+            seed: state.seed,
+            ops,
+            canaries: Canaries::none(),
+            crash_at: None,
+        });
+    }
+    let start = std::time::Instant::now();
+    let (mut passed, mut restarts, mut points) = (0, 0, 0);
+    for case in &cases {
+        if let Ok(stats) = run_case(case) {
+            passed += 1;
+            restarts += stats.restarts;
+            points += stats.points;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{n} cases ({passed} passed, {restarts} restarts, {points} I/O points) in {secs:.3}s: {:.0} cases/s",
+        n as f64 / secs
+    );
+    Ok(())
+}
