@@ -5,6 +5,13 @@
 //! - `sweep_point`: sweep replays (one crash point each: replay up to the
 //!   crash, recover, judge) per second, on the 30-op tour.
 
+// The harness allocates a lot of small short-lived values (trace entries,
+// model clones, JSON); mimalloc makes the same run ~15% faster than glibc's
+// malloc (`examples/profile_cases`). Binaries only: the library leaves the
+// allocator to its user.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use durable_agent::canary::Canaries;
 use durable_agent_sim::machine::RefMachine;

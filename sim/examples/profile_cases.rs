@@ -7,6 +7,10 @@
 //! valgrind --tool=callgrind target/release/examples/profile_cases 16
 //! ```
 
+// As in the CLI and the bench.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use durable_agent::canary::Canaries;
 use durable_agent_sim::machine::RefMachine;
 use durable_agent_sim::{run_case, Case};

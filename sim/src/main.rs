@@ -11,6 +11,13 @@
 //! are printed); 2: bad arguments or files. Wall-clock time is used only
 //! for `--time` (the campaign's budget), never inside a case.
 
+// The harness allocates a lot of small short-lived values (trace entries,
+// model clones, JSON); mimalloc makes the same run ~15% faster than glibc's
+// malloc (`examples/profile_cases`). Binaries only: the library leaves the
+// allocator to its user.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

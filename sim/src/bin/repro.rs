@@ -6,6 +6,13 @@
 //! cargo run -p durable-agent-sim --bin repro -- --case <file> --sweep
 //! ```
 
+// The harness allocates a lot of small short-lived values (trace entries,
+// model clones, JSON); mimalloc makes the same run ~15% faster than glibc's
+// malloc (`examples/profile_cases`). Binaries only: the library leaves the
+// allocator to its user.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
