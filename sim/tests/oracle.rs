@@ -173,3 +173,39 @@ fn claimed_trigger_returns_to_pending_at_restart() {
     );
     assert_eq!(restarted.state.triggers[0].attempts, 1);
 }
+
+#[test]
+fn i3_flags_partial_lines_bad_json_and_bad_utf8_in_logs_only() {
+    use durable_agent_sim::oracle::log_invariants;
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    let log = |bytes: &[u8]| {
+        BTreeMap::from([
+            (PathBuf::from("/da/agents/s1/events.jsonl"), bytes.to_vec()),
+            // Not a log: never judged.
+            (PathBuf::from("/da/store.db"), b"\xff{garbage".to_vec()),
+        ])
+    };
+    let good = b"{\"seq\":0,\"e\":\"a\"}\n{\"seq\":1,\"e\":\"\\u00e9\"}\n";
+    assert_eq!(log_invariants(&log(good)), Vec::<String>::new());
+
+    let partial = log(b"{\"seq\":0}\n{\"seq\":1");
+    assert!(log_invariants(&partial)[0].contains("partial trailing line"));
+
+    let bad_json = log(b"{\"seq\":0}\n{\"seq\":1,}\n");
+    assert_eq!(
+        log_invariants(&bad_json),
+        ["I3 /da/agents/s1/events.jsonl offset 10: line is not valid JSON"]
+    );
+
+    // A byte that is not UTF-8 inside a string is not JSON either.
+    let bad_utf8 = log(b"{\"e\":\"\xc3\x28\"}\n");
+    assert_eq!(
+        log_invariants(&bad_utf8),
+        ["I3 /da/agents/s1/events.jsonl offset 0: line is not valid JSON"]
+    );
+
+    let trailing = log(b"{\"seq\":0} x\n");
+    assert_eq!(log_invariants(&trailing).len(), 1);
+}
