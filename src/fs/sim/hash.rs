@@ -6,9 +6,9 @@
 //! and not stable across Rust versions, so they cannot be used).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-use super::state::Node;
+use super::key::Key;
+use super::state::{Ino, Node};
 use super::types::TraceEntry;
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -42,16 +42,19 @@ impl Fnv1a {
 }
 
 /// Hash of a namespace with file contents (directories included, so an
-/// empty directory that vanished changes the hash).
-pub(super) fn image_hash(ns: &BTreeMap<PathBuf, Node>, files: &BTreeMap<PathBuf, Vec<u8>>) -> u64 {
+/// empty directory that vanished changes the hash). Paths are hashed as
+/// spelled by [`Key`]; a file whose inode `bytes` does not know hashes as
+/// empty.
+pub(super) fn image_hash<'a>(ns: &BTreeMap<Key, Node>, bytes: impl Fn(Ino) -> Option<&'a [u8]>) -> u64 {
     let mut h = Fnv1a::new();
+    let mut spelled = Vec::new();
     for (path, node) in ns {
-        h.field(path.as_os_str().as_encoded_bytes());
+        spelled.clear();
+        path.as_ref().spell_into(&mut spelled);
+        h.field(&spelled);
         match node {
             Node::Dir => h.bytes(b"d"),
-            Node::File(_) => h
-                .bytes(b"f")
-                .field(files.get(path).map(Vec::as_slice).unwrap_or_default()),
+            Node::File(ino) => h.bytes(b"f").field(bytes(*ino).unwrap_or_default()),
         };
     }
     h.finish()

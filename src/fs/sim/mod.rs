@@ -81,6 +81,7 @@
 
 mod hash;
 mod inode;
+mod key;
 mod ops;
 mod power;
 mod report;
@@ -236,7 +237,8 @@ impl SimFs {
     /// file bytes.
     pub fn image_hash(&self) -> u64 {
         let s = self.lock();
-        hash::image_hash(&s.image.ns, &s.image.visible_files())
+        let inodes = &s.image.inodes;
+        hash::image_hash(&s.image.ns, |ino| inodes.get(&ino).map(|i| i.visible.as_slice()))
     }
 
     /// Stable hash (FNV-1a) of the trace: point, op, outcome, path, label.
@@ -280,7 +282,7 @@ impl SimFs {
             }
             Some(Fault::FailAt(_, kind)) => {
                 if op == IoOp::Sync {
-                    if let Ok(inode) = s.image.inode_mut(path) {
+                    if let Ok(inode) = s.image.inode_mut(&key::Arg::new(path)) {
                         inode.sync_failed();
                     }
                 }

@@ -1,5 +1,5 @@
 //! The [`Fs`] methods of [`SimFs`]: each translates one call into changes
-//! of the [`Image`] inside one numbered I/O point.
+//! of the [`Image`](super::state::Image) inside one numbered I/O point.
 //!
 //! Invariant: a call either fails with no effect on the image, or records
 //! its whole effect (visible now, durable per the fault model in
@@ -7,9 +7,10 @@
 //! (a torn write prefix, or some of `create_dir_all`'s directories).
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::state::{DataOp, DirOpKind, Image, Node};
+use super::key::{Arg, Key};
+use super::state::{DataOp, DirOpKind, Inode, Node};
 use super::{Apply, IoOp, SimFs};
 use crate::fs::{Fs, OpenMode};
 
@@ -35,39 +36,41 @@ impl SimFs {
     }
 }
 
-fn write(image: &mut Image, path: &Path, offset: u64, data: &[u8]) -> io::Result<()> {
-    let inode = image.inode_mut(path)?;
+/// Push a write of `data` (nothing for an empty one).
+fn write(inode: &mut Inode, offset: u64, data: &[u8]) {
     if !data.is_empty() {
         inode.push(DataOp::Write {
             offset,
             data: data.to_vec(),
         });
     }
-    Ok(())
 }
 
 impl Fs for SimFs {
     fn create_dir_all(&self, path: &Path, label: &str) -> io::Result<()> {
         self.point(IoOp::CreateDir, path, None, label, |image, apply| {
-            let mut missing: Vec<PathBuf> = Vec::new();
-            for dir in path.ancestors() {
-                match image.ns.get(dir) {
+            let key = Key::new(path);
+            let mut missing: Vec<Key> = Vec::new();
+            // `path.ancestors()`, as keys: the nth is `path.ancestors().nth(n)`.
+            let ancestors = std::iter::successors(Some(key.as_ref()), |k| k.parent());
+            for (n, dir) in ancestors.enumerate() {
+                match image.entry(dir) {
                     _ if image.is_dir(dir) => break,
-                    // Same kinds as std::fs::create_dir_all: EEXIST for the
-                    // target itself, ENOTDIR for a file on the way.
-                    Some(Node::File(_)) if dir == path => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::AlreadyExists,
-                            format!("{}: is a file, cannot create a directory", dir.display()),
-                        ))
-                    }
                     Some(Node::File(_)) => {
+                        let shown = path.ancestors().nth(n).unwrap_or(path).display();
+                        // Same kinds as std::fs::create_dir_all: EEXIST for the
+                        // target itself, ENOTDIR for a file on the way.
+                        let kind = if n == 0 {
+                            io::ErrorKind::AlreadyExists
+                        } else {
+                            io::ErrorKind::NotADirectory
+                        };
                         return Err(io::Error::new(
-                            io::ErrorKind::NotADirectory,
-                            format!("{}: is a file, cannot create a directory", dir.display()),
-                        ))
+                            kind,
+                            format!("{shown}: is a file, cannot create a directory"),
+                        ));
                     }
-                    _ => missing.push(dir.to_path_buf()),
+                    _ => missing.push(dir.to_key()),
                 }
             }
             // A crash mid mkdir -p leaves the outer directories only.
@@ -84,26 +87,27 @@ impl Fs for SimFs {
 
     fn open(&self, path: &Path, mode: OpenMode, label: &str) -> io::Result<()> {
         self.point(IoOp::Open, path, None, label, |image, _| {
-            match image.ns.get(path) {
+            let arg = Arg::new(path);
+            match image.entry(arg.key.as_ref()) {
                 Some(Node::Dir) => {
-                    image.file(path)?;
+                    image.file(&arg)?;
                 }
-                Some(Node::File(_)) => match mode {
+                Some(Node::File(ino)) => match mode {
                     OpenMode::CreateNew => {
                         return Err(io::Error::new(
                             io::ErrorKind::AlreadyExists,
                             format!("{}: exists (OpenMode::CreateNew)", path.display()),
                         ))
                     }
-                    OpenMode::Truncate => image.inode_mut(path)?.push(DataOp::Truncate { len: 0 }),
+                    OpenMode::Truncate => image.ino_mut(*ino, path)?.push(DataOp::Truncate { len: 0 }),
                     OpenMode::Existing | OpenMode::Create => {}
                 },
                 None => {
                     if mode == OpenMode::Existing {
                         return Err(super::state::not_found(path));
                     }
-                    image.parent_is_dir(path)?;
-                    image.create_file(path);
+                    image.parent_is_dir(&arg)?;
+                    image.create_file(arg.key);
                 }
             }
             Ok(())
@@ -112,25 +116,27 @@ impl Fs for SimFs {
 
     fn write_at(&self, path: &Path, offset: u64, data: &[u8], label: &str) -> io::Result<()> {
         self.point(IoOp::WriteAt, path, None, label, |image, apply| {
-            image.file(path)?;
+            let ino = image.file(&Arg::new(path))?;
             self.check_end(path, offset, data.len())?;
-            write(image, path, offset, apply.cut(data))
+            write(image.ino_mut(ino, path)?, offset, apply.cut(data));
+            Ok(())
         })
     }
 
     fn append(&self, path: &Path, data: &[u8], label: &str) -> io::Result<u64> {
         self.point(IoOp::Append, path, None, label, |image, apply| {
-            let offset = image.inode(path)?.visible.len() as u64;
-            image.file(path)?;
+            let ino = image.file(&Arg::new(path))?;
+            let inode = image.ino_mut(ino, path)?;
+            let offset = inode.visible.len() as u64;
             self.check_end(path, offset, data.len())?;
-            write(image, path, offset, apply.cut(data))?;
+            write(inode, offset, apply.cut(data));
             Ok(offset)
         })
     }
 
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize> {
         self.point(IoOp::ReadAt, path, None, label, |image, _| {
-            let file = &image.inode(path)?.visible;
+            let file = &image.inode(&Arg::new(path))?.visible;
             let start = usize::try_from(offset).unwrap_or(usize::MAX).min(file.len());
             let n = buf.len().min(file.len() - start);
             buf[..n].copy_from_slice(&file[start..start + n]);
@@ -140,19 +146,19 @@ impl Fs for SimFs {
 
     fn read(&self, path: &Path, label: &str) -> io::Result<Vec<u8>> {
         self.point(IoOp::Read, path, None, label, |image, _| {
-            Ok(image.inode(path)?.visible.clone())
+            Ok(image.inode(&Arg::new(path))?.visible.clone())
         })
     }
 
     fn len(&self, path: &Path, label: &str) -> io::Result<u64> {
         self.point(IoOp::Len, path, None, label, |image, _| {
-            Ok(image.inode(path)?.visible.len() as u64)
+            Ok(image.inode(&Arg::new(path))?.visible.len() as u64)
         })
     }
 
     fn truncate(&self, path: &Path, len: u64, label: &str) -> io::Result<()> {
         self.point(IoOp::Truncate, path, None, label, |image, _| {
-            let inode = image.inode_mut(path)?;
+            let inode = image.inode_mut(&Arg::new(path))?;
             self.check_end(path, len, 0)?;
             inode.push(DataOp::Truncate { len });
             Ok(())
@@ -160,46 +166,50 @@ impl Fs for SimFs {
     }
 
     fn sync(&self, path: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::Sync, path, None, label, |image, _| image.file_synced(path))
+        self.point(IoOp::Sync, path, None, label, |image, _| {
+            image.file_synced(&Arg::new(path))
+        })
     }
 
     fn sync_dir(&self, path: &Path, label: &str) -> io::Result<()> {
         self.point(IoOp::SyncDir, path, None, label, |image, _| {
-            if !image.is_dir(path) {
-                image.file(path)?;
+            let arg = Arg::new(path);
+            if !image.is_dir(arg.key.as_ref()) {
+                image.file(&arg)?;
                 return Err(io::Error::new(
                     io::ErrorKind::NotADirectory,
                     format!("{}: sync_dir of a file", path.display()),
                 ));
             }
-            image.dir_synced(path);
+            image.dir_synced(arg.key.as_ref());
             Ok(())
         })
     }
 
     fn rename(&self, from: &Path, to: &Path, label: &str) -> io::Result<()> {
         self.point(IoOp::Rename, from, Some(to), label, |image, _| {
-            let ino = image.file(from).map_err(|e| {
+            let (from, to) = (Arg::new(from), Arg::new(to));
+            let ino = image.file(&from).map_err(|e| {
                 if e.kind() == io::ErrorKind::IsADirectory {
                     io::Error::new(
                         io::ErrorKind::Unsupported,
-                        format!("{}: SimFs renames files only", from.display()),
+                        format!("{}: SimFs renames files only", from.path.display()),
                     )
                 } else {
                     e
                 }
             })?;
-            if image.is_dir(to) {
+            if image.is_dir(to.key.as_ref()) {
                 return Err(io::Error::new(
                     io::ErrorKind::IsADirectory,
-                    format!("{}: rename target is a directory", to.display()),
+                    format!("{}: rename target is a directory", to.path.display()),
                 ));
             }
-            image.parent_is_dir(to)?;
-            if from != to {
+            image.parent_is_dir(&to)?;
+            if from.key != to.key {
                 image.dir_op(DirOpKind::Rename {
-                    from: from.to_path_buf(),
-                    to: to.to_path_buf(),
+                    from: from.key,
+                    to: to.key,
                     ino,
                 });
             }
@@ -209,31 +219,31 @@ impl Fs for SimFs {
 
     fn remove(&self, path: &Path, label: &str) -> io::Result<()> {
         self.point(IoOp::Remove, path, None, label, |image, _| {
-            let ino = image.file(path)?;
-            image.dir_op(DirOpKind::Remove {
-                path: path.to_path_buf(),
-                ino,
-            });
+            let arg = Arg::new(path);
+            let ino = image.file(&arg)?;
+            image.dir_op(DirOpKind::Remove { path: arg.key, ino });
             Ok(())
         })
     }
 
     fn list(&self, dir: &Path, label: &str) -> io::Result<Vec<String>> {
         self.point(IoOp::List, dir, None, label, |image, _| {
-            if !image.is_dir(dir) {
-                image.file(dir)?;
+            let arg = Arg::new(dir);
+            if !image.is_dir(arg.key.as_ref()) {
+                image.file(&arg)?;
                 return Err(io::Error::new(
                     io::ErrorKind::NotADirectory,
                     format!("{}: list of a file", dir.display()),
                 ));
             }
-            Ok(image.children(dir))
+            Ok(image.children(arg.key.as_ref()))
         })
     }
 
     fn exists(&self, path: &Path, label: &str) -> io::Result<bool> {
         self.point(IoOp::Exists, path, None, label, |image, _| {
-            Ok(image.is_dir(path) || image.ns.contains_key(path))
+            let key = Key::new(path);
+            Ok(image.is_dir(key.as_ref()) || image.entry(key.as_ref()).is_some())
         })
     }
 }

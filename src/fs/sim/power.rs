@@ -8,11 +8,11 @@
 //! original order. The same `Chooser` draws give the same image.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+use super::key::Key;
 use super::state::{DataOp, Durability, Image, Ino, Node};
 use super::types::{DirModel, SimConfig};
 
@@ -72,7 +72,7 @@ impl Chooser for Nothing {
 
 /// The disk after a power loss: namespace and each surviving inode's bytes.
 pub(super) struct Disk {
-    pub ns: BTreeMap<PathBuf, Node>,
+    pub ns: BTreeMap<Key, Node>,
     pub data: BTreeMap<Ino, Vec<u8>>,
 }
 
@@ -123,18 +123,18 @@ pub(super) fn resolve(image: &Image, model: DirModel, chooser: &mut impl Chooser
     // An entry whose directory did not reach disk is unreachable (fsck
     // would put it in lost+found; we drop it). BTreeMap order visits a
     // parent before its children, so one pass settles whole subtrees.
-    let mut reachable: BTreeMap<PathBuf, Node> = BTreeMap::new();
+    let mut reachable: BTreeMap<Key, Node> = BTreeMap::new();
     for (path, node) in ns {
-        let parent_ok = match path.parent() {
+        let parent_ok = match path.as_ref().parent() {
             None => true,
-            Some(p) if p.as_os_str().is_empty() || p == std::path::Path::new("/") => true,
-            Some(p) => reachable.get(p) == Some(&Node::Dir),
+            Some(p) if p.is_root() => true,
+            Some(p) => reachable.get(p.bytes()) == Some(&Node::Dir),
         };
         if parent_ok {
             reachable.insert(path, node);
         }
     }
-    reachable.insert(PathBuf::from("/"), Node::Dir);
+    reachable.insert(Key::root(), Node::Dir);
 
     // Inodes no surviving entry names are gone (an orphan's data may have
     // been synced, but nothing can reach it).

@@ -4,12 +4,11 @@
 //! Invariant: read-only; one line per undecided thing, in a stable order
 //! (data by path, then directory ops in the order they happened).
 
-use std::path::Path;
-
+use super::key::Key;
 use super::state::{DataOp, DirOpKind, Durability, Inode, Node};
 use super::SimFs;
 
-fn data_line(path: &Path, inode: &Inode) -> Option<String> {
+fn data_line(path: &Key, inode: &Inode) -> Option<String> {
     let count = |d: Durability| inode.log.iter().filter(|e| e.durability == d).count();
     let (unsynced, unknown) = (count(Durability::Unsynced), count(Durability::Unknown));
     if unsynced + unknown == 0 {
@@ -27,7 +26,7 @@ fn data_line(path: &Path, inode: &Inode) -> Option<String> {
     Some(format!(
         "{}: {unsynced} unsynced and {unknown} unknown (failed sync) writes/truncates, {bytes} bytes; \
          durable length {}, visible length {}",
-        path.display(),
+        path,
         inode.base.len(),
         inode.visible.len()
     ))
@@ -35,12 +34,10 @@ fn data_line(path: &Path, inode: &Inode) -> Option<String> {
 
 fn dir_line(kind: &DirOpKind, strict: bool, eager: bool) -> String {
     let what = match kind {
-        DirOpKind::Mkdir { path } => format!("mkdir {}", path.display()),
-        DirOpKind::Create { path, .. } => format!("create {}", path.display()),
-        DirOpKind::Rename { from, to, .. } => {
-            format!("rename {} -> {}", from.display(), to.display())
-        }
-        DirOpKind::Remove { path, .. } => format!("remove {}", path.display()),
+        DirOpKind::Mkdir { path } => format!("mkdir {path}"),
+        DirOpKind::Create { path, .. } => format!("create {path}"),
+        DirOpKind::Rename { from, to, .. } => format!("rename {from} -> {to}"),
+        DirOpKind::Remove { path, .. } => format!("remove {path}"),
     };
     let state = |durable: bool| if durable { "durable" } else { "undecided" };
     format!(

@@ -3,7 +3,8 @@
 //! data and for directory entries separately.
 //!
 //! Invariants:
-//! - File identity is an inode number. A directory entry maps a path to an
+//! - File identity is an inode number. A directory entry maps a path (as a
+//!   [`Key`]: component-wise, so `/a//b` and `/a/b` are one entry) to an
 //!   inode; `rename` moves the entry, never the data. A file's data
 //!   durability (`sync`) is separate from its entry's durability (`sync_dir`).
 //! - For each inode, `visible == apply(base, every op in log)`; `base` plus
@@ -18,6 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub(super) use super::inode::{DataOp, Durability, Ino, Inode};
+use super::key::{Arg, Key, KeyRef};
 
 /// A directory entry's target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,10 +31,10 @@ pub(super) enum Node {
 /// A change to the namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum DirOpKind {
-    Mkdir { path: PathBuf },
-    Create { path: PathBuf, ino: Ino },
-    Rename { from: PathBuf, to: PathBuf, ino: Ino },
-    Remove { path: PathBuf, ino: Ino },
+    Mkdir { path: Key },
+    Create { path: Key, ino: Ino },
+    Rename { from: Key, to: Key, ino: Ino },
+    Remove { path: Key, ino: Ino },
 }
 
 impl DirOpKind {
@@ -40,7 +42,7 @@ impl DirOpKind {
     /// source entry no longer names that inode on this image (because an
     /// earlier op did not reach disk) only does the part that still makes
     /// sense, as a journal replay of that one op would.
-    pub(super) fn apply(&self, ns: &mut BTreeMap<PathBuf, Node>) {
+    pub(super) fn apply(&self, ns: &mut BTreeMap<Key, Node>) {
         match self {
             DirOpKind::Mkdir { path } => {
                 ns.entry(path.clone()).or_insert(Node::Dir);
@@ -63,8 +65,8 @@ impl DirOpKind {
     }
 
     /// Whether the op changes an entry of directory `dir`.
-    pub(super) fn touches_dir(&self, dir: &Path) -> bool {
-        let in_dir = |p: &PathBuf| p.parent() == Some(dir);
+    pub(super) fn touches_dir(&self, dir: KeyRef<'_>) -> bool {
+        let in_dir = |p: &Key| p.as_ref().parent() == Some(dir);
         match self {
             DirOpKind::Mkdir { path } => in_dir(path),
             DirOpKind::Create { path, .. } | DirOpKind::Remove { path, .. } => in_dir(path),
@@ -75,14 +77,18 @@ impl DirOpKind {
     /// The ext4-like rule (`DirModel::Eager`) for a completed `sync` of
     /// `path` (inode `ino`): ops in the same directory, ops that create or
     /// move that inode, and the creation of its ancestor directories.
-    pub(super) fn made_durable_by_file_sync(&self, path: &Path, ino: Ino) -> bool {
-        if let Some(parent) = path.parent() {
-            if self.touches_dir(parent) {
-                return true;
-            }
+    /// `parent` is `path`'s parent (computed once per `sync`).
+    pub(super) fn made_durable_by_file_sync(
+        &self,
+        path: KeyRef<'_>,
+        parent: Option<KeyRef<'_>>,
+        ino: Ino,
+    ) -> bool {
+        if parent.is_some_and(|parent| self.touches_dir(parent)) {
+            return true;
         }
         match self {
-            DirOpKind::Mkdir { path: dir } => path.starts_with(dir),
+            DirOpKind::Mkdir { path: dir } => path.starts_with(dir.as_ref()),
             DirOpKind::Create { ino: i, .. } | DirOpKind::Rename { ino: i, .. } => *i == ino,
             DirOpKind::Remove { .. } => false,
         }
@@ -101,8 +107,8 @@ pub(super) struct DirOp {
 /// Namespace plus inodes; no faults, no trace, no randomness.
 #[derive(Debug, Clone)]
 pub(super) struct Image {
-    pub ns: BTreeMap<PathBuf, Node>,
-    pub ns_base: BTreeMap<PathBuf, Node>,
+    pub ns: BTreeMap<Key, Node>,
+    pub ns_base: BTreeMap<Key, Node>,
     pub dir_log: Vec<DirOp>,
     pub inodes: BTreeMap<Ino, Inode>,
     next_ino: Ino,
@@ -115,13 +121,9 @@ pub(super) fn not_found(path: &Path) -> io::Error {
     )
 }
 
-fn is_root(path: &Path) -> bool {
-    path.as_os_str().is_empty() || path == Path::new("/")
-}
-
 impl Image {
     pub(super) fn new() -> Self {
-        let root = BTreeMap::from([(PathBuf::from("/"), Node::Dir)]);
+        let root = BTreeMap::from([(Key::root(), Node::Dir)]);
         Image {
             ns: root.clone(),
             ns_base: root,
@@ -131,36 +133,47 @@ impl Image {
         }
     }
 
-    pub(super) fn is_dir(&self, path: &Path) -> bool {
-        is_root(path) || self.ns.get(path) == Some(&Node::Dir)
+    /// The visible entry at `key`.
+    pub(super) fn entry(&self, key: KeyRef<'_>) -> Option<&Node> {
+        self.ns.get(key.bytes())
     }
 
-    pub(super) fn parent_is_dir(&self, path: &Path) -> io::Result<()> {
-        match path.parent() {
-            Some(p) if !self.is_dir(p) => Err(not_found(p)),
+    pub(super) fn is_dir(&self, key: KeyRef<'_>) -> bool {
+        key.is_root() || self.entry(key) == Some(&Node::Dir)
+    }
+
+    pub(super) fn parent_is_dir(&self, arg: &Arg<'_>) -> io::Result<()> {
+        match arg.key.as_ref().parent() {
+            // `Path::parent` is `Some` exactly when the key's parent is.
+            Some(p) if !self.is_dir(p) => Err(not_found(arg.path.parent().unwrap_or(arg.path))),
             _ => Ok(()),
         }
     }
 
     /// The inode a regular-file path names in the process's view.
-    pub(super) fn file(&self, path: &Path) -> io::Result<Ino> {
-        match self.ns.get(path) {
+    pub(super) fn file(&self, arg: &Arg<'_>) -> io::Result<Ino> {
+        match self.entry(arg.key.as_ref()) {
             Some(Node::File(ino)) => Ok(*ino),
             Some(Node::Dir) => Err(io::Error::new(
                 io::ErrorKind::IsADirectory,
-                format!("{}: is a directory, expected a file", path.display()),
+                format!("{}: is a directory, expected a file", arg.path.display()),
             )),
-            None => Err(not_found(path)),
+            None => Err(not_found(arg.path)),
         }
     }
 
-    pub(super) fn inode(&self, path: &Path) -> io::Result<&Inode> {
-        let ino = self.file(path)?;
-        self.inodes.get(&ino).ok_or_else(|| not_found(path))
+    pub(super) fn inode(&self, arg: &Arg<'_>) -> io::Result<&Inode> {
+        let ino = self.file(arg)?;
+        self.inodes.get(&ino).ok_or_else(|| not_found(arg.path))
     }
 
-    pub(super) fn inode_mut(&mut self, path: &Path) -> io::Result<&mut Inode> {
-        let ino = self.file(path)?;
+    pub(super) fn inode_mut(&mut self, arg: &Arg<'_>) -> io::Result<&mut Inode> {
+        let ino = self.file(arg)?;
+        self.ino_mut(ino, arg.path)
+    }
+
+    /// Inode `ino`, which [`Image::file`] found at `path`.
+    pub(super) fn ino_mut(&mut self, ino: Ino, path: &Path) -> io::Result<&mut Inode> {
         self.inodes.get_mut(&ino).ok_or_else(|| not_found(path))
     }
 
@@ -174,19 +187,16 @@ impl Image {
         });
     }
 
-    pub(super) fn create_file(&mut self, path: &Path) -> Ino {
+    pub(super) fn create_file(&mut self, path: Key) -> Ino {
         let ino = self.next_ino;
         self.next_ino += 1;
         self.inodes.insert(ino, Inode::default());
-        self.dir_op(DirOpKind::Create {
-            path: path.to_path_buf(),
-            ino,
-        });
+        self.dir_op(DirOpKind::Create { path, ino });
         ino
     }
 
     /// `sync_dir(dir)` completed.
-    pub(super) fn dir_synced(&mut self, dir: &Path) {
+    pub(super) fn dir_synced(&mut self, dir: KeyRef<'_>) {
         for op in &mut self.dir_log {
             if op.kind.touches_dir(dir) {
                 op.durable_strict = true;
@@ -197,11 +207,12 @@ impl Image {
     }
 
     /// `sync(path)` completed: data durable, plus the Eager directory rule.
-    pub(super) fn file_synced(&mut self, path: &Path) -> io::Result<()> {
-        let ino = self.file(path)?;
-        self.inode_mut(path)?.synced();
+    pub(super) fn file_synced(&mut self, arg: &Arg<'_>) -> io::Result<()> {
+        let ino = self.file(arg)?;
+        self.ino_mut(ino, arg.path)?.synced();
+        let (path, parent) = (arg.key.as_ref(), arg.key.as_ref().parent());
         for op in &mut self.dir_log {
-            if op.kind.made_durable_by_file_sync(path, ino) {
+            if op.kind.made_durable_by_file_sync(path, parent, ino) {
                 op.durable_eager = true;
             }
         }
@@ -240,22 +251,23 @@ impl Image {
     }
 
     /// Names directly inside `dir`, sorted.
-    pub(super) fn children(&self, dir: &Path) -> Vec<String> {
+    pub(super) fn children(&self, dir: KeyRef<'_>) -> Vec<String> {
         use std::ops::Bound::{Excluded, Unbounded};
-        // Path ordering is by component, so a directory's descendants sort
-        // contiguously right after it.
+        // Key (= path) ordering is by component, so a directory's
+        // descendants sort contiguously right after it.
         self.ns
-            .range::<Path, _>((Excluded(dir), Unbounded))
-            .take_while(|(p, _)| p.starts_with(dir))
-            .filter(|(p, _)| p.parent() == Some(dir))
-            .filter_map(|(p, _)| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
+            .range::<[u8], _>((Excluded(dir.bytes()), Unbounded))
+            .map(|(p, _)| p.as_ref())
+            .take_while(|p| p.starts_with(dir))
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name())
+            .map(|n| String::from_utf8_lossy(n).into_owned())
             .collect()
     }
 
     /// Replace everything with a resolved on-disk state (after a power
     /// loss): the visible image is the disk, nothing is pending.
-    pub(super) fn install(&mut self, ns: BTreeMap<PathBuf, Node>, data: BTreeMap<Ino, Vec<u8>>) {
+    pub(super) fn install(&mut self, ns: BTreeMap<Key, Node>, data: BTreeMap<Ino, Vec<u8>>) {
         self.inodes = data
             .into_iter()
             .map(|(ino, bytes)| {
@@ -284,12 +296,12 @@ impl Image {
 
 /// Files of a namespace with their bytes, by path.
 pub(super) fn files_of<'a>(
-    ns: &BTreeMap<PathBuf, Node>,
+    ns: &BTreeMap<Key, Node>,
     bytes: impl Fn(Ino) -> Option<&'a Vec<u8>>,
 ) -> BTreeMap<PathBuf, Vec<u8>> {
     ns.iter()
         .filter_map(|(p, n)| match n {
-            Node::File(ino) => bytes(*ino).map(|b| (p.clone(), b.clone())),
+            Node::File(ino) => bytes(*ino).map(|b| (p.to_path_buf(), b.clone())),
             Node::Dir => None,
         })
         .collect()
@@ -308,21 +320,22 @@ mod tests {
     #[test]
     fn atomic_replace_loop_keeps_one_inode_and_the_image_invariants() {
         let mut image = Image::new();
-        image.dir_op(DirOpKind::Mkdir { path: "/d".into() });
-        image.dir_synced(Path::new("/"));
+        let d = Key::new(Path::new("/d"));
+        image.dir_op(DirOpKind::Mkdir { path: d.clone() });
+        image.dir_synced(Key::root().as_ref());
         for i in 0..100u8 {
-            let tmp = Path::new("/d/tmp");
-            image.create_file(tmp);
+            let tmp = Arg::new(Path::new("/d/tmp"));
+            image.create_file(tmp.key.clone());
             let data = vec![i; 3];
             image
-                .inode_mut(tmp)
+                .inode_mut(&tmp)
                 .unwrap()
                 .push(DataOp::Write { offset: 0, data });
-            image.file_synced(tmp).unwrap();
-            let ino = image.file(tmp).unwrap();
-            let (from, to) = (tmp.to_path_buf(), PathBuf::from("/d/f"));
+            image.file_synced(&tmp).unwrap();
+            let ino = image.file(&tmp).unwrap();
+            let (from, to) = (tmp.key.clone(), Key::new(Path::new("/d/f")));
             image.dir_op(DirOpKind::Rename { from, to, ino });
-            image.dir_synced(Path::new("/d"));
+            image.dir_synced(d.as_ref());
         }
         assert_eq!(image.inodes.len(), 1, "replaced inodes must be collected");
         assert!(image.dir_log.is_empty());
@@ -330,6 +343,9 @@ mod tests {
         for inode in image.inodes.values() {
             assert_eq!(replayed(inode), inode.visible);
         }
-        assert_eq!(image.inode(Path::new("/d/f")).unwrap().visible, [99; 3]);
+        assert_eq!(
+            image.inode(&Arg::new(Path::new("/d/f"))).unwrap().visible,
+            [99; 3]
+        );
     }
 }
