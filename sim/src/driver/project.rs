@@ -160,9 +160,10 @@ impl Driver {
         (state, violations)
     }
 
-    /// The process's view of the disk (for the log invariant).
-    pub fn disk(&self) -> BTreeMap<PathBuf, Vec<u8>> {
-        self.fs.disk_image()
+    /// The event logs as the process sees them (for the log invariant).
+    pub fn logs(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        self.fs
+            .disk_image_where(|p| p.file_name().is_some_and(|n| n == "events.jsonl"))
     }
 }
 

@@ -21,11 +21,14 @@ impl DataOp {
         match self {
             DataOp::Write { offset, data } => {
                 let start = to_usize(*offset);
-                let end = start + data.len();
-                if image.len() < end {
-                    image.resize(end, 0);
+                // Overwrite what overlaps, append the rest: no zero-fill
+                // of bytes about to be written (most writes append).
+                if start > image.len() {
+                    image.resize(start, 0);
                 }
-                image[start..end].copy_from_slice(data);
+                let overlap = (image.len() - start).min(data.len());
+                image[start..start + overlap].copy_from_slice(&data[..overlap]);
+                image.extend_from_slice(&data[overlap..]);
             }
             DataOp::Truncate { len } => image.resize(to_usize(*len), 0),
         }
@@ -98,5 +101,35 @@ impl Inode {
                 entry.durability = Durability::Unknown;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DataOp;
+
+    fn write(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+        DataOp::Write {
+            offset,
+            data: data.to_vec(),
+        }
+        .apply(image);
+    }
+
+    #[test]
+    fn writes_overwrite_straddle_append_and_zero_fill_gaps() {
+        let mut image = b"abcdef".to_vec();
+        write(&mut image, 1, b"XY"); // inside
+        assert_eq!(image, b"aXYdef");
+        write(&mut image, 4, b"1234"); // straddles the end
+        assert_eq!(image, b"aXYd1234");
+        write(&mut image, 8, b"!"); // appends
+        assert_eq!(image, b"aXYd1234!");
+        write(&mut image, 11, b"z"); // past the end: a zero-filled hole
+        assert_eq!(image, b"aXYd1234!\0\0z");
+        write(&mut image, 2, b""); // empty: no change
+        assert_eq!(image, b"aXYd1234!\0\0z");
+        DataOp::Truncate { len: 3 }.apply(&mut image);
+        assert_eq!(image, b"aXY");
     }
 }

@@ -222,6 +222,12 @@ impl SimFs {
         self.lock().image.visible_files()
     }
 
+    /// [`SimFs::disk_image`] restricted to the paths `wanted` accepts: a
+    /// checker that reads only the logs need not copy the database.
+    pub fn disk_image_where(&self, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+        self.lock().image.visible_files_where(wanted)
+    }
+
     /// The disk a power loss leaves if nothing undecided reached it (under
     /// either [`DirModel`]): synced data under `sync_dir`ed entries. This
     /// is the floor for a file nothing touched since its last `sync` and

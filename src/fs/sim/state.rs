@@ -290,7 +290,21 @@ impl Image {
 
     /// The files the process sees, by path.
     pub(super) fn visible_files(&self) -> BTreeMap<PathBuf, Vec<u8>> {
-        files_of(&self.ns, |ino| self.inodes.get(&ino).map(|i| &i.visible))
+        self.visible_files_where(|_| true)
+    }
+
+    /// The files the process sees whose path `wanted` accepts (copies only
+    /// those bytes).
+    pub(super) fn visible_files_where(&self, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+        self.ns
+            .iter()
+            .filter_map(|(k, n)| match n {
+                Node::File(ino) => Some((k.to_path_buf(), *ino)),
+                Node::Dir => None,
+            })
+            .filter(|(p, _)| wanted(p))
+            .filter_map(|(p, ino)| self.inodes.get(&ino).map(|i| (p, i.visible.clone())))
+            .collect()
     }
 }
 
