@@ -198,7 +198,8 @@ impl Image {
     /// `sync_dir(dir)` completed.
     pub(super) fn dir_synced(&mut self, dir: KeyRef<'_>) {
         for op in &mut self.dir_log {
-            if op.kind.touches_dir(dir) {
+            // `durable_strict` implies `durable_eager`: nothing to change.
+            if !op.durable_strict && op.kind.touches_dir(dir) {
                 op.durable_strict = true;
                 op.durable_eager = true;
             }
@@ -212,7 +213,7 @@ impl Image {
         self.ino_mut(ino, arg.path)?.synced();
         let (path, parent) = (arg.key.as_ref(), arg.key.as_ref().parent());
         for op in &mut self.dir_log {
-            if op.kind.made_durable_by_file_sync(path, parent, ino) {
+            if !op.durable_eager && op.kind.made_durable_by_file_sync(path, parent, ino) {
                 op.durable_eager = true;
             }
         }
@@ -221,6 +222,14 @@ impl Image {
 
     fn fold_dir_log(&mut self) {
         let durable = self.dir_log.iter().take_while(|op| op.durable_strict).count();
+        if durable == 0 {
+            // Nothing can have died since the last collection: see below.
+            debug_assert!({
+                let live = self.live_inodes();
+                self.inodes.keys().all(|ino| live.contains(ino))
+            });
+            return;
+        }
         for op in self.dir_log.drain(..durable) {
             op.kind.apply(&mut self.ns_base);
         }
@@ -230,7 +239,19 @@ impl Image {
     /// Drop inodes no name can reach any more, visible or on any disk a
     /// power loss could produce: keeps memory bounded for programs that
     /// replace files by rename and `sync_dir` (session records, checkpoints).
+    ///
+    /// Only a fold can kill an inode: since `ns == apply(ns_base, dir_log)`
+    /// and every op that puts an inode into `ns` names it, an inode in `ns`
+    /// is also in `ns_base` or named by `dir_log`; between folds `ns_base`
+    /// stays put and `dir_log` only grows. So running this right after each
+    /// fold that drained something keeps every inode in `inodes` live.
     fn collect_garbage(&mut self) {
+        let live = self.live_inodes();
+        self.inodes.retain(|ino, _| live.contains(ino));
+    }
+
+    /// Inodes a name reaches: visible, durable, or in an undecided op.
+    fn live_inodes(&self) -> BTreeSet<Ino> {
         let mut live = BTreeSet::new();
         for node in self.ns.values().chain(self.ns_base.values()) {
             if let Node::File(ino) = node {
@@ -247,7 +268,7 @@ impl Image {
                 DirOpKind::Mkdir { .. } => {}
             }
         }
-        self.inodes.retain(|ino, _| live.contains(ino));
+        live
     }
 
     /// Names directly inside `dir`, sorted.
