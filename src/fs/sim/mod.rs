@@ -318,17 +318,26 @@ impl SimFs {
                 (r, o)
             }
         };
-        let path = match to {
-            Some(to) => format!("{} -> {}", path.display(), to.display()),
-            None => path.display().to_string(),
-        };
+        let mut traced = shown(path);
+        if let Some(to) = to {
+            traced.push_str(" -> ");
+            traced.push_str(&shown(to));
+        }
         s.trace.push(TraceEntry {
             point,
             op,
-            path,
+            path: traced,
             label: label.to_string(),
             outcome,
         });
         result
+    }
+}
+
+/// `path.display().to_string()`, without the formatter for UTF-8 paths.
+fn shown(path: &Path) -> String {
+    match path.to_str() {
+        Some(s) => s.to_owned(),
+        None => path.display().to_string(),
     }
 }
