@@ -63,7 +63,8 @@ fn needs_escape(name: &[u8]) -> bool {
 impl Key {
     /// The key of `path` (equal for every spelling of the same components).
     pub(super) fn new(path: &Path) -> Key {
-        Key(encode(path.as_os_str().as_encoded_bytes(), path).into_boxed_slice())
+        let key = encode_plain(path.as_os_str().as_encoded_bytes()).unwrap_or_else(|| encode(path));
+        Key(key.into_boxed_slice())
     }
 
     /// `/`.
@@ -80,21 +81,9 @@ impl Key {
     }
 }
 
-/// The fast path, else `Path::components`.
-fn encode(bytes: &[u8], path: &Path) -> Vec<u8> {
-    if let Some(rest) = bytes.strip_prefix(b"/") {
-        let plain = |c: &[u8]| !c.is_empty() && c != b"." && c != b".." && !needs_escape(c);
-        if rest.is_empty() {
-            return vec![ABS];
-        }
-        if rest.split(|b| *b == b'/').all(plain) {
-            let mut key = Vec::with_capacity(bytes.len() + 1);
-            key.push(ABS);
-            key.extend(bytes.iter().map(|&b| if b == b'/' { SEP } else { b }));
-            return key;
-        }
-    }
-    let mut key = Vec::with_capacity(bytes.len() + 4);
+/// Any path, through `Path::components`.
+fn encode(path: &Path) -> Vec<u8> {
+    let mut key = Vec::with_capacity(path.as_os_str().len() + 4);
     for c in path.components() {
         let (escape, payload) = match c {
             Component::RootDir => {
@@ -136,6 +125,26 @@ impl<'a> Arg<'a> {
             key: Key::new(path),
         }
     }
+}
+
+/// The usual absolute path: `ABS`, then each `/` becomes `0x00`. `None` if
+/// `bytes` is not absolute or has an empty, `.` or `..` component or a name
+/// that needs escaping.
+fn encode_plain(bytes: &[u8]) -> Option<Vec<u8>> {
+    let rest = bytes.strip_prefix(b"/")?;
+    let mut key = Vec::with_capacity(bytes.len() + 1);
+    key.push(ABS);
+    if rest.is_empty() {
+        return Some(key);
+    }
+    for name in rest.split(|b| *b == b'/') {
+        if name.is_empty() || name == b"." || name == b".." || needs_escape(name) {
+            return None;
+        }
+        key.push(SEP);
+        key.extend_from_slice(name);
+    }
+    Some(key)
 }
 
 impl std::borrow::Borrow<[u8]> for Key {
@@ -339,6 +348,10 @@ mod tests {
     #[test]
     fn samples_agree_with_path() {
         for a in SAMPLES {
+            let p = Path::new(a);
+            if let Some(fast) = encode_plain(p.as_os_str().as_encoded_bytes()) {
+                assert_eq!(fast, encode(p), "fast path of {a:?}");
+            }
             check_agrees(Path::new(a));
             for b in SAMPLES {
                 check_pair(Path::new(a), Path::new(b));
@@ -365,6 +378,22 @@ mod tests {
         assert_eq!(*key("/d/a.b").0, [ABS, 0, b'd', 0, b'a', b'.', b'b']);
         assert!(key("").0.is_empty());
         assert_eq!(*key("d").0, [REL, 0, b'd']);
+        for plain in ["/", "/d", "/d/a.b", "/.d/..e/...", "/\u{3}"] {
+            assert!(encode_plain(plain.as_bytes()).is_some(), "{plain}");
+        }
+        for other in [
+            "",
+            "d",
+            "//",
+            "/a//b",
+            "/a/./b",
+            "/a/b/",
+            "/a/..",
+            "/\u{1}",
+            "/a/\u{2}b",
+        ] {
+            assert!(encode_plain(other.as_bytes()).is_none(), "{other}");
+        }
     }
 
     #[test]
@@ -428,6 +457,9 @@ mod tests {
 
         #[test]
         fn keys_agree_with_paths(a in path(), b in path()) {
+            if let Some(fast) = encode_plain(a.as_os_str().as_encoded_bytes()) {
+                prop_assert_eq!(fast, encode(&a));
+            }
             check_agrees(&a);
             check_agrees(&b);
             check_pair(&a, &b);
