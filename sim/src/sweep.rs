@@ -55,11 +55,17 @@ pub fn sweep(seed: u64, ops: &[Op], canaries: &Canaries, options: &SweepOptions)
         .filter(|op| !matches!(op, Op::Crash { .. }))
         .cloned()
         .collect();
+    // The dry run is a sweep run whose point is never reached: like every
+    // sweep run it starts from an empty disk (a search case starts from
+    // an installed one) and ignores `Op::Fault`.
     let dry = Case {
         seed,
         ops: ops.clone(),
         canaries: canaries.clone(),
-        crash_at: None,
+        crash_at: Some(GlobalCrash {
+            point: u64::MAX,
+            kind: CrashKind::Process,
+        }),
     };
     let mut summary = SweepSummary::default();
     let points = match run_case(&dry) {

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use durable_agent::canary::Canaries;
-use durable_agent::fs::{CrashMode, Fault, Fs, SimConfig, SimFs};
+use durable_agent::fs::{CrashMode, Fault, Fs, SimConfig, SimFs, SimSnapshot};
 use durable_agent::recovery::recover_stores;
 use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeConfig};
 use durable_agent::sqlite::{Db, SqliteOptions};
@@ -59,6 +59,30 @@ pub fn sim_config(seed: u64) -> SimConfig {
     }
 }
 
+/// The seed the install is made with (any: the install does not use it).
+const INSTALL_SEED: u64 = 0;
+
+/// Installed disks by canary set (canaries may change the install's I/O).
+static INSTALLED: Mutex<Vec<(Canaries, SimSnapshot)>> = Mutex::new(Vec::new());
+
+/// The disk right after installing the system with `canaries` and
+/// stopping it cleanly (see [`Driver::installed`]).
+pub fn installed_disk(canaries: &Canaries) -> Result<SimSnapshot, String> {
+    let mut cache = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, disk)) = cache.iter().find(|(c, _)| c == canaries) {
+        return Ok(disk.clone());
+    }
+    let mut driver = Driver::new(INSTALL_SEED, canaries.clone());
+    driver.open().map_err(|e| format!("installing the system: {e}"))?;
+    driver.shutdown(CrashMode::ProcessCrash);
+    let disk = driver
+        .fs
+        .snapshot()
+        .ok_or("installing the system: the disk is not quiet after a clean stop")?;
+    cache.push((canaries.clone(), disk.clone()));
+    Ok(disk)
+}
+
 /// One system (runtime + stores + world) on one simulated disk.
 #[derive(Debug)]
 pub struct Driver {
@@ -93,6 +117,27 @@ fn err(what: &str) -> impl FnOnce(String) -> String + '_ {
 impl Driver {
     /// A fresh disk; nothing is open yet (see [`Driver::open`]).
     pub fn new(seed: u64, canaries: Canaries) -> Driver {
+        Driver::with_fs(seed, canaries, SimFs::new(sim_config(seed)))
+    }
+
+    /// A disk with the system installed on it: booted once on an empty
+    /// disk (the store schema created, the loop's first checkpoint
+    /// written), then stopped cleanly; nothing is open yet. The same for
+    /// every seed (`install_does_not_depend_on_the_seed` checks it), so it
+    /// is built once per canary set and copied: the fresh-install boot
+    /// (mostly SQLite parsing the schema's DDL) is a sixth of a case's
+    /// cost otherwise. Its crash points are swept by every sweep, whose
+    /// runs start from an empty disk.
+    pub fn installed(seed: u64, canaries: Canaries) -> Result<Driver, String> {
+        let disk = installed_disk(&canaries)?;
+        Ok(Driver::with_fs(
+            seed,
+            canaries,
+            SimFs::from_snapshot(&disk, sim_config(seed)),
+        ))
+    }
+
+    fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
         let world = World::without_dedup();
         let tools = SimTools {
             world: world.clone(),
@@ -102,7 +147,7 @@ impl Driver {
         config.provider = Arc::new(ScriptedProvider);
         config.tools = Arc::new(tools.clone());
         Driver {
-            fs: SimFs::new(sim_config(seed)),
+            fs,
             world,
             config,
             tools,

@@ -106,8 +106,14 @@ impl Exec {
             boundary: None,
             restart_notes: Vec::new(),
         };
-        if let Some(g) = global {
-            exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
+        match global {
+            Some(g) => exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point))),
+            // The search arms crashes inside ops only, so its runs start
+            // from an installed disk; a sweep crashes the install too.
+            None => match Driver::installed(seed, exec.canaries.clone()) {
+                Ok(driver) => exec.driver = driver,
+                Err(e) => return Err(exec.fail("installing the system failed", e, None)),
+            },
         }
         match exec.driver.open() {
             Ok(()) => {}

@@ -131,6 +131,22 @@ struct State {
     rng: ChaCha8Rng,
 }
 
+/// A quiet [`SimFs`]'s disk, point count and trace (see
+/// [`SimFs::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct SimSnapshot {
+    image: Image,
+    points: u64,
+    trace: Vec<TraceEntry>,
+}
+
+impl SimSnapshot {
+    /// I/O points the snapshot's run performed.
+    pub fn points(&self) -> u64 {
+        self.points
+    }
+}
+
 /// The simulated disk. Cheap to clone: clones share one disk.
 #[derive(Debug, Clone)]
 pub struct SimFs {
@@ -201,6 +217,35 @@ impl SimFs {
         s.crashed = false;
         s.fault = None;
         tracing::debug!(?mode, points = s.points, "simfs restart");
+    }
+
+    /// The disk as it is now, with the point count and the trace, to start
+    /// other runs from ([`SimFs::from_snapshot`]). `None` unless the disk
+    /// is quiet: not crashed, no fault armed, and no random draw made yet
+    /// (a run from the snapshot then differs from one that made the same
+    /// calls only by its seed, which decides later draws).
+    pub fn snapshot(&self) -> Option<SimSnapshot> {
+        let s = self.lock();
+        let quiet = !s.crashed && s.fault.is_none() && s.rng.get_word_pos() == 0;
+        quiet.then(|| SimSnapshot {
+            image: s.image.clone(),
+            points: s.points,
+            trace: s.trace.clone(),
+        })
+    }
+
+    /// A disk in `snapshot`'s state whose later random draws come from
+    /// `config`'s seed: the same disk a fresh `SimFs::new(config)` would be
+    /// after the snapshot's calls, since those made no draws.
+    pub fn from_snapshot(snapshot: &SimSnapshot, config: SimConfig) -> Self {
+        let fs = SimFs::new(config);
+        {
+            let mut s = fs.lock();
+            s.image = snapshot.image.clone();
+            s.points = snapshot.points;
+            s.trace = snapshot.trace.clone();
+        }
+        fs
     }
 
     /// The labelled trace of every I/O point so far.
