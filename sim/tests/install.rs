@@ -1,6 +1,7 @@
-//! Search cases start from an installed disk built once per canary set
-//! (`Driver::installed`); that is only sound if the install is the same
-//! whatever the seed, which this checks for every canary.
+//! Runs past the install start from a copy of the installed disk, built
+//! once per canary set (`installed_disk`, `Exec::new`); that is only sound
+//! if the install is the same whatever the seed, and if booting the copy is
+//! the same as installing then booting. Both are checked here.
 
 use durable_agent::canary::{Canaries, Canary};
 use durable_agent::fs::{CrashMode, SimFs};
@@ -24,5 +25,25 @@ fn install_does_not_depend_on_the_seed() {
         let disk = installed_disk(&canaries).expect("installed disk");
         let copy = SimFs::from_snapshot(&disk, sim_config(42));
         assert_eq!((copy.image_hash(), copy.trace_hash()), first, "{canaries:?}");
+    }
+}
+
+/// A run past the install, started from the copy, does the same I/O with
+/// the same numbering as one that performs the install (the sweep relies
+/// on it to start its points past the install from the copy).
+#[test]
+fn booting_the_installed_copy_matches_installing_then_booting() {
+    for canaries in [Canaries::none(), Canaries::only(Canary::NoDirFsync)] {
+        let seed = 99;
+        let mut fresh = Driver::new(seed, canaries.clone());
+        fresh.open().expect("install boots");
+        assert!(!fresh.shutdown(CrashMode::ProcessCrash));
+        fresh.open().expect("installed system boots");
+        let disk = installed_disk(&canaries).expect("installed disk");
+        let mut copy = Driver::from_install(seed, canaries.clone(), &disk);
+        copy.open().expect("copy boots");
+        let seen = |d: &Driver| (d.fs.points(), d.fs.trace_hash(), d.fs.image_hash());
+        assert_eq!(seen(&copy), seen(&fresh), "{canaries:?}");
+        assert!(disk.points() < fresh.fs.points());
     }
 }

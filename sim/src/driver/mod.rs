@@ -65,8 +65,12 @@ const INSTALL_SEED: u64 = 0;
 /// Installed disks by canary set (canaries may change the install's I/O).
 static INSTALLED: Mutex<Vec<(Canaries, SimSnapshot)>> = Mutex::new(Vec::new());
 
-/// The disk right after installing the system with `canaries` and
-/// stopping it cleanly (see [`Driver::installed`]).
+/// The disk right after installing the system with `canaries`: booted
+/// once on an empty disk (the store schema created, the loop's first
+/// checkpoint written), then stopped cleanly. The same for every seed
+/// (`tests/install.rs` checks it), so it is built once per canary set and
+/// copied: the fresh install (mostly SQLite parsing the schema's DDL)
+/// costs more than the rest of a short run.
 pub fn installed_disk(canaries: &Canaries) -> Result<SimSnapshot, String> {
     let mut cache = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, disk)) = cache.iter().find(|(c, _)| c == canaries) {
@@ -120,21 +124,10 @@ impl Driver {
         Driver::with_fs(seed, canaries, SimFs::new(sim_config(seed)))
     }
 
-    /// A disk with the system installed on it: booted once on an empty
-    /// disk (the store schema created, the loop's first checkpoint
-    /// written), then stopped cleanly; nothing is open yet. The same for
-    /// every seed (`install_does_not_depend_on_the_seed` checks it), so it
-    /// is built once per canary set and copied: the fresh-install boot
-    /// (mostly SQLite parsing the schema's DDL) is a sixth of a case's
-    /// cost otherwise. Its crash points are swept by every sweep, whose
-    /// runs start from an empty disk.
-    pub fn installed(seed: u64, canaries: Canaries) -> Result<Driver, String> {
-        let disk = installed_disk(&canaries)?;
-        Ok(Driver::with_fs(
-            seed,
-            canaries,
-            SimFs::from_snapshot(&disk, sim_config(seed)),
-        ))
+    /// A disk with the system installed on it ([`installed_disk`]);
+    /// nothing is open yet.
+    pub fn from_install(seed: u64, canaries: Canaries, install: &SimSnapshot) -> Driver {
+        Driver::with_fs(seed, canaries, SimFs::from_snapshot(install, sim_config(seed)))
     }
 
     fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {

@@ -12,7 +12,7 @@ use durable_agent::canary::Canaries;
 use durable_agent::fs::Fault;
 use serde::{Deserialize, Serialize};
 
-use crate::driver::Driver;
+use crate::driver::{installed_disk, Driver};
 use crate::model::{Model, State, Status};
 use crate::op::{CrashKind, FaultKind, Op};
 use crate::oracle;
@@ -88,13 +88,22 @@ fn suspended(state: &State) -> State {
 }
 
 impl Exec {
-    /// A fresh disk and an opened runtime.
+    /// An installed system, booted: every run begins with the install
+    /// (the first boot on an empty disk, then a clean stop) and a boot on
+    /// the installed disk, judged like any restart (nothing is
+    /// acknowledged yet, so the recovered state must be empty).
+    ///
+    /// The install is the same for every seed (`tests/install.rs`), so a
+    /// run whose crash point lies past it starts from a copy of the
+    /// installed disk ([`Driver::installed`]) instead of performing it:
+    /// the same I/O up to that point, numbered the same. A sweep point
+    /// inside the install runs it from the empty disk.
     pub fn new(seed: u64, canaries: Canaries, global: Option<GlobalCrash>) -> Result<Exec, Box<Failure>> {
         let mut exec = Exec {
             seed,
             canaries: canaries.clone(),
             global,
-            driver: Driver::new(seed, canaries),
+            driver: Driver::new(seed, canaries.clone()),
             model: Model::default(),
             armed: None,
             armed_fault: None,
@@ -106,28 +115,37 @@ impl Exec {
             boundary: None,
             restart_notes: Vec::new(),
         };
+        let install = match installed_disk(&canaries) {
+            Ok(disk) => disk,
+            Err(e) => return Err(exec.fail("installing the system failed", e, None)),
+        };
+        let kind = global.map(|g| g.kind).unwrap_or(CrashKind::Process);
+        let empty = exec.model.clone();
         match global {
-            Some(g) => exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point))),
-            // The search arms crashes inside ops only, so its runs start
-            // from an installed disk; a sweep crashes the install too.
-            None => match Driver::installed(seed, exec.canaries.clone()) {
-                Ok(driver) => exec.driver = driver,
-                Err(e) => return Err(exec.fail("installing the system failed", e, None)),
-            },
-        }
-        match exec.driver.open() {
-            Ok(()) => {}
-            Err(_) if exec.driver.fs.crashed() => {
-                let model = exec.model.clone();
-                exec.restart(
-                    global.map(|g| g.kind).unwrap_or(CrashKind::Process),
-                    &model,
-                    None,
-                    None,
-                )?;
+            Some(g) if g.point <= install.points() => {
+                exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
+                match exec.driver.open() {
+                    Ok(()) => {}
+                    Err(_) if exec.driver.fs.crashed() => {
+                        exec.restart(kind, &empty, None, None)?;
+                        return Ok(exec);
+                    }
+                    Err(e) => return Err(exec.fail("opening a fresh runtime failed", e, None)),
+                }
+                exec.crash_mode = Some(kind);
+                if exec.driver.shutdown(kind.mode()) {
+                    exec.crashes += 1;
+                }
+                exec.disarm();
             }
-            Err(e) => return Err(exec.fail("opening a fresh runtime failed", e.to_string(), None)),
+            _ => {
+                exec.driver = Driver::from_install(seed, canaries, &install);
+                if let Some(g) = global {
+                    exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
+                }
+            }
         }
+        exec.reopen_and_judge(kind, &empty, None, None)?;
         Ok(exec)
     }
 
