@@ -63,7 +63,7 @@ pub fn sim_config(seed: u64) -> SimConfig {
 const INSTALL_SEED: u64 = 0;
 
 /// Installed disks by canary set (canaries may change the install's I/O).
-static INSTALLED: Mutex<Vec<(Canaries, SimSnapshot)>> = Mutex::new(Vec::new());
+static INSTALLED: Mutex<Vec<(Canaries, Arc<SimSnapshot>)>> = Mutex::new(Vec::new());
 
 /// The disk right after installing the system with `canaries`: booted
 /// once on an empty disk (the store schema created, the loop's first
@@ -71,10 +71,10 @@ static INSTALLED: Mutex<Vec<(Canaries, SimSnapshot)>> = Mutex::new(Vec::new());
 /// (`tests/install.rs` checks it), so it is built once per canary set and
 /// copied: the fresh install (mostly SQLite parsing the schema's DDL)
 /// costs more than the rest of a short run.
-pub fn installed_disk(canaries: &Canaries) -> Result<SimSnapshot, String> {
+pub fn installed_disk(canaries: &Canaries) -> Result<Arc<SimSnapshot>, String> {
     let mut cache = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, disk)) = cache.iter().find(|(c, _)| c == canaries) {
-        return Ok(disk.clone());
+        return Ok(Arc::clone(disk));
     }
     let mut driver = Driver::new(INSTALL_SEED, canaries.clone());
     driver.open().map_err(|e| format!("installing the system: {e}"))?;
@@ -82,6 +82,7 @@ pub fn installed_disk(canaries: &Canaries) -> Result<SimSnapshot, String> {
     let disk = driver
         .fs
         .snapshot()
+        .map(Arc::new)
         .ok_or("installing the system: the disk is not quiet after a clean stop")?;
     cache.push((canaries.clone(), disk.clone()));
     Ok(disk)
