@@ -3,8 +3,10 @@
 //!
 //! Invariant: the sweep covers points 1..=P where P is the point count of a
 //! crash-free dry run of the same sequence; each point is a fresh replay
-//! from an empty disk with `Fault::CrashAt(p)`, recovered and judged by the
-//! same oracle as the search. `Op::Crash` entries are dropped (the sweep
+//! with `Fault::CrashAt(p)` (from a copy of the installed disk when `p`
+//! lies past the install, else from the empty disk: the same run either
+//! way, see `Exec::new`), recovered and judged by the same oracle as the
+//! search. `Op::Crash` entries are dropped (the sweep
 //! places the crash); `Op::Recover` stays, so recovery's own points are
 //! swept too.
 
@@ -56,8 +58,7 @@ pub fn sweep(seed: u64, ops: &[Op], canaries: &Canaries, options: &SweepOptions)
         .cloned()
         .collect();
     // The dry run is a sweep run whose point is never reached: like every
-    // sweep run it starts from an empty disk (a search case starts from
-    // an installed one) and ignores `Op::Fault`.
+    // sweep run it ignores `Op::Fault` (the sweep places the faults).
     let dry = Case {
         seed,
         ops: ops.clone(),
