@@ -1,9 +1,11 @@
 //! Harness throughput on 30-op sequences (release: `cargo bench -p
-//! durable-agent-sim --bench throughput`):
-//! - `crash_recover_check`: whole generated cases (ops with crash points,
-//!   recoveries, oracle and invariants) per second;
-//! - `sweep_point`: sweep replays (one crash point each: replay up to the
-//!   crash, recover, judge) per second, on the 30-op tour.
+//! durable-agent-sim --bench throughput`; figures in the README's
+//! Throughput section):
+//! - `crash_recover_check_30_ops`: whole generated cases (ops with crash
+//!   points, recoveries, oracle and invariants) per second;
+//! - `sweep_points_30_op_tour_power_strict`: sweep replays (one crash point
+//!   each: run up to the crash, power loss, recover, judge) per second, on
+//!   the 30-op tour.
 
 // The harness allocates a lot of small short-lived values (trace entries,
 // model clones, JSON); mimalloc makes the same run ~15% faster than glibc's
