@@ -155,12 +155,19 @@ impl fmt::Display for Failure {
         if let Some(g) = &self.case.crash_at {
             writeln!(f, "sweep crash: point {} under {:?}", g.point, g.kind)?;
         }
-        writeln!(
-            f,
-            "ops ({}; failed in op #{}):",
-            self.case.ops.len(),
-            self.step + 1
-        )?;
+        if self.case.ops.is_empty() {
+            writeln!(
+                f,
+                "ops (none: failed installing or booting the system, before op #1)"
+            )?;
+        } else {
+            writeln!(
+                f,
+                "ops ({}; failed in op #{}):",
+                self.case.ops.len(),
+                self.step + 1
+            )?;
+        }
         for (i, op) in self.case.ops.iter().enumerate() {
             let mark = if i == self.step { ">>" } else { "  " };
             writeln!(f, "  {mark} {:>3}. {}", i + 1, render(op))?;

@@ -182,7 +182,10 @@ impl Driver {
         };
         // One connection serves the ledger gate, the trigger store and the
         // loop, under one lock (as a single-threaded daemon would run it):
-        // one schema read per boot instead of two.
+        // one schema read per boot instead of two. The concurrent daemon
+        // (`src/daemon`) keeps two connections; its crashes mid-I/O,
+        // second connection included, are the madsim simulation's
+        // (`crate::madsim_sim`), not this driver's.
         let db = open_store(fs.clone(), Path::new(STORE_DB), &opts)
             .map_err(|e| err("open the stores")(e.to_string()))?;
         let db = Arc::new(Mutex::new(db));

@@ -95,7 +95,8 @@ impl Exec {
     ///
     /// The install is the same for every seed (`tests/install.rs`), so a
     /// run whose crash point lies past it starts from a copy of the
-    /// installed disk ([`Driver::installed`]) instead of performing it:
+    /// installed disk ([`installed_disk`], [`Driver::from_install`])
+    /// instead of performing it:
     /// the same I/O up to that point, numbered the same. A sweep point
     /// inside the install runs it from the empty disk.
     pub fn new(seed: u64, canaries: Canaries, global: Option<GlobalCrash>) -> Result<Exec, Box<Failure>> {
@@ -139,6 +140,7 @@ impl Exec {
                 exec.disarm();
             }
             _ => {
+                exec.crash_mode = Some(kind);
                 exec.driver = Driver::from_install(seed, canaries, &install);
                 if let Some(g) = global {
                     exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));

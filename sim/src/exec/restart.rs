@@ -155,9 +155,12 @@ impl Exec {
                     .site()
                     .map(|c| format!(" at point {} \"{}\"", c.point, c.label))
                     .unwrap_or_default();
+                let when = match self.history.len() {
+                    0 => "boot after the install".to_string(),
+                    n => format!("op #{n}"),
+                };
                 self.restart_notes.push(format!(
-                    "op #{}: {kind:?} crash{site}; recovered state accepted as {:?}",
-                    self.history.len(),
+                    "{when}: {kind:?} crash{site}; recovered state accepted as {:?}",
                     accepted.side
                 ));
                 Ok(())
