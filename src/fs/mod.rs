@@ -25,7 +25,7 @@ use std::io;
 use std::path::Path;
 
 pub use real::RealFs;
-pub use sim::{CrashMode, DirModel, Fault, SimConfig, SimFs, SimSnapshot, TraceEntry};
+pub use sim::{CrashImage, CrashMode, DirModel, Fault, SimConfig, SimFs, SimSnapshot, TraceEntry};
 
 /// How [`Fs::open`] treats an existing or missing file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -198,3 +198,58 @@ proptest! {
         prop_assert_eq!((fs.disk_image(), fs.image_hash()), seen);
     }
 }
+
+fn any_mode() -> impl Strategy<Value = CrashMode> {
+    prop_oneof![Just(CrashMode::ProcessCrash), Just(STRICT), Just(EAGER)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Capture mode is a faithful fork: the crash image captured at point
+    /// `n` of an uncrashed run reboots (under any mode) to the very disk —
+    /// bytes, undecided ops and later random draws — that running the same
+    /// calls into `CrashAt(n)` and restarting leaves. The fast sweep judges
+    /// these images instead of re-running the prefix.
+    #[test]
+    fn a_captured_crash_image_reboots_to_the_disk_a_real_crash_leaves(
+        seed: u64,
+        ops in prop::collection::vec(any_op(), 1..24),
+        crash_at in 1u64..30,
+        mode in any_mode(),
+        then in prop::collection::vec(any_op(), 0..6),
+        second in any_mode(),
+    ) {
+        let run = |fs: &SimFs| {
+            fs.create_dir_all(p("/d"), "mkdir d").ok();
+            for op in &ops {
+                apply_any(fs, op);
+            }
+        };
+        let live = SimFs::new(SimConfig::new(seed));
+        live.set_capture(true);
+        run(&live);
+        let captured = live.take_captures();
+        prop_assert_eq!(captured.len() as u64, live.points());
+        prop_assume!(crash_at <= live.points());
+        let image = &captured[(crash_at - 1) as usize];
+        prop_assert_eq!(image.point(), crash_at);
+        let forked = image.reboot(mode);
+
+        let real = SimFs::new(SimConfig::new(seed));
+        real.set_fault(Some(Fault::CrashAt(crash_at)));
+        run(&real);
+        real.restart(mode);
+        prop_assert_eq!(forked.points(), real.points());
+        prop_assert_eq!(forked.disk_image(), real.disk_image());
+        prop_assert_eq!(forked.durable_image(), real.durable_image());
+        // Later draws agree too: more calls, then a second crash.
+        for fs in [&forked, &real] {
+            for op in &then {
+                apply_any(fs, op);
+            }
+            fs.restart(second);
+        }
+        prop_assert_eq!(forked.disk_image(), real.disk_image());
+    }
+}

@@ -129,6 +129,47 @@ struct State {
     crashed: bool,
     trace: Vec<TraceEntry>,
     rng: ChaCha8Rng,
+    /// Capture mode: the crash image of every point, in order.
+    captures: Option<Vec<CrashImage>>,
+}
+
+/// The disk of a process killed at one I/O point, before the reboot:
+/// exactly what `Fault::CrashAt(point)` leaves, random draws included (see
+/// [`SimFs::set_capture`]).
+#[derive(Debug, Clone)]
+pub struct CrashImage {
+    point: u64,
+    image: Image,
+    rng: ChaCha8Rng,
+    config: Arc<SimConfig>,
+}
+
+impl CrashImage {
+    /// The point the process died at.
+    pub fn point(&self) -> u64 {
+        self.point
+    }
+
+    /// The disk after rebooting from this crash with `mode`: the same
+    /// image, point count and later random draws as the [`SimFs`] that ran
+    /// into `CrashAt(point)` and was then [`SimFs::restart`]ed with `mode`.
+    /// Its trace starts empty (at point `point + 1`).
+    pub fn reboot(&self, mode: CrashMode) -> SimFs {
+        let fs = SimFs {
+            config: Arc::clone(&self.config),
+            state: Arc::new(Mutex::new(State {
+                image: self.image.clone(),
+                points: self.point,
+                fault: None,
+                crashed: true,
+                trace: Vec::new(),
+                rng: self.rng.clone(),
+                captures: None,
+            })),
+        };
+        fs.restart(mode);
+        fs
+    }
 }
 
 /// A quiet [`SimFs`]'s disk, point count and trace (see
@@ -168,6 +209,7 @@ impl SimFs {
             crashed: false,
             trace: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(config.seed),
+            captures: None,
         };
         SimFs {
             config: Arc::new(config),
@@ -188,6 +230,24 @@ impl SimFs {
     /// Arm a fault at a future I/O point (replaces any armed fault).
     pub fn set_fault(&self, fault: Option<Fault>) {
         self.lock().fault = fault;
+    }
+
+    /// Capture mode (ALICE-style crash states from one run): while on, every
+    /// I/O point first records the [`CrashImage`] a `CrashAt` there would
+    /// leave (the same draws, on a copy of the image and the RNG), then
+    /// runs normally. The run itself is unchanged: same trace, same disk.
+    /// Turning it off drops what was not taken.
+    pub fn set_capture(&self, on: bool) {
+        self.lock().captures = on.then(Vec::new);
+    }
+
+    /// The crash images captured since the last call, in point order.
+    pub fn take_captures(&self) -> Vec<CrashImage> {
+        self.lock()
+            .captures
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Number of I/O points so far.
@@ -305,7 +365,7 @@ impl SimFs {
         path: &Path,
         to: Option<&Path>,
         label: &str,
-        f: impl FnOnce(&mut Image, Apply) -> io::Result<T>,
+        mut f: impl FnMut(&mut Image, Apply) -> io::Result<T>,
     ) -> io::Result<T> {
         let mut s = self.lock();
         let s = &mut *s;
@@ -317,18 +377,23 @@ impl SimFs {
         let fault = s.fault.filter(|f| match f {
             Fault::CrashAt(n) | Fault::FailAt(n, _) | Fault::LostReplyAt(n) => *n == point,
         });
+        if fault.is_none() {
+            if let Some(captures) = s.captures.as_mut() {
+                let mut image = s.image.clone();
+                let mut rng = s.rng.clone();
+                crash_effect(&self.config, &mut rng, &mut image, &mut f);
+                captures.push(CrashImage {
+                    point,
+                    image,
+                    rng,
+                    config: Arc::clone(&self.config),
+                });
+            }
+        }
         let (result, outcome) = match fault {
             Some(Fault::CrashAt(_)) => {
                 s.crashed = true;
-                if s.rng.random_bool(self.config.crash_point_done_probability) {
-                    let apply = if s.rng.random_bool(self.config.torn_write_probability) {
-                        Apply::Torn(s.rng.random())
-                    } else {
-                        Apply::Whole
-                    };
-                    // The process is dead: nobody sees this op's result.
-                    let _ = f(&mut s.image, apply);
-                }
+                crash_effect(&self.config, &mut s.rng, &mut s.image, &mut f);
                 (Err(crash_error()), Outcome::Crashed)
             }
             Some(Fault::FailAt(_, kind)) => {
@@ -376,6 +441,25 @@ impl SimFs {
             outcome,
         });
         result
+    }
+}
+
+/// What a crash at a point does to the op it interrupts: done with
+/// `crash_point_done_probability` (a write possibly torn), else nothing.
+/// The process is dead: nobody sees the op's result.
+fn crash_effect<T>(
+    config: &SimConfig,
+    rng: &mut ChaCha8Rng,
+    image: &mut Image,
+    f: &mut impl FnMut(&mut Image, Apply) -> io::Result<T>,
+) {
+    if rng.random_bool(config.crash_point_done_probability) {
+        let apply = if rng.random_bool(config.torn_write_probability) {
+            Apply::Torn(rng.random())
+        } else {
+            Apply::Whole
+        };
+        let _ = f(image, apply);
     }
 }
 
