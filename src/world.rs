@@ -104,6 +104,11 @@ impl World {
         self.lock().deliveries.clone()
     }
 
+    /// How many deliveries so far (`deliveries().len()` without the copy).
+    pub fn deliveries_len(&self) -> usize {
+        self.lock().deliveries.len()
+    }
+
     /// How many deliveries carried `idem_key`.
     pub fn deliveries_for(&self, idem_key: &str) -> usize {
         self.lock()
@@ -126,6 +131,28 @@ impl World {
     /// How many times `send` was called (deduped re-sends included).
     pub fn sends(&self) -> u64 {
         self.lock().sends
+    }
+
+    /// An independent world as this one was after its first `n`
+    /// deliveries: what a run forked at that earlier instant sees (the
+    /// harness's fast crash sweep). Scripted answers still queued are
+    /// carried; `sends` restarts at `n`.
+    pub fn fork_prefix(&self, n: usize) -> World {
+        let s = self.lock();
+        let deliveries: Vec<Delivery> = s.deliveries.iter().take(n).cloned().collect();
+        let seen = deliveries
+            .iter()
+            .map(|d| (d.idem_key.clone(), d.provider_ref.clone()))
+            .collect();
+        World {
+            state: Arc::new(Mutex::new(State {
+                dedup: s.dedup,
+                sends: deliveries.len() as u64,
+                deliveries,
+                seen,
+                script: s.script.clone(),
+            })),
+        }
     }
 }
 

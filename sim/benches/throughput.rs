@@ -3,9 +3,11 @@
 //! Throughput section):
 //! - `crash_recover_check_30_ops`: whole generated cases (ops with crash
 //!   points, recoveries, oracle and invariants) per second;
-//! - `sweep_points_30_op_tour_power_strict`: sweep replays (one crash point
-//!   each: run up to the crash, power loss, recover, judge) per second, on
-//!   the 30-op tour.
+//! - `sweep_points_30_op_tour_power_strict`: crash points swept per second
+//!   on the 30-op tour, forking each point's crash image from one dry run
+//!   (power loss, recover, judge), the sweep's default;
+//! - `…_replay`: the same points, each replayed from the start into the
+//!   crash (the reference method).
 
 // The harness allocates a lot of small short-lived values (trace entries,
 // model clones, JSON); mimalloc makes the same run ~15% faster than glibc's
@@ -19,7 +21,7 @@ use durable_agent::canary::Canaries;
 use durable_agent_sim::machine::RefMachine;
 use durable_agent_sim::op::CrashKind;
 use durable_agent_sim::tour::tour;
-use durable_agent_sim::{run_case, sweep, Case, SweepOptions};
+use durable_agent_sim::{run_case, sweep, Case, SweepMethod, SweepOptions};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
 use proptest_state_machine::ReferenceStateMachine;
@@ -64,13 +66,19 @@ fn crash_recover_check(c: &mut Criterion) {
     .points;
     g.throughput(Throughput::Elements(points));
     g.sample_size(10);
-    g.bench_function("sweep_points_30_op_tour_power_strict", |b| {
-        let options = SweepOptions {
-            kinds: vec![CrashKind::PowerStrict],
-            ..Default::default()
-        };
-        b.iter(|| sweep(7, &tour(), &Canaries::none(), &options))
-    });
+    for (name, method) in [
+        ("sweep_points_30_op_tour_power_strict", SweepMethod::Fork),
+        ("sweep_points_30_op_tour_power_strict_replay", SweepMethod::Replay),
+    ] {
+        g.bench_function(name, |b| {
+            let options = SweepOptions {
+                kinds: vec![CrashKind::PowerStrict],
+                method,
+                ..Default::default()
+            };
+            b.iter(|| sweep(7, &tour(), &Canaries::none(), &options))
+        });
+    }
     g.finish();
 }
 

@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use durable_agent::fs::SimFs;
 use durable_agent::runtime::{
     ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, ToolContext, ToolError,
     ToolExecutor, ToolOutput, ToolRequest,
@@ -134,12 +135,23 @@ impl ToolExecutor for SimTools {
 /// The world as the ledger sees it: a call whose script says it fails is
 /// refused (nothing delivered); every other call goes to the [`World`].
 /// Decided per call from its payload, so a re-send fails the same way.
+///
+/// A dead process reaches nothing: once the disk's crash point was hit,
+/// a send gets no answer and delivers nothing (a killed process makes no
+/// more calls; the harness only lets its code run on until it returns).
+/// Each delivery records the I/O point count it happened after, so a
+/// crash image forked at point `n` sees exactly the deliveries made
+/// before point `n`.
 #[derive(Debug, Clone)]
-pub struct ScriptedOutbox(pub World);
+pub struct ScriptedOutbox {
+    pub world: World,
+    pub fs: SimFs,
+    pub sent_at: Arc<Mutex<Vec<u64>>>,
+}
 
 impl Outbox for ScriptedOutbox {
     fn supports_dedup(&self) -> bool {
-        self.0.supports_dedup()
+        self.world.supports_dedup()
     }
 
     fn send(
@@ -148,12 +160,21 @@ impl Outbox for ScriptedOutbox {
         action: &str,
         payload: &serde_json::Value,
     ) -> Result<String, DeliveryError> {
+        if self.fs.crashed() {
+            return Err(DeliveryError::Unknown {
+                idem_key: idem_key.to_string(),
+            });
+        }
         if payload.get("ok").and_then(|v| v.as_bool()) == Some(false) {
             return Err(DeliveryError::Rejected {
                 idem_key: idem_key.to_string(),
                 reason: "scripted failure".into(),
             });
         }
-        self.0.send(idem_key, action, payload)
+        let before = self.world.deliveries_len();
+        let result = self.world.send(idem_key, action, payload);
+        let mut sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
+        sent_at.resize(self.world.deliveries_len().max(before), self.fs.points());
+        result
     }
 }

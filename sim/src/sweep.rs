@@ -2,17 +2,37 @@
 //! I/O point, under every crash mode.
 //!
 //! Invariant: the sweep covers points 1..=P where P is the point count of a
-//! crash-free dry run of the same sequence; each point is a fresh replay
-//! with `Fault::CrashAt(p)` (from a copy of the installed disk when `p`
-//! lies past the install, else from the empty disk: the same run either
-//! way, see `Exec::new`), recovered and judged by the same oracle as the
-//! search. `Op::Crash` entries are dropped (the sweep
-//! places the crash); `Op::Recover` stays, so recovery's own points are
-//! swept too.
+//! crash-free dry run of the same sequence, each under every mode asked
+//! for, recovered and judged by the same oracle as the search. A sweep's
+//! crash is a kill -9 at its point: the interrupted op is in flight (before
+//! or after) whatever its doomed code goes on to return, and the dead
+//! process delivers nothing. `Op::Crash` and `Op::Fault` entries are
+//! dropped (the sweep places the crash); `Op::Recover` stays, so recovery's
+//! own points are swept too.
+//!
+//! Two ways to reach a point, with the same verdicts (checked point by
+//! point in `tests/sweep.rs`):
+//! - [`SweepMethod::Fork`] (default): one dry run in SimFs's capture mode
+//!   leaves the crash image of every point; each is rebooted under each
+//!   mode, recovered and judged ([`Exec::judge_fork`]). A point costs one
+//!   recovery, not a replay of everything before it. Points inside the
+//!   install (before the dry run starts from its copy) are replayed.
+//! - [`SweepMethod::Replay`]: every point is a fresh run from the start
+//!   with `Fault::CrashAt(p)` (from a copy of the installed disk when `p`
+//!   lies past the install, else from the empty disk: the same run either
+//!   way, see `Exec::new`). The reference; also the only method that can
+//!   continue the sequence after the recovery.
+//!
+//! A fork's failure is confirmed by replaying its point, and the replay's
+//! failure (full crash site and trace) is what gets reported.
+
+use std::ops::ControlFlow;
 
 use durable_agent::canary::Canaries;
 
+use crate::driver::installed_disk;
 use crate::exec::{run_case, Case, Exec, GlobalCrash};
+use crate::model::Model;
 use crate::op::{CrashKind, Op};
 use crate::report::Failure;
 
@@ -21,12 +41,23 @@ use crate::report::Failure;
 pub struct SweepSummary {
     /// I/O points in the dry run (the points swept per crash mode).
     pub points: u64,
-    /// Replays run (points × modes, fewer when stopping at a failure).
+    /// Crash points judged (points × modes, fewer when stopping at a
+    /// failure).
     pub runs: u64,
-    /// Replays whose crash point was actually hit.
+    /// Of those, the ones whose crash point was actually hit.
     pub crashes: u64,
-    /// One failure per failing (point, mode), in sweep order.
+    /// One failure per failing (point, mode).
     pub failures: Vec<Box<Failure>>,
+}
+
+/// How each point is reached (see the module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SweepMethod {
+    /// Fork the crash image of every point from one dry run.
+    #[default]
+    Fork,
+    /// Replay the sequence from the start for every point.
+    Replay,
 }
 
 /// How a sweep runs.
@@ -36,8 +67,11 @@ pub struct SweepOptions {
     /// Stop at the first failing point (CI); else collect them all.
     pub stop_at_first: bool,
     /// Continue the sequence after the recovery (checks that the recovered
-    /// runtime keeps working), or stop right after judging it.
+    /// runtime keeps working), or stop right after judging it. Continuing
+    /// needs [`SweepMethod::Replay`] (forks are judged, not continued); it
+    /// is used whenever this is set.
     pub continue_after_crash: bool,
+    pub method: SweepMethod,
 }
 
 impl Default for SweepOptions {
@@ -46,62 +80,205 @@ impl Default for SweepOptions {
             kinds: CrashKind::ALL.to_vec(),
             stop_at_first: false,
             continue_after_crash: false,
+            method: SweepMethod::Fork,
         }
     }
 }
 
+/// The verdict at one (point, mode): the model the run goes on from, or
+/// the failure.
+#[derive(Debug)]
+pub struct PointVerdict {
+    pub point: u64,
+    pub kind: CrashKind,
+    /// Whether the crash point was hit (a replay may end before it).
+    pub hit: bool,
+    pub outcome: Result<Model, Box<Failure>>,
+}
+
 /// Sweep `ops` (with `seed`, `canaries`) over every I/O point.
 pub fn sweep(seed: u64, ops: &[Op], canaries: &Canaries, options: &SweepOptions) -> SweepSummary {
+    let mut summary = SweepSummary::default();
+    let swept = sweep_points(seed, ops, canaries, options, |v| {
+        summary.runs += 1;
+        summary.crashes += u64::from(v.hit);
+        match v.outcome {
+            Ok(_) => ControlFlow::Continue(()),
+            Err(f) => {
+                summary.failures.push(f);
+                if options.stop_at_first {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            }
+        }
+    });
+    match swept {
+        Ok(points) => summary.points = points,
+        Err(f) => summary.failures.push(f),
+    }
+    summary
+}
+
+/// Sweep `ops` and hand every (point, mode) verdict to `visit`, which may
+/// stop the sweep. Returns the dry run's point count, or its failure.
+pub fn sweep_points(
+    seed: u64,
+    ops: &[Op],
+    canaries: &Canaries,
+    options: &SweepOptions,
+    mut visit: impl FnMut(PointVerdict) -> ControlFlow<()>,
+) -> Result<u64, Box<Failure>> {
     let ops: Vec<Op> = ops
         .iter()
         .filter(|op| !matches!(op, Op::Crash { .. }))
         .cloned()
         .collect();
-    // The dry run is a sweep run whose point is never reached: like every
-    // sweep run it ignores `Op::Fault` (the sweep places the faults).
-    let dry = Case {
+    let method = if options.continue_after_crash {
+        SweepMethod::Replay
+    } else {
+        options.method
+    };
+    let sweeper = Sweeper {
         seed,
-        ops: ops.clone(),
-        canaries: canaries.clone(),
-        crash_at: Some(GlobalCrash {
-            point: u64::MAX,
-            kind: CrashKind::Process,
-        }),
+        ops: &ops,
+        canaries,
+        continue_after_crash: options.continue_after_crash,
     };
-    let mut summary = SweepSummary::default();
-    let points = match run_case(&dry) {
-        Ok(stats) => stats.points,
-        Err(f) => {
-            summary.failures.push(f);
-            return summary;
-        }
-    };
-    summary.points = points;
-    for &kind in &options.kinds {
-        for point in 1..=points {
-            summary.runs += 1;
-            let crash_at = Some(GlobalCrash { point, kind });
-            let result = (|| {
-                let mut exec = Exec::new(seed, canaries.clone(), crash_at)?;
-                for op in &ops {
-                    exec.step(op)?;
-                    if !options.continue_after_crash && exec.stats().crashes > 0 {
-                        break;
-                    }
+    match method {
+        SweepMethod::Replay => sweeper.by_replay(&options.kinds, &mut visit),
+        SweepMethod::Fork => sweeper.by_fork(&options.kinds, &mut visit),
+    }
+}
+
+struct Sweeper<'a> {
+    seed: u64,
+    ops: &'a [Op],
+    canaries: &'a Canaries,
+    continue_after_crash: bool,
+}
+
+impl Sweeper<'_> {
+    /// The dry run: a sweep run whose point is never reached (like every
+    /// sweep run it ignores `Op::Fault`: the sweep places the faults).
+    fn dry_run(&self) -> Result<u64, Box<Failure>> {
+        let dry = Case {
+            seed: self.seed,
+            ops: self.ops.to_vec(),
+            canaries: self.canaries.clone(),
+            crash_at: Some(GlobalCrash {
+                point: u64::MAX,
+                kind: CrashKind::Process,
+            }),
+        };
+        run_case(&dry).map(|stats| stats.points)
+    }
+
+    /// One fresh run crashed at `point`.
+    fn replay(&self, point: u64, kind: CrashKind) -> PointVerdict {
+        let result = (|| {
+            let mut exec = Exec::new(
+                self.seed,
+                self.canaries.clone(),
+                Some(GlobalCrash { point, kind }),
+            )?;
+            for op in self.ops {
+                // Stop right after the judged recovery (the crash may have
+                // hit in the first boot, before any op).
+                if !self.continue_after_crash && exec.stats().crashes > 0 {
+                    break;
                 }
-                Ok::<_, Box<Failure>>(exec.stats())
-            })();
-            match result {
-                Ok(stats) => summary.crashes += stats.crashes.min(1),
-                Err(f) => {
-                    summary.crashes += 1;
-                    summary.failures.push(f);
-                    if options.stop_at_first {
-                        return summary;
-                    }
+                exec.step(op)?;
+            }
+            Ok::<_, Box<Failure>>((exec.stats().crashes > 0, exec.model().clone()))
+        })();
+        let (hit, outcome) = match result {
+            Ok((hit, model)) => (hit, Ok(model)),
+            Err(f) => (true, Err(f)),
+        };
+        PointVerdict {
+            point,
+            kind,
+            hit,
+            outcome,
+        }
+    }
+
+    fn by_replay(
+        &self,
+        kinds: &[CrashKind],
+        visit: &mut impl FnMut(PointVerdict) -> ControlFlow<()>,
+    ) -> Result<u64, Box<Failure>> {
+        let points = self.dry_run()?;
+        for &kind in kinds {
+            for point in 1..=points {
+                if visit(self.replay(point, kind)).is_break() {
+                    return Ok(points);
                 }
             }
         }
+        Ok(points)
     }
-    summary
+
+    fn by_fork(
+        &self,
+        kinds: &[CrashKind],
+        visit: &mut impl FnMut(PointVerdict) -> ControlFlow<()>,
+    ) -> Result<u64, Box<Failure>> {
+        // A failing install fails `Exec::capturing` below, with its report.
+        let install = installed_disk(self.canaries).map_or(0, |disk| disk.points());
+        for point in 1..=install {
+            for &kind in kinds {
+                if visit(self.replay(point, kind)).is_break() {
+                    return Ok(install);
+                }
+            }
+        }
+        let mut exec = Exec::capturing(self.seed, self.canaries.clone())?;
+        let mut ops = self.ops.iter();
+        loop {
+            for fork in exec.take_forks() {
+                for &kind in kinds {
+                    let point = fork.image.point();
+                    let outcome = exec
+                        .judge_fork(&fork, kind)
+                        .map_err(|fast| self.confirm(point, kind, fast));
+                    let verdict = PointVerdict {
+                        point,
+                        kind,
+                        hit: true,
+                        outcome,
+                    };
+                    if visit(verdict).is_break() {
+                        return Ok(exec.stats().points);
+                    }
+                }
+            }
+            match ops.next() {
+                Some(op) => exec.step(op)?,
+                None => return Ok(exec.stats().points),
+            }
+        }
+    }
+
+    /// A fork failed: replay its point for the full report. A replay that
+    /// passes means the two methods disagree, which is a harness bug.
+    fn confirm(&self, point: u64, kind: CrashKind, fast: Box<Failure>) -> Box<Failure> {
+        // The live dry run goes on after this: keep SQLite's PRNG as it was.
+        let replayed = durable_agent::sqlite::with_saved_prng(|| self.replay(point, kind));
+        match replayed.outcome {
+            Err(replayed) => replayed,
+            Ok(_) => {
+                let mut f = fast;
+                f.what = format!(
+                    "HARNESS BUG: the fast sweep fails point {point} ({kind:?}) but a replay of it passes; \
+                     the fork said: {}",
+                    f.what
+                );
+                f.case.crash_at = Some(GlobalCrash { point, kind });
+                f
+            }
+        }
+    }
 }

@@ -152,6 +152,25 @@ fn reseed_prng(seed: u64) {
     }
 }
 
+/// Run `f` with SQLite's process-global PRNG saved before and restored
+/// after: whatever `f` opens (each [`open`] reseeds the PRNG) leaves the
+/// draws of connections opened before it as they would have been. The
+/// harness judges forked crash images this way in the middle of a live run
+/// whose WAL salts must not change. Not reentrant (one save slot).
+pub fn with_saved_prng<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: PRNG_SAVE / PRNG_RESTORE take no arguments and copy SQLite's
+    // PRNG state to / from its one save slot under the PRNG mutex.
+    unsafe {
+        ffi::sqlite3_test_control(ffi::SQLITE_TESTCTRL_PRNG_SAVE);
+    }
+    let out = f();
+    // SAFETY: as above.
+    unsafe {
+        ffi::sqlite3_test_control(ffi::SQLITE_TESTCTRL_PRNG_RESTORE);
+    }
+    out
+}
+
 fn classify(vfs: &Vfs, path: &Path, op: &str, e: rusqlite::Error) -> SqliteError {
     let detail = vfs
         .take_last_error()

@@ -37,6 +37,6 @@ mod vfs;
 #[cfg(test)]
 mod vfs_tests;
 
-pub use connection::{open, Db, JournalMode, SqliteOptions, Synchronous};
+pub use connection::{open, with_saved_prng, Db, JournalMode, SqliteOptions, Synchronous};
 pub use error::SqliteError;
 pub use vfs::Vfs;

@@ -107,6 +107,16 @@ pub struct Driver {
     /// Last reading of the stores (triggers, loop messages); `None` after
     /// a boot or a store op.
     store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
+    /// The I/O point count each world delivery happened after.
+    sent_at: Arc<Mutex<Vec<u64>>>,
+}
+
+/// The driver's id↔name bookkeeping, saved at the start of an op so a
+/// crash image forked inside it sees what a crashed run would have.
+#[derive(Debug, Clone, Default)]
+pub struct Names {
+    names: BTreeMap<AgentId, String>,
+    msgs: BTreeMap<MessageId, Msg>,
 }
 
 /// A panic mid-call leaves no half-applied SQL (each store step is its
@@ -154,7 +164,37 @@ impl Driver {
             names: BTreeMap::new(),
             msgs: BTreeMap::new(),
             store_cache: None,
+            sent_at: Arc::default(),
         }
+    }
+
+    /// The bookkeeping [`Driver::fork`] needs (cheap: a few names).
+    pub fn names(&self) -> Names {
+        Names {
+            names: self.names.clone(),
+            msgs: self.msgs.clone(),
+        }
+    }
+
+    /// A closed driver on `fs` (a disk rebooted from a crash image at
+    /// `point`) whose world holds the deliveries made before that point,
+    /// with the bookkeeping `names` and this driver's clock: what a run
+    /// killed at `point` has when it reopens. The live run is untouched.
+    pub fn fork(&self, fs: SimFs, point: u64, names: Names) -> Driver {
+        let sent = {
+            let sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
+            sent_at.iter().take_while(|p| **p < point).count()
+        };
+        let mut driver = Driver::with_fs(self.seed, self.config.canaries.clone(), fs);
+        driver.world = self.world.fork_prefix(sent);
+        driver.tools.world = driver.world.clone();
+        driver.config.tools = Arc::new(driver.tools.clone());
+        *driver.sent_at.lock().unwrap_or_else(|e| e.into_inner()) =
+            self.sent_at.lock().unwrap_or_else(|e| e.into_inner())[..sent].to_vec();
+        driver.set_step(self.now() / OP_MS);
+        driver.names = names.names;
+        driver.msgs = names.msgs;
+        driver
     }
 
     /// The logical time of op number `step` (ms).
@@ -191,7 +231,11 @@ impl Driver {
         let db = Arc::new(Mutex::new(db));
         let gate = ActivityGate::shared(
             db.clone(),
-            Arc::new(ScriptedOutbox(self.world.clone())),
+            Arc::new(ScriptedOutbox {
+                world: self.world.clone(),
+                fs: self.fs.clone(),
+                sent_at: self.sent_at.clone(),
+            }),
             self.activities.clone(),
         );
         recover_stores(&gate, &self.triggers, &db, now).map_err(|e| err("store recovery")(e.to_string()))?;

@@ -18,7 +18,10 @@ use crate::op::{CrashKind, FaultKind, Op};
 use crate::oracle;
 use crate::report::Failure;
 
+mod fork;
 mod restart;
+
+pub use fork::{Fork, Judging};
 
 /// A sweep crash: the `point`-th I/O point of the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +80,9 @@ pub struct Exec {
     boundary: Option<u64>,
     /// One line per accepted restart, for the report.
     restart_notes: Vec<String>,
+    /// Capture mode (the fast sweep): crash images taken so far, each with
+    /// what a replay crashed at its point would be judged against.
+    forks: Option<Vec<Fork>>,
 }
 
 fn suspended(state: &State) -> State {
@@ -100,6 +106,15 @@ impl Exec {
     /// the same I/O up to that point, numbered the same. A sweep point
     /// inside the install runs it from the empty disk.
     pub fn new(seed: u64, canaries: Canaries, global: Option<GlobalCrash>) -> Result<Exec, Box<Failure>> {
+        Exec::start(seed, canaries, global, false)
+    }
+
+    fn start(
+        seed: u64,
+        canaries: Canaries,
+        global: Option<GlobalCrash>,
+        capture: bool,
+    ) -> Result<Exec, Box<Failure>> {
         let mut exec = Exec {
             seed,
             canaries: canaries.clone(),
@@ -115,6 +130,7 @@ impl Exec {
             crash_mode: None,
             boundary: None,
             restart_notes: Vec::new(),
+            forks: None,
         };
         let install = match installed_disk(&canaries) {
             Ok(disk) => disk,
@@ -145,9 +161,15 @@ impl Exec {
                 if let Some(g) = global {
                     exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
                 }
+                if capture {
+                    exec.forks = Some(Vec::new());
+                    exec.driver.fs.set_capture(true);
+                }
             }
         }
+        let names = exec.names();
         exec.reopen_and_judge(kind, &empty, None, None)?;
+        exec.collect(|e| Judging::restart(&empty, names, e));
         Ok(exec)
     }
 
@@ -204,6 +226,7 @@ impl Exec {
                 // A clean stop, then reopen; an armed crash lands inside the
                 // recovery itself (recovery must be restartable).
                 let model = self.model.clone();
+                let names = self.names();
                 let armed = self.armed.take();
                 let sweep_kind = self.global.map(|g| g.kind).unwrap_or(CrashKind::Process);
                 if self.driver.shutdown(sweep_kind.mode()) {
@@ -220,7 +243,9 @@ impl Exec {
                     .or(self.global.map(|g| g.kind))
                     .unwrap_or(CrashKind::Process);
                 self.crash_mode = Some(kind);
-                self.reopen_and_judge(kind, &model, None, None)
+                self.reopen_and_judge(kind, &model, None, None)?;
+                self.collect(|e| Judging::restart(&model, names, e));
+                Ok(())
             }
             _ => self.action(op),
         }
@@ -248,7 +273,9 @@ impl Exec {
         if let Some((offset, kind)) = fault {
             self.driver.fs.set_fault(Some(kind.at(next + u64::from(offset))));
         }
+        let names = self.names();
         let result = self.driver.exec(&action);
+        self.collect(|e| Judging::in_flight(&before, &after, &action, names, e));
         if fault.is_some() && !self.driver.fs.crashed() {
             self.disarm();
             if result.is_err() {
@@ -260,7 +287,12 @@ impl Exec {
         let kind = armed.map(|(_, k)| k).or(self.global.map(|g| g.kind));
         if self.driver.fs.crashed() {
             let kind = kind.unwrap_or(CrashKind::Process);
-            if result.is_ok() {
+            // A sweep's crash is a kill -9 at its point: the op never
+            // returned, whatever the doomed code went on to return (the
+            // fast sweep, which forks the disk at the point, sees the
+            // same). A search's armed crash lets the runtime answer, so
+            // an op acknowledged past a dead I/O point must be durable.
+            if result.is_ok() && self.global.is_none() {
                 // The runtime acknowledged the op although an I/O point
                 // inside it died: acknowledged means durable, so "after"
                 // is the only candidate.
@@ -282,7 +314,9 @@ impl Exec {
             self.disarm();
             self.boundary = Some(self.driver.fs.points());
         }
+        let names = self.names();
         let (state, mut violations) = self.driver.state();
+        self.collect(|e| Judging::restart(&e.model, names, e));
         if self.driver.fs.crashed() {
             // A sweep point landed in the projection's reads: that is a
             // crash between ops.
@@ -329,6 +363,8 @@ impl Exec {
 }
 
 /// Replay a case from scratch. `Ok` means every check passed.
+///
+/// See [`Exec::capturing`] for the dry run the fast sweep forks from.
 pub fn run_case(case: &Case) -> Result<RunStats, Box<Failure>> {
     let mut exec = Exec::new(case.seed, case.canaries.clone(), case.crash_at)?;
     for op in &case.ops {
