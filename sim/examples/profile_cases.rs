@@ -5,6 +5,7 @@
 //! ```text
 //! CARGO_PROFILE_RELEASE_DEBUG=true cargo build --release -p durable-agent-sim --example profile_cases
 //! valgrind --tool=callgrind target/release/examples/profile_cases 16
+//! valgrind --tool=callgrind target/release/examples/profile_cases sweep
 //! ```
 
 // As in the CLI and the bench.
@@ -19,6 +20,9 @@ use proptest::test_runner::TestRunner;
 use proptest_state_machine::ReferenceStateMachine;
 
 fn main() -> Result<(), String> {
+    if std::env::args().nth(1).as_deref() == Some("sweep") {
+        return sweep_tour();
+    }
     let n: usize = match std::env::args().nth(1) {
         Some(s) => s.parse().map_err(|e| format!("N: {e}"))?,
         None => 16,
@@ -51,6 +55,27 @@ fn main() -> Result<(), String> {
     println!(
         "{n} cases ({passed} passed, {restarts} restarts, {points} I/O points) in {secs:.3}s: {:.0} cases/s",
         n as f64 / secs
+    );
+    Ok(())
+}
+
+/// `profile_cases sweep`: the fast sweep of the 30-op tour under power
+/// loss (strict directories), as the bench runs it.
+fn sweep_tour() -> Result<(), String> {
+    use durable_agent_sim::op::CrashKind;
+    use durable_agent_sim::{sweep, SweepOptions};
+    let options = SweepOptions {
+        kinds: vec![CrashKind::PowerStrict],
+        ..SweepOptions::default()
+    };
+    let start = std::time::Instant::now();
+    let s = sweep(7, &durable_agent_sim::tour::tour(), &Canaries::none(), &options);
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{} points judged ({} failures) in {secs:.3}s: {:.0} points/s",
+        s.runs,
+        s.failures.len(),
+        s.runs as f64 / secs
     );
     Ok(())
 }

@@ -15,8 +15,9 @@
 //! - [`SweepMethod::Fork`] (default): one dry run in SimFs's capture mode
 //!   leaves the crash image of every point; each is rebooted under each
 //!   mode, recovered and judged ([`Exec::judge_fork`]). A point costs one
-//!   recovery, not a replay of everything before it. Points inside the
-//!   install (before the dry run starts from its copy) are replayed.
+//!   recovery, not a replay of everything before it. The dry run performs
+//!   the install itself (a replay copies it when the point lies past it:
+//!   the same I/O), so the install's points are forked too.
 //! - [`SweepMethod::Replay`]: every point is a fresh run from the start
 //!   with `Fault::CrashAt(p)` (from a copy of the installed disk when `p`
 //!   lies past the install, else from the empty disk: the same run either
@@ -30,7 +31,6 @@ use std::ops::ControlFlow;
 
 use durable_agent::canary::Canaries;
 
-use crate::driver::installed_disk;
 use crate::exec::{run_case, Case, Exec, GlobalCrash};
 use crate::model::Model;
 use crate::op::{CrashKind, Op};
@@ -226,23 +226,18 @@ impl Sweeper<'_> {
         kinds: &[CrashKind],
         visit: &mut impl FnMut(PointVerdict) -> ControlFlow<()>,
     ) -> Result<u64, Box<Failure>> {
-        // A failing install fails `Exec::capturing` below, with its report.
-        let install = installed_disk(self.canaries).map_or(0, |disk| disk.points());
-        for point in 1..=install {
-            for &kind in kinds {
-                if visit(self.replay(point, kind)).is_break() {
-                    return Ok(install);
-                }
-            }
-        }
         let mut exec = Exec::capturing(self.seed, self.canaries.clone())?;
         let mut ops = self.ops.iter();
         loop {
             for fork in exec.take_forks() {
-                for &kind in kinds {
-                    let point = fork.image.point();
+                let point = fork.image.point();
+                // One image per mode: clones for all but the last, which
+                // takes the original.
+                let mut images = vec![fork.image.clone(); kinds.len().saturating_sub(1)];
+                images.push(fork.image);
+                for (&kind, image) in kinds.iter().zip(images) {
                     let outcome = exec
-                        .judge_fork(&fork, kind)
+                        .judge_fork(image, &fork.judging, kind)
                         .map_err(|fast| self.confirm(point, kind, fast));
                     let verdict = PointVerdict {
                         point,

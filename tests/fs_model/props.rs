@@ -232,7 +232,7 @@ proptest! {
         let captured = live.take_captures();
         prop_assert_eq!(captured.len() as u64, live.points());
         prop_assume!(crash_at <= live.points());
-        let image = &captured[(crash_at - 1) as usize];
+        let image = captured[(crash_at - 1) as usize].clone();
         prop_assert_eq!(image.point(), crash_at);
         let forked = image.reboot(mode);
 

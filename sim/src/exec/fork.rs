@@ -78,8 +78,8 @@ pub struct Fork {
 
 impl Exec {
     /// The dry run of the fast sweep: like [`Exec::new`] with a crash point
-    /// that is never reached, but capturing a [`Fork`] at every I/O point
-    /// after the install (take them with [`Exec::take_forks`] after each
+    /// that is never reached, but performing the install (not copying it)
+    /// and capturing a [`Fork`] at every I/O point (take them with [`Exec::take_forks`] after each
     /// step and judge them with [`Exec::judge_fork`]).
     pub fn capturing(seed: u64, canaries: durable_agent::canary::Canaries) -> Result<Exec, Box<Failure>> {
         let never = GlobalCrash {
@@ -122,15 +122,14 @@ impl Exec {
         }
     }
 
-    /// Judge `fork` as a run killed at its point with `kind`: reboot its
-    /// image, recover, check the invariants and ask the oracle. `Ok` holds
+    /// Judge a fork (`image`, taken under `j`) as a run killed at its point
+    /// with `kind`: reboot the image, recover, check the invariants and ask the oracle. `Ok` holds
     /// the model the run would go on from. The live run is not touched.
-    pub fn judge_fork(&self, fork: &Fork, kind: CrashKind) -> Result<Model, Box<Failure>> {
-        let point = fork.image.point();
-        let j = &fork.judging;
+    pub fn judge_fork(&self, image: CrashImage, j: &Judging, kind: CrashKind) -> Result<Model, Box<Failure>> {
+        let point = image.point();
         let driver = self
             .driver
-            .fork(fork.image.reboot(kind.mode()), point, j.names.clone());
+            .fork(image.reboot(kind.mode()), point, j.names.clone());
         let mut exec = Exec {
             seed: self.seed,
             canaries: self.canaries.clone(),
@@ -148,7 +147,13 @@ impl Exec {
             restart_notes: self.restart_notes.clone(),
             forks: None,
         };
-        with_saved_prng(|| exec.reopen_and_judge(kind, &j.before, j.after.as_ref(), j.action.as_ref()))?;
+        with_saved_prng(|| {
+            let judged = exec.reopen_and_judge(kind, &j.before, j.after.as_ref(), j.action.as_ref());
+            // Done with this disk: kill the fork rather than let SQLite's
+            // close checkpoint a WAL nobody will read.
+            exec.driver.crash(durable_agent::fs::CrashMode::ProcessCrash);
+            judged
+        })?;
         Ok(exec.model)
     }
 }

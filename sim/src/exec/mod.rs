@@ -139,8 +139,15 @@ impl Exec {
         let kind = global.map(|g| g.kind).unwrap_or(CrashKind::Process);
         let empty = exec.model.clone();
         match global {
-            Some(g) if g.point <= install.points() => {
+            // The capturing dry run installs too, so the install's points
+            // get crash images like every other point.
+            Some(g) if capture || g.point <= install.points() => {
                 exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
+                if capture {
+                    exec.forks = Some(Vec::new());
+                    exec.driver.fs.set_capture(true);
+                }
+                let names = exec.names();
                 match exec.driver.open() {
                     Ok(()) => {}
                     Err(_) if exec.driver.fs.crashed() => {
@@ -154,16 +161,13 @@ impl Exec {
                     exec.crashes += 1;
                 }
                 exec.disarm();
+                exec.collect(|e| Judging::restart(&empty, names, e));
             }
             _ => {
                 exec.crash_mode = Some(kind);
                 exec.driver = Driver::from_install(seed, canaries, &install);
                 if let Some(g) = global {
                     exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
-                }
-                if capture {
-                    exec.forks = Some(Vec::new());
-                    exec.driver.fs.set_capture(true);
                 }
             }
         }

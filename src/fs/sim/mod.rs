@@ -154,16 +154,18 @@ impl CrashImage {
     /// image, point count and later random draws as the [`SimFs`] that ran
     /// into `CrashAt(point)` and was then [`SimFs::restart`]ed with `mode`.
     /// Its trace starts empty (at point `point + 1`).
-    pub fn reboot(&self, mode: CrashMode) -> SimFs {
+    /// (By value: the image is the disk; clone the `CrashImage` to reboot
+    /// it under several modes.)
+    pub fn reboot(self, mode: CrashMode) -> SimFs {
         let fs = SimFs {
-            config: Arc::clone(&self.config),
+            config: self.config,
             state: Arc::new(Mutex::new(State {
-                image: self.image.clone(),
+                image: self.image,
                 points: self.point,
                 fault: None,
                 crashed: true,
                 trace: Vec::new(),
-                rng: self.rng.clone(),
+                rng: self.rng,
                 captures: None,
             })),
         };
