@@ -4,7 +4,7 @@
 //! ```text
 //! durable-agent-sim fuzz [--profile ci|nightly|default] [--cases N] [--time 10m] [--canary no_dir_fsync]
 //! durable-agent-sim canaries [--profile ci]
-//! durable-agent-sim sweep [--case FILE] [--seed N]
+//! durable-agent-sim sweep [--case FILE] [--seed N] [--replay]
 //! durable-agent-sim repro --case FILE [--sweep]
 //! ```
 //! Exit code 0: nothing found; 1: a failure (its report and repro command
@@ -27,7 +27,7 @@ use durable_agent::canary::{Canaries, Canary};
 use durable_agent_sim::canaries::{self, Verdict};
 use durable_agent_sim::replay::replay;
 use durable_agent_sim::tour::tour;
-use durable_agent_sim::{search_with_progress, sweep, Case, Profile, SweepOptions};
+use durable_agent_sim::{search_with_progress, sweep, Case, Profile, SweepMethod, SweepOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Parser)]
@@ -66,6 +66,11 @@ enum Command {
         case: Option<PathBuf>,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Replay the sequence into every point instead of forking each
+        /// point's crash image from one dry run (same verdicts, slower: the
+        /// reference method).
+        #[arg(long)]
+        replay: bool,
     },
     /// Replay a saved case.
     Repro {
@@ -170,7 +175,7 @@ fn fuzz(
         rate(total, search_time)
     );
     println!(
-        "sweep      30-op tour crashed at each of {} I/O points under {} modes = {} replays  ({:.0} replays/s)",
+        "sweep      30-op tour crashed at each of {} I/O points under {} modes = {} crash points judged  ({:.0} points/s, forked)",
         s.points,
         SweepOptions::default().kinds.len(),
         s.runs,
@@ -209,7 +214,7 @@ fn run(cli: Cli) -> Result<bool, String> {
             }
             Ok(rows.iter().all(|r| matches!(r.verdict, Verdict::Caught { .. })))
         }
-        Command::Sweep { case, seed } => {
+        Command::Sweep { case, seed, replay } => {
             let (seed, ops, canaries) = match case {
                 Some(path) => {
                     let text =
@@ -220,13 +225,27 @@ fn run(cli: Cli) -> Result<bool, String> {
                 }
                 None => (seed, tour(), Canaries::none()),
             };
-            let s = sweep(seed, &ops, &canaries, &SweepOptions::default());
+            let options = SweepOptions {
+                method: if replay {
+                    SweepMethod::Replay
+                } else {
+                    SweepMethod::Fork
+                },
+                ..SweepOptions::default()
+            };
+            let started = std::time::Instant::now();
+            let s = sweep(seed, &ops, &canaries, &options);
+            let secs = started.elapsed().as_secs_f64().max(1e-9);
             println!(
-                "swept {} points × 3 crash modes = {} replays, {} crashes hit, {} failing",
+                "swept {} points × {} crash modes = {} crash points judged ({:?}), {} crashes hit, {} failing, {:.1}s ({:.0} points/s)",
                 s.points,
+                options.kinds.len(),
                 s.runs,
+                options.method,
                 s.crashes,
-                s.failures.len()
+                s.failures.len(),
+                secs,
+                s.runs as f64 / secs
             );
             if let Some(f) = s.failures.first() {
                 println!("{}", f.report());
