@@ -43,16 +43,11 @@ fn sweep_clean(ops: &[durable_agent_sim::op::Op]) {
     assert_eq!(s.crashes, s.runs, "every swept point must be hit");
 }
 
-/// The PR-gate sweep: the first 10 ops of the tour (tree, turns with
-/// tools, messages, delivery), every point, every crash mode.
+/// The PR-gate sweep: the whole 30-op tour (tree, turns with every tool
+/// kind, messages, delivery, eviction, restore, termination, a clean
+/// restart), every I/O point, every crash mode — forked, a few seconds
+/// even in debug.
 #[test]
-fn clean_runtime_survives_a_crash_at_every_io_point_of_the_tour_prefix() {
-    sweep_clean(&tour()[..10]);
-}
-
-/// The whole 30-op tour (about a minute in debug): nightly.
-#[test]
-#[ignore = "slow in debug; run with --ignored (nightly)"]
 fn clean_runtime_survives_a_crash_at_every_io_point_of_the_whole_tour() {
     sweep_clean(&tour());
 }
