@@ -16,10 +16,12 @@ pub fn replay(path: &Path, sweep_points: bool) -> Result<(bool, String), String>
     let case: Case =
         serde_json::from_str(&text).map_err(|e| format!("{}: not a case file: {e}", path.display()))?;
     if sweep_points {
-        let s = sweep(case.seed, &case.ops, &case.canaries, &SweepOptions::default());
+        let options = SweepOptions::default();
+        let s = sweep(case.seed, &case.ops, &case.canaries, &options);
         let mut out = format!(
-            "swept {} points × 3 crash modes = {} replays, {} failing\n",
+            "swept {} points × {} crash modes = {} crash points judged, {} failing\n",
             s.points,
+            options.kinds.len(),
             s.runs,
             s.failures.len()
         );

@@ -151,16 +151,16 @@ impl Exec {
                 if let Some(after) = after {
                     self.model.counter = self.model.counter.max(after.counter);
                 }
-                let site = self
-                    .site()
-                    .map(|c| format!(" at point {} \"{}\"", c.point, c.label))
-                    .unwrap_or_default();
+                let how = match self.site() {
+                    Some(c) => format!("{kind:?} crash at point {} \"{}\"", c.point, c.label),
+                    None => "no crash point hit (a clean start or stop)".to_string(),
+                };
                 let when = match self.history.len() {
                     0 => "boot after the install".to_string(),
                     n => format!("op #{n}"),
                 };
                 self.restart_notes.push(format!(
-                    "{when}: {kind:?} crash{site}; recovered state accepted as {:?}",
+                    "{when}: {how}; recovered state accepted as {:?}",
                     accepted.side
                 ));
                 Ok(())
