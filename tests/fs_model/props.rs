@@ -199,10 +199,6 @@ proptest! {
     }
 }
 
-fn any_mode() -> impl Strategy<Value = CrashMode> {
-    prop_oneof![Just(CrashMode::ProcessCrash), Just(STRICT), Just(EAGER)]
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -216,9 +212,9 @@ proptest! {
         seed: u64,
         ops in prop::collection::vec(any_op(), 1..24),
         crash_at in 1u64..30,
-        mode in any_mode(),
+        mode in mode(),
         then in prop::collection::vec(any_op(), 0..6),
-        second in any_mode(),
+        second in mode(),
     ) {
         let run = |fs: &SimFs| {
             fs.create_dir_all(p("/d"), "mkdir d").ok();
