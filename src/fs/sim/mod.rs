@@ -52,6 +52,14 @@
 //! (b) creates or renames `f`'s inode (wherever), or (c) creates a directory
 //! that is an ancestor of `f`. Removes elsewhere stay undecided.
 //!
+//! **Capture mode.** [`SimFs::set_capture`] makes every point first record
+//! the [`CrashImage`] a `CrashAt` there would leave — the same draws, made
+//! on a copy of the image and the RNG — and then run normally, so one
+//! crash-free run yields the crash state of every point;
+//! [`CrashImage::reboot`] applies a [`CrashMode`] to one. The harness's
+//! forked sweep is built on it (ALICE and CrashMonkey construct crash
+//! states from a recorded trace the same way).
+//!
 //! **Inspecting.** [`SimFs::disk_image`] is the process's view (the disk,
 //! right after a restart); [`SimFs::durable_image`] the disk if nothing
 //! undecided reached it; [`SimFs::undecided`] lists what a power loss could
