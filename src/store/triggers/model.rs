@@ -80,7 +80,7 @@ impl Trigger {
     }
 }
 
-/// Result of [`TriggerStore::emit`].
+/// Result of [`TriggerStore::emit`](super::TriggerStore::emit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EmitOutcome {
     /// A new trigger row with this id was committed.
