@@ -7,7 +7,9 @@
 //!   on the 30-op tour, forking each point's crash image from one dry run
 //!   (power loss, recover, judge), the sweep's default;
 //! - `…_replay`: the same points, each replayed from the start into the
-//!   crash (the reference method).
+//!   crash (the reference method);
+//! - `sweep_points_generated_30_ops_all_modes`: crash points judged per
+//!   second, forked, on four generated 30-op sequences under every mode.
 
 // The harness allocates a lot of small short-lived values (trace entries,
 // model clones, JSON); mimalloc makes the same run ~15% faster than glibc's
@@ -43,12 +45,12 @@ fn cases(n: usize) -> Vec<Case> {
 }
 
 fn crash_recover_check(c: &mut Criterion) {
-    let cases = cases(64);
+    let generated_cases = cases(64);
     let mut g = c.benchmark_group("harness");
-    g.throughput(Throughput::Elements(cases.len() as u64));
+    g.throughput(Throughput::Elements(generated_cases.len() as u64));
     g.bench_function("crash_recover_check_30_ops", |b| {
         b.iter(|| {
-            for case in &cases {
+            for case in &generated_cases {
                 // Known runtime bugs may fail a case; the cost is the same.
                 let _ = run_case(case);
             }
@@ -79,6 +81,23 @@ fn crash_recover_check(c: &mut Criterion) {
             b.iter(|| sweep(7, &tour(), &Canaries::none(), &options))
         });
     }
+    // Generated sequences, not only the hand-written tour: the forked
+    // sweep of four generated 30-op cases (their `Op::Crash` entries are
+    // dropped: the sweep places the crash), every mode.
+    let generated: Vec<Case> = cases(4);
+    let options = SweepOptions::default();
+    let points: u64 = generated
+        .iter()
+        .map(|c| sweep(c.seed, &c.ops, &Canaries::none(), &options).runs)
+        .sum();
+    g.throughput(Throughput::Elements(points));
+    g.bench_function("sweep_points_generated_30_ops_all_modes", |b| {
+        b.iter(|| {
+            for c in &generated {
+                sweep(c.seed, &c.ops, &Canaries::none(), &options);
+            }
+        })
+    });
     g.finish();
 }
 
