@@ -145,27 +145,188 @@ impl LogEntry {
     }
 
     /// Parse one line (without its newline).
+    ///
+    /// One pass into the wire shape in the common case (the event's
+    /// payload is kept as raw JSON and decoded once its tag is known), no
+    /// `Value` tree. Only a line that fails it is probed for a newer
+    /// `schema_version`, so a newer entry whose shape this build does not
+    /// know is still reported as newer, not as damage.
     pub fn parse(line: &[u8]) -> Result<LogEntry, ParseLineError> {
-        let value: Value =
-            serde_json::from_slice(line).map_err(|e| ParseLineError::Invalid(e.to_string()))?;
-        // The version decides how to read the rest, so it is checked first.
-        let version = value.get("schema_version").and_then(Value::as_u64).unwrap_or(0);
-        if version > u64::from(SCHEMA_VERSION) {
+        let wire: WireEntry<'_> = match serde_json::from_slice(line) {
+            Ok(wire) => wire,
+            Err(e) => {
+                return Err(match newer_version(line) {
+                    Some(found) => ParseLineError::Newer { found },
+                    None => ParseLineError::Invalid(e.to_string()),
+                })
+            }
+        };
+        if wire.schema_version > SCHEMA_VERSION {
             return Err(ParseLineError::Newer {
-                found: u32::try_from(version).unwrap_or(u32::MAX),
+                found: wire.schema_version,
             });
         }
-        let raw: RawEntry =
-            serde_json::from_value(value).map_err(|e| ParseLineError::Invalid(e.to_string()))?;
-        let tagged = serde_json::json!({ "event": raw.event, "data": raw.data });
-        let event: Event = serde_json::from_value(tagged)
-            .map_err(|e| ParseLineError::Invalid(format!("event {:?}: {e}", raw.event)))?;
+        let data = wire.data.map_or("null", |raw| raw.get());
+        let tag = serde_json::to_string(&wire.event).map_err(|e| ParseLineError::Invalid(e.to_string()))?;
+        let tagged = format!(r#"{{"event":{tag},"data":{data}}}"#);
+        let event: Event = serde_json::from_str(&tagged)
+            .map_err(|e| ParseLineError::Invalid(format!("event {:?}: {e}", wire.event)))?;
         Ok(LogEntry {
-            schema_version: raw.schema_version,
-            session_id: raw.session_id,
-            seq: raw.seq,
-            ts: raw.ts,
+            schema_version: wire.schema_version,
+            session_id: wire.session_id,
+            seq: wire.seq,
+            ts: wire.ts,
             event,
         })
+    }
+}
+
+/// The wire shape as read: [`RawEntry`] with the payload left as raw JSON.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireEntry<'a> {
+    #[serde(default)]
+    schema_version: u32,
+    session_id: SessionId,
+    seq: u64,
+    #[serde(default)]
+    ts: u64,
+    event: String,
+    #[serde(default, borrow)]
+    data: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The `schema_version` of a line this build cannot read, when it is newer
+/// than [`SCHEMA_VERSION`] (any other line is simply invalid).
+fn newer_version(line: &[u8]) -> Option<u32> {
+    #[derive(Deserialize)]
+    struct Probe {
+        #[serde(default)]
+        schema_version: Option<Value>,
+    }
+    let probe: Probe = serde_json::from_slice(line).ok()?;
+    let version = probe.schema_version.as_ref().and_then(Value::as_u64)?;
+    (version > u64::from(SCHEMA_VERSION)).then(|| u32::try_from(version).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: &str = "00000000000000aa";
+    const A1: &str = "00000000000000a1";
+    const A2: &str = "00000000000000a2";
+    const M: &str = "000000000000000e";
+
+    fn every_event() -> Vec<Event> {
+        vec![
+            Event::AgentCreated {
+                agent_id: AgentId::from_hex(A1).unwrap(),
+                name: "n \"quoted\" \u{e9}".into(),
+                parent_session_id: None,
+                instructions: "line\nbreak".into(),
+            },
+            Event::AgentTerminated {
+                agent_id: AgentId::from_hex(A1).unwrap(),
+            },
+            Event::TurnStart { prompt: "p".into() },
+            Event::ToolCall {
+                call_id: "c".into(),
+                tool: "t".into(),
+                args: serde_json::json!({"k": [1, null, {"x": "y"}]}),
+                irreversible: true,
+            },
+            Event::ToolResult {
+                call_id: "c".into(),
+                ok: false,
+                output: "o".into(),
+            },
+            Event::TurnComplete { response: "r".into() },
+            Event::MessageEnqueued {
+                message_id: MessageId::from_hex(M).unwrap(),
+                sender: AgentId::from_hex(A1).unwrap(),
+                recipient: AgentId::from_hex(A2).unwrap(),
+                payload: "x".into(),
+            },
+            Event::MessageDelivered {
+                message_ids: vec![MessageId::from_hex(M).unwrap()],
+            },
+            Event::SuspendResult { state_size: 9 },
+            Event::SessionRestored {
+                provider: "p".into(),
+                model: "m".into(),
+            },
+        ]
+    }
+
+    fn parse_str(line: &str) -> Result<LogEntry, ParseLineError> {
+        LogEntry::parse(line.as_bytes())
+    }
+
+    #[test]
+    fn every_event_round_trips_through_its_line() {
+        for (seq, event) in every_event().into_iter().enumerate() {
+            let entry = LogEntry {
+                schema_version: SCHEMA_VERSION,
+                session_id: SessionId::from_hex(S).unwrap(),
+                seq: seq as u64,
+                ts: 7,
+                event,
+            };
+            let line = entry.to_line().unwrap();
+            let parsed = LogEntry::parse(line.trim_end().as_bytes()).unwrap();
+            assert_eq!(parsed, entry, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_newer_entry_is_newer_whatever_its_shape() {
+        for line in [
+            r#"{"schema_version":7,"session_id":"00000000000000aa","seq":0,"ts":0,"event":"turn.start","data":{"prompt":"p"}}"#,
+            r#"{"schema_version":7,"session_id":"00000000000000aa","seq":0,"brand_new":true}"#,
+            r#"{"schema_version":7,"seq":"not even a number"}"#,
+            r#"{"schema_version":99999999999,"anything":1}"#,
+        ] {
+            match parse_str(line) {
+                Err(ParseLineError::Newer { found }) => assert!(found > SCHEMA_VERSION, "{line}"),
+                other => panic!("{line}: expected Newer, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn damage_in_a_current_or_older_entry_is_invalid() {
+        for line in [
+            r#"{"schema_version":1,"session_id":"00000000000000aa","seq":0,"ts":0,"event":"turn.start","data":{"prompt":"p"},"extra":1}"#,
+            r#"{"schema_version":1,"session_id":"00000000000000aa","seq":0,"ts":0,"event":"no.such","data":{}}"#,
+            r#"{"schema_version":1,"session_id":"00000000000000aa","seq":0,"ts":0,"event":"turn.start","data":{"prompt":5}}"#,
+            r#"{"schema_version":1,"session_id":"00000000000000aa","seq":0,"ts":0,"event":"turn.start"}"#,
+            r#"{"schema_version":"1","session_id":"00000000000000aa","seq":0,"event":"turn.start","data":{"prompt":"p"}}"#,
+            r#"{"schema_version":1,"session_id":"00000000000000aa","seq":0,"ts":0,"event":"turn.st"#,
+            "not json at all",
+            "",
+        ] {
+            assert!(
+                matches!(parse_str(line), Err(ParseLineError::Invalid(_))),
+                "{line}: expected Invalid"
+            );
+        }
+        let bad_utf8 = b"{\"schema_version\":1,\"session_id\":\"00000000000000a\xff\",\"seq\":0,\"event\":\"turn.start\",\"data\":{\"prompt\":\"p\"}}";
+        assert!(matches!(
+            LogEntry::parse(bad_utf8),
+            Err(ParseLineError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn a_pre_versioning_entry_loads_as_version_0() {
+        let entry = parse_str(
+            r#"{"session_id":"00000000000000aa","seq":3,"event":"turn.complete","data":{"response":"r"}}"#,
+        )
+        .unwrap();
+        assert_eq!(entry.schema_version, 0);
+        assert_eq!(entry.seq, 3);
+        assert_eq!(entry.ts, 0);
+        assert_eq!(entry.event, Event::TurnComplete { response: "r".into() });
     }
 }
