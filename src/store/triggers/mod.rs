@@ -246,12 +246,16 @@ impl TriggerStore {
             rows.collect::<Result<Vec<_>, _>>()
                 .map_err(sql("trigger reclaim select"))?
         };
-        tx.execute(
-            "UPDATE triggers SET status = CASE WHEN attempts >= ?2 THEN 'DEAD' ELSE 'PENDING' END, \
-             lease_until = NULL, updated_at = ?1 WHERE status = 'CLAIMED' AND lease_until <= ?1",
-            params![now_ms, self.policy.max_attempts],
-        )
-        .map_err(sql("trigger reclaim update"))?;
+        // Nothing expired (the common boot): the write lock held since the
+        // select guarantees the update would match nothing; skip it.
+        if !ids.is_empty() {
+            tx.execute(
+                "UPDATE triggers SET status = CASE WHEN attempts >= ?2 THEN 'DEAD' ELSE 'PENDING' END, \
+                 lease_until = NULL, updated_at = ?1 WHERE status = 'CLAIMED' AND lease_until <= ?1",
+                params![now_ms, self.policy.max_attempts],
+            )
+            .map_err(sql("trigger reclaim update"))?;
+        }
         tx.commit().map_err(sql("trigger reclaim commit"))?;
         if !ids.is_empty() {
             tracing::info!(count = ids.len(), "reclaimed expired trigger leases");
