@@ -27,7 +27,9 @@ use durable_agent::canary::{Canaries, Canary};
 use durable_agent_sim::canaries::{self, Verdict};
 use durable_agent_sim::replay::replay;
 use durable_agent_sim::tour::tour;
-use durable_agent_sim::{search_with_progress, sweep, Case, Profile, SweepMethod, SweepOptions};
+use durable_agent_sim::{
+    generated, search_with_progress, sweep, Case, Failure, Profile, SweepMethod, SweepOptions,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Parser)]
@@ -116,6 +118,65 @@ fn canary(name: &str) -> Result<Canary, String> {
     })
 }
 
+/// Sweep totals of a campaign.
+#[derive(Default)]
+struct Swept {
+    sequences: u64,
+    points: u64,
+    judged: u64,
+    time: Duration,
+}
+
+/// One round's sweeps: the tour (first round only: it is deterministic),
+/// then `p.sweeps` generated sequences from `seed`, every point and mode,
+/// stopping at the first failure.
+fn sweep_round(
+    p: &Profile,
+    round: u32,
+    seed: u64,
+    canaries: &Canaries,
+    swept: &mut Swept,
+) -> Option<Box<Failure>> {
+    let started = Instant::now();
+    let mut sequences = Vec::new();
+    if round == 1 {
+        sequences.push(Case {
+            seed: 7,
+            ops: tour(),
+            canaries: canaries.clone(),
+            crash_at: None,
+        });
+    }
+    for mut case in generated(seed, p.sweeps as usize, p.max_steps) {
+        case.canaries = canaries.clone();
+        sequences.push(case);
+    }
+    let options = SweepOptions {
+        stop_at_first: true,
+        ..SweepOptions::default()
+    };
+    let bar = ProgressBar::new(sequences.len() as u64);
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} sequences") {
+        bar.set_style(style);
+    }
+    bar.set_prefix(format!("sweep ({}, round {round})", p.name));
+    let mut failure = None;
+    for case in &sequences {
+        let s = sweep(case.seed, &case.ops, &case.canaries, &options);
+        swept.sequences += 1;
+        swept.points += s.points;
+        swept.judged += s.runs;
+        bar.inc(1);
+        if let Some(f) = s.failures.into_iter().next() {
+            failure = Some(f);
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    swept.time += started.elapsed();
+    failure
+}
+
 fn fuzz(
     mut p: Profile,
     cases: Option<u32>,
@@ -127,7 +188,12 @@ fn fuzz(
     }
     let started = Instant::now();
     let (mut total, mut points, mut restarts, mut round) = (0u64, 0u64, 0u64, 0u32);
-    loop {
+    let mut search_time = Duration::ZERO;
+    let mut swept = Swept::default();
+    // Fixed in `ci`; otherwise drawn once and printed (each failure's case
+    // file holds its own seed and ops, so it replays without this).
+    let sweep_seed = p.seed.unwrap_or_else(rand::random);
+    let failure = loop {
         round += 1;
         let bar = ProgressBar::new(u64::from(p.cases));
         bar.set_style(
@@ -135,10 +201,12 @@ fn fuzz(
                 .map_err(|e| e.to_string())?,
         );
         bar.set_prefix(format!("search ({}, round {round})", p.name));
+        let searched = Instant::now();
         let out = search_with_progress(&p, &canaries, canaries == Canaries::none(), &|n| {
             bar.set_position(n)
         });
         bar.finish_and_clear();
+        search_time += searched.elapsed();
         total += out.runs;
         points += out.points;
         restarts += out.restarts;
@@ -151,22 +219,13 @@ fn fuzz(
             );
             return Ok(false);
         }
-        if time.is_none_or(|t| started.elapsed() >= t) {
-            break;
+        let seed = sweep_seed.wrapping_add(u64::from(round - 1));
+        let failure = sweep_round(&p, round, seed, &canaries, &mut swept);
+        if failure.is_some() || time.is_none_or(|t| started.elapsed() >= t) {
+            break failure;
         }
         p.seed = None; // later rounds explore fresh random seeds
-    }
-    let search_time = started.elapsed();
-    let s = sweep(
-        7,
-        &tour(),
-        &canaries,
-        &SweepOptions {
-            stop_at_first: true,
-            ..SweepOptions::default()
-        },
-    );
-    let sweep_time = started.elapsed() - search_time;
+    };
     let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64().max(1e-9);
     println!("\n== durable-agent-sim fuzz: summary ==");
     println!("profile    {} ({round} round(s)), canaries {canaries:?}", p.name);
@@ -175,16 +234,19 @@ fn fuzz(
         rate(total, search_time)
     );
     println!(
-        "sweep      30-op tour crashed at each of {} I/O points under {} modes = {} crash points judged  ({:.0} points/s, forked)",
-        s.points,
+        "sweep      {} sequences (the 30-op tour, then {} generated {}-op ones a round; sweep seed {sweep_seed:#x} + round - 1): {} I/O points x {} modes = {} crash points judged  ({:.0} points/s, forked)",
+        swept.sequences,
+        p.sweeps,
+        p.max_steps,
+        swept.points,
         SweepOptions::default().kinds.len(),
-        s.runs,
-        rate(s.runs, sweep_time)
+        swept.judged,
+        rate(swept.judged, swept.time)
     );
     println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager)");
-    println!("failures   {}", s.failures.len());
+    println!("failures   {}", usize::from(failure.is_some()));
     println!("time       {:.1?}", started.elapsed());
-    if let Some(f) = s.failures.first() {
+    if let Some(f) = failure {
         println!("{}", f.report());
         return Ok(false);
     }

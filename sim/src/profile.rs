@@ -8,6 +8,9 @@
 //!   sequences; shards by running several processes.
 //! - `default` (anything else): local runs, random seeds, moderate counts.
 //!
+//! Each also says how many generated sequences the `fuzz` command
+//! crash-sweeps per round ([`Profile::sweeps`]).
+//!
 //! Invariant: a profile is plain data; [`Profile::config`] is the only place
 //! that turns it into a proptest `Config`, so every entry point (tests,
 //! benches, `repro`) searches the same way.
@@ -33,6 +36,11 @@ pub struct Profile {
     pub seed: Option<u64>,
     /// Bound on shrink iterations (a shrink step replays a whole case).
     pub max_shrink_iters: u32,
+    /// Generated sequences (of `max_steps` ops) the `fuzz` command
+    /// crash-sweeps, every point and mode, after each search round, besides
+    /// the tour. Forked sweeps judge crash points ~5x faster than the
+    /// search, so this is the cheap way to more crash states.
+    pub sweeps: u32,
 }
 
 impl Profile {
@@ -43,6 +51,7 @@ impl Profile {
             max_steps: 30,
             seed: Some(CI_SEED),
             max_shrink_iters: 400,
+            sweeps: 2,
         }
     }
 
@@ -53,6 +62,7 @@ impl Profile {
             max_steps: 50,
             seed: None,
             max_shrink_iters: 4_000,
+            sweeps: 8,
         }
     }
 
@@ -63,6 +73,7 @@ impl Profile {
             max_steps: 30,
             seed: None,
             max_shrink_iters: 1_000,
+            sweeps: 4,
         }
     }
 

@@ -96,6 +96,34 @@ pub struct PointVerdict {
     pub outcome: Result<Model, Box<Failure>>,
 }
 
+/// `n` op sequences of exactly `len` ops from the search's generator,
+/// drawn deterministically from `seed` (each case carries its own run
+/// seed and ops, so a failure replays from its case file alone). Fewer if
+/// the generator rejects a draw.
+pub fn generated(seed: u64, n: usize, len: usize) -> Vec<Case> {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    use proptest_state_machine::ReferenceStateMachine;
+
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let strategy = crate::machine::RefMachine::sequential_strategy(len..=len);
+    (0..n)
+        .filter_map(|_| strategy.new_tree(&mut runner).ok())
+        .map(|tree| {
+            let (state, ops, _) = tree.current();
+            Case {
+                seed: state.seed,
+                ops,
+                canaries: Canaries::none(),
+                crash_at: None,
+            }
+        })
+        .collect()
+}
+
 /// Sweep `ops` (with `seed`, `canaries`) over every I/O point.
 pub fn sweep(seed: u64, ops: &[Op], canaries: &Canaries, options: &SweepOptions) -> SweepSummary {
     let mut summary = SweepSummary::default();

@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use durable_agent_sim::model::Model;
 use durable_agent_sim::op::{CrashKind, Op};
 use durable_agent_sim::tour::tour;
-use durable_agent_sim::{run_case, sweep, sweep_points, Case, SweepMethod, SweepOptions};
+use durable_agent_sim::{generated, run_case, sweep, sweep_points, Case, Profile, SweepMethod, SweepOptions};
 
 #[test]
 fn tour_resolves_every_op() {
@@ -22,8 +22,8 @@ fn tour_resolves_every_op() {
     }
 }
 
-fn sweep_clean(ops: &[durable_agent_sim::op::Op]) {
-    let s = sweep(7, ops, &Canaries::none(), &SweepOptions::default());
+fn sweep_clean(seed: u64, ops: &[durable_agent_sim::op::Op]) {
+    let s = sweep(seed, ops, &Canaries::none(), &SweepOptions::default());
     eprintln!(
         "swept {} points, {} replays, {} crashes hit, {} failures",
         s.points,
@@ -49,7 +49,27 @@ fn sweep_clean(ops: &[durable_agent_sim::op::Op]) {
 /// even in debug.
 #[test]
 fn clean_runtime_survives_a_crash_at_every_io_point_of_the_whole_tour() {
-    sweep_clean(&tour());
+    sweep_clean(7, &tour());
+}
+
+/// What `fuzz --profile ci` sweeps besides the tour: the profile's
+/// generated sequences, the same every run.
+#[test]
+fn ci_profile_generated_sequences_survive_a_crash_at_every_io_point() {
+    let p = Profile::ci();
+    let seed = p.seed.expect("ci is derandomized");
+    let cases = generated(seed, p.sweeps as usize, p.max_steps);
+    assert_eq!(cases.len(), p.sweeps as usize);
+    let again = generated(seed, p.sweeps as usize, p.max_steps);
+    assert_eq!(
+        cases.iter().map(|c| (c.seed, &c.ops)).collect::<Vec<_>>(),
+        again.iter().map(|c| (c.seed, &c.ops)).collect::<Vec<_>>(),
+        "generated sequences come from the seed alone"
+    );
+    for case in &cases {
+        assert_eq!(case.ops.len(), p.max_steps);
+        sweep_clean(case.seed, &case.ops);
+    }
 }
 
 #[test]
