@@ -170,19 +170,11 @@ fn fork_sweep_fails_where_the_replay_sweep_fails_under_canaries() {
 #[test]
 #[ignore = "slow in debug; run with --ignored (nightly)"]
 fn fork_sweep_gives_the_replay_sweeps_verdicts_on_the_whole_tour_and_generated_cases() {
-    use durable_agent_sim::machine::RefMachine;
-    use proptest::strategy::{Strategy, ValueTree};
-    use proptest::test_runner::TestRunner;
-    use proptest_state_machine::ReferenceStateMachine;
-
     assert_eq!(
         fork_matches_replay(7, &tour(), &Canaries::none(), &CrashKind::ALL),
         0
     );
-    let mut runner = TestRunner::deterministic();
-    let strategy = RefMachine::sequential_strategy(20..=20);
-    for _ in 0..4 {
-        let (state, ops, _) = strategy.new_tree(&mut runner).unwrap().current();
-        fork_matches_replay(state.seed, &ops, &Canaries::none(), &CrashKind::ALL);
+    for case in generated(0x5eed, 4, 20) {
+        fork_matches_replay(case.seed, &case.ops, &Canaries::none(), &CrashKind::ALL);
     }
 }

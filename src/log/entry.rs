@@ -103,22 +103,6 @@ pub struct LogEntry {
     pub event: Event,
 }
 
-/// The wire shape. Unknown keys are refused: within a version the shape is
-/// fixed, so an unknown key means damage (a newer version is caught first).
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawEntry {
-    #[serde(default)]
-    schema_version: u32,
-    session_id: SessionId,
-    seq: u64,
-    #[serde(default)]
-    ts: u64,
-    event: String,
-    #[serde(default)]
-    data: Value,
-}
-
 /// Why a line is not a valid entry.
 #[derive(Debug)]
 pub enum ParseLineError {
@@ -130,16 +114,16 @@ impl LogEntry {
     /// The line as written, with its trailing newline.
     pub fn to_line(&self) -> Result<String, serde_json::Error> {
         let tagged = serde_json::to_value(&self.event)?;
-        let data = tagged.get("data").cloned().unwrap_or(Value::Null);
-        let raw = RawEntry {
+        let data = serde_json::value::to_raw_value(tagged.get("data").unwrap_or(&Value::Null))?;
+        let wire = WireEntry {
             schema_version: self.schema_version,
             session_id: self.session_id.clone(),
             seq: self.seq,
             ts: self.ts,
             event: self.event.name().to_string(),
-            data,
+            data: Some(&data),
         };
-        let mut line = serde_json::to_string(&raw)?;
+        let mut line = serde_json::to_string(&wire)?;
         line.push('\n');
         Ok(line)
     }
@@ -181,8 +165,10 @@ impl LogEntry {
     }
 }
 
-/// The wire shape as read: [`RawEntry`] with the payload left as raw JSON.
-#[derive(Deserialize)]
+/// The wire shape, written and read, the payload as raw JSON. Unknown keys
+/// are refused: within a version the shape is fixed, so an unknown key
+/// means damage (a newer version is caught first).
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireEntry<'a> {
     #[serde(default)]
