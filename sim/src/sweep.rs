@@ -261,7 +261,7 @@ impl Sweeper<'_> {
                 let point = fork.image.point();
                 // One image per mode: clones for all but the last, which
                 // takes the original.
-                let mut images = vec![fork.image.clone(); kinds.len().saturating_sub(1)];
+                let mut images: Vec<_> = (1..kinds.len()).map(|_| fork.image.clone()).collect();
                 images.push(fork.image);
                 for (&kind, image) in kinds.iter().zip(images) {
                     let outcome = exec
