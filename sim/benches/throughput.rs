@@ -20,28 +20,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use durable_agent::canary::Canaries;
-use durable_agent_sim::machine::RefMachine;
 use durable_agent_sim::op::CrashKind;
 use durable_agent_sim::tour::tour;
-use durable_agent_sim::{run_case, sweep, Case, SweepMethod, SweepOptions};
-use proptest::strategy::{Strategy, ValueTree};
+use durable_agent_sim::{generated_by, run_case, sweep, Case, SweepMethod, SweepOptions};
 use proptest::test_runner::TestRunner;
-use proptest_state_machine::ReferenceStateMachine;
 
 fn cases(n: usize) -> Vec<Case> {
-    let mut runner = TestRunner::deterministic();
-    let strategy = RefMachine::sequential_strategy(30..=30);
-    (0..n)
-        .map(|_| {
-            let (state, ops, _) = strategy.new_tree(&mut runner).unwrap().current();
-            Case {
-                seed: state.seed,
-                ops,
-                canaries: Canaries::none(),
-                crash_at: None,
-            }
-        })
-        .collect()
+    generated_by(&mut TestRunner::deterministic(), n, 30)
 }
 
 fn crash_recover_check(c: &mut Criterion) {

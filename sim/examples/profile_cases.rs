@@ -13,11 +13,8 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use durable_agent::canary::Canaries;
-use durable_agent_sim::machine::RefMachine;
-use durable_agent_sim::{run_case, Case};
-use proptest::strategy::{Strategy, ValueTree};
+use durable_agent_sim::{generated_by, run_case};
 use proptest::test_runner::TestRunner;
-use proptest_state_machine::ReferenceStateMachine;
 
 fn main() -> Result<(), String> {
     if std::env::args().nth(1).as_deref() == Some("sweep") {
@@ -27,20 +24,9 @@ fn main() -> Result<(), String> {
         Some(s) => s.parse().map_err(|e| format!("N: {e}"))?,
         None => 16,
     };
-    let mut runner = TestRunner::deterministic();
-    let strategy = RefMachine::sequential_strategy(30..=30);
-    let mut cases = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (state, ops, _) = strategy
-            .new_tree(&mut runner)
-            .map_err(|e| e.to_string())?
-            .current();
-        cases.push(Case {
-            seed: state.seed,
-            ops,
-            canaries: Canaries::none(),
-            crash_at: None,
-        });
+    let cases = generated_by(&mut TestRunner::deterministic(), n, 30);
+    if cases.len() != n {
+        return Err(format!("the generator gave {} cases, not {n}", cases.len()));
     }
     let start = std::time::Instant::now();
     let (mut passed, mut restarts, mut points) = (0, 0, 0);

@@ -30,4 +30,6 @@ pub use exec::{run_case, Case, Exec, GlobalCrash, RunStats};
 pub use profile::Profile;
 pub use report::Failure;
 pub use search::{search, search_with_progress, SearchOutcome};
-pub use sweep::{generated, sweep, sweep_points, PointVerdict, SweepMethod, SweepOptions, SweepSummary};
+pub use sweep::{
+    generated, generated_by, sweep, sweep_points, PointVerdict, SweepMethod, SweepOptions, SweepSummary,
+};

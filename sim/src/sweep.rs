@@ -101,17 +101,24 @@ pub struct PointVerdict {
 /// seed and ops, so a failure replays from its case file alone). Fewer if
 /// the generator rejects a draw.
 pub fn generated(seed: u64, n: usize, len: usize) -> Vec<Case> {
-    use proptest::strategy::{Strategy, ValueTree};
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    use proptest_state_machine::ReferenceStateMachine;
 
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
-    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    generated_by(&mut TestRunner::new_with_rng(Config::default(), rng), n, len)
+}
+
+/// [`generated`] drawing from `runner` (the benchmark keeps proptest's
+/// deterministic runner, so its case set stays the one its figures were
+/// measured on).
+pub fn generated_by(runner: &mut proptest::test_runner::TestRunner, n: usize, len: usize) -> Vec<Case> {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest_state_machine::ReferenceStateMachine;
+
     let strategy = crate::machine::RefMachine::sequential_strategy(len..=len);
     (0..n)
-        .filter_map(|_| strategy.new_tree(&mut runner).ok())
+        .filter_map(|_| strategy.new_tree(runner).ok())
         .map(|tree| {
             let (state, ops, _) = tree.current();
             Case {
