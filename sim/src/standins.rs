@@ -171,10 +171,10 @@ impl Outbox for ScriptedOutbox {
                 reason: "scripted failure".into(),
             });
         }
-        let before = self.world.deliveries_len();
         let result = self.world.send(idem_key, action, payload);
+        // One entry per delivery made (none for a refusal or a dedup).
         let mut sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
-        sent_at.resize(self.world.deliveries_len().max(before), self.fs.points());
+        sent_at.resize(self.world.deliveries_len(), self.fs.points());
         result
     }
 }

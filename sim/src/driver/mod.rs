@@ -181,16 +181,15 @@ impl Driver {
     /// with the bookkeeping `names` and this driver's clock: what a run
     /// killed at `point` has when it reopens. The live run is untouched.
     pub fn fork(&self, fs: SimFs, point: u64, names: Names) -> Driver {
-        let sent = {
+        let sent: Vec<u64> = {
             let sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
-            sent_at.iter().take_while(|p| **p < point).count()
+            sent_at.iter().copied().take_while(|p| *p < point).collect()
         };
         let mut driver = Driver::with_fs(self.seed, self.config.canaries.clone(), fs);
-        driver.world = self.world.fork_prefix(sent);
+        driver.world = self.world.fork_prefix(sent.len());
         driver.tools.world = driver.world.clone();
         driver.config.tools = Arc::new(driver.tools.clone());
-        *driver.sent_at.lock().unwrap_or_else(|e| e.into_inner()) =
-            self.sent_at.lock().unwrap_or_else(|e| e.into_inner())[..sent].to_vec();
+        driver.sent_at = Arc::new(Mutex::new(sent));
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
         driver.msgs = names.msgs;
