@@ -1,0 +1,631 @@
+//! The product's TOML config: `[provider]`, `[runtime]`, `[api]`,
+//! `[telemetry]` and `[[tools]]`.
+//!
+//! Invariant: a [`Config`] returned by [`Config::load`] / [`Config::parse`]
+//! is valid as a whole — every check in [`Config::validate`] passed — and
+//! every relative path in it has been resolved against the config file's
+//! directory (so `check-config` and `serve` mean the same files whatever the
+//! working directory). Every error names the file, the line and the key
+//! path (`tools[1].method`), because the reader is a human editing that file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::de::{DeTable, DeValue};
+
+/// Upper bound on provider retries: a retry storm against a paid API is a
+/// bill, and past a handful of attempts the provider is down, not flaky.
+pub const MAX_RETRIES_LIMIT: u32 = 10;
+
+/// Upper bound on the number of configured tools (the provider receives all
+/// of them in every request).
+pub const MAX_TOOLS: usize = 128;
+
+/// The config file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read config: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not TOML, or TOML that does not fit the schema (unknown key, wrong
+    /// type, missing key).
+    #[error("{path}:{line}:{column}: `{key}`: {message}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        key: String,
+        message: String,
+    },
+    /// Well-formed, but a value breaks a rule (see [`Config::validate`]).
+    #[error("{path}:{line}: `{key}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        message: String,
+    },
+}
+
+/// The whole config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub provider: ProviderConfig,
+    #[serde(default)]
+    pub runtime: RuntimeSection,
+    #[serde(default)]
+    pub api: ApiConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub tools: Vec<ToolConfig>,
+}
+
+/// An OpenAI-compatible chat-completions endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// e.g. `https://api.openai.com/v1` (`/chat/completions` is appended).
+    pub base_url: String,
+    pub model: String,
+    /// The NAME of the environment variable holding the API key (never the
+    /// key itself: config files get committed). None for local servers.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default = "defaults::provider_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Retries after the first attempt (so `max_retries + 1` attempts).
+    #[serde(default = "defaults::max_retries")]
+    pub max_retries: u32,
+    #[serde(default = "defaults::backoff_base_ms")]
+    pub backoff_base_ms: u64,
+    /// Also caps a server's `Retry-After`.
+    #[serde(default = "defaults::backoff_max_ms")]
+    pub backoff_max_ms: u64,
+}
+
+/// Where and how the runtime keeps its state.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSection {
+    #[serde(default = "defaults::root")]
+    pub root: PathBuf,
+    #[serde(default = "defaults::slots")]
+    pub slots: usize,
+    #[serde(default = "defaults::max_tool_rounds")]
+    pub max_tool_rounds: u32,
+}
+
+impl Default for RuntimeSection {
+    fn default() -> Self {
+        RuntimeSection {
+            root: defaults::root(),
+            slots: defaults::slots(),
+            max_tool_rounds: defaults::max_tool_rounds(),
+        }
+    }
+}
+
+/// The local control API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    #[serde(default = "defaults::listen")]
+    pub listen: SocketAddr,
+    /// The API has no authentication, so binding beyond loopback must be
+    /// asked for explicitly.
+    #[serde(default)]
+    pub allow_non_loopback: bool,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: defaults::listen(),
+            allow_non_loopback: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Append one JSON event per line here (see `telemetry`).
+    #[serde(default)]
+    pub events_jsonl: Option<PathBuf>,
+}
+
+/// One tool the agent may call.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolConfig {
+    Http(HttpToolConfig),
+    ReadFile(ReadFileToolConfig),
+    HttpGet(HttpGetToolConfig),
+}
+
+/// An HTTP endpoint called with the tool's JSON arguments as its body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpToolConfig {
+    pub name: String,
+    pub description: String,
+    #[serde(default = "defaults::method")]
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// JSON schema of the arguments, written as a TOML table.
+    #[serde(default = "defaults::parameters")]
+    pub parameters: serde_json::Value,
+    /// The side effect cannot be undone: routed through the activity ledger
+    /// (INTENT before the request), never blindly re-run.
+    #[serde(default)]
+    pub irreversible: bool,
+    /// The endpoint deduplicates by `Idempotency-Key`.
+    #[serde(default)]
+    pub dedup: bool,
+    #[serde(default = "defaults::tool_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+/// Builtin: read a file under `workspace` (args `{"path": "..."}`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileToolConfig {
+    #[serde(default = "defaults::read_file_name")]
+    pub name: String,
+    #[serde(default = "defaults::read_file_description")]
+    pub description: String,
+    pub workspace: PathBuf,
+    #[serde(default = "defaults::max_read_bytes")]
+    pub max_bytes: u64,
+}
+
+/// Builtin: GET a URL (args `{"url": "..."}`), return the body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpGetToolConfig {
+    #[serde(default = "defaults::http_get_name")]
+    pub name: String,
+    #[serde(default = "defaults::http_get_description")]
+    pub description: String,
+    #[serde(default = "defaults::tool_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "defaults::max_read_bytes")]
+    pub max_bytes: u64,
+}
+
+impl ToolConfig {
+    pub fn name(&self) -> &str {
+        match self {
+            ToolConfig::Http(t) => &t.name,
+            ToolConfig::ReadFile(t) => &t.name,
+            ToolConfig::HttpGet(t) => &t.name,
+        }
+    }
+
+    pub fn description(&self) -> &str {
+        match self {
+            ToolConfig::Http(t) => &t.description,
+            ToolConfig::ReadFile(t) => &t.description,
+            ToolConfig::HttpGet(t) => &t.description,
+        }
+    }
+
+    /// Whether calls must go through the activity ledger.
+    pub fn irreversible(&self) -> bool {
+        matches!(self, ToolConfig::Http(t) if t.irreversible)
+    }
+
+    /// JSON schema of the arguments, as sent to the provider.
+    pub fn parameters(&self) -> serde_json::Value {
+        match self {
+            ToolConfig::Http(t) => t.parameters.clone(),
+            ToolConfig::ReadFile(_) => serde_json::json!({
+                "type": "object",
+                "properties": {"path": {"type": "string", "description": "path relative to the workspace"}},
+                "required": ["path"],
+            }),
+            ToolConfig::HttpGet(_) => serde_json::json!({
+                "type": "object",
+                "properties": {"url": {"type": "string", "description": "http or https URL"}},
+                "required": ["url"],
+            }),
+        }
+    }
+}
+
+mod defaults {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::path::PathBuf;
+
+    pub fn provider_timeout_ms() -> u64 {
+        60_000
+    }
+    pub fn max_retries() -> u32 {
+        3
+    }
+    pub fn backoff_base_ms() -> u64 {
+        500
+    }
+    pub fn backoff_max_ms() -> u64 {
+        30_000
+    }
+    pub fn root() -> PathBuf {
+        PathBuf::from("durable-agent-data")
+    }
+    // Same defaults as the system crate's `RuntimeConfig::new`.
+    pub fn slots() -> usize {
+        3
+    }
+    pub fn max_tool_rounds() -> u32 {
+        4
+    }
+    pub fn listen() -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 7341))
+    }
+    pub fn method() -> String {
+        "POST".to_string()
+    }
+    pub fn parameters() -> serde_json::Value {
+        serde_json::json!({"type": "object", "properties": {}})
+    }
+    pub fn tool_timeout_ms() -> u64 {
+        10_000
+    }
+    pub fn max_read_bytes() -> u64 {
+        256 * 1024
+    }
+    pub fn read_file_name() -> String {
+        "read_file".to_string()
+    }
+    pub fn read_file_description() -> String {
+        "Read a UTF-8 text file from the agent's workspace.".to_string()
+    }
+    pub fn http_get_name() -> String {
+        "http_get".to_string()
+    }
+    pub fn http_get_description() -> String {
+        "Fetch a URL with HTTP GET and return the response body.".to_string()
+    }
+}
+
+impl Config {
+    /// Read, parse and validate `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parse and validate `text`, which was read from `path` (named in
+    /// errors; relative paths resolve against its directory).
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
+            let span = e.span().unwrap_or(0..0);
+            let (line, column) = line_col(text, span.start);
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                key: key_at(text, span.start),
+                message: e.message().trim_end().to_string(),
+            }
+        })?;
+        config.validate().map_err(|(key, message)| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: line_of_key(text, &key),
+            key,
+            message,
+        })?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        config.resolve_paths(base);
+        Ok(config)
+    }
+
+    /// The rules serde cannot express. Returns the offending key path and
+    /// what is wrong with it.
+    fn validate(&self) -> Result<(), (String, String)> {
+        let p = &self.provider;
+        let err = |key: &str, msg: String| Err((key.to_string(), msg));
+        if p.model.trim().is_empty() {
+            return err("provider.model", "must not be empty".into());
+        }
+        if !is_http_url(&p.base_url) {
+            return err(
+                "provider.base_url",
+                format!("{:?} is not an http:// or https:// URL", p.base_url),
+            );
+        }
+        if let Some(var) = &p.api_key_env {
+            if var.is_empty() || var.contains('=') || var.starts_with("sk-") {
+                return err(
+                    "provider.api_key_env",
+                    "must be the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key".into(),
+                );
+            }
+        }
+        if p.timeout_ms == 0 {
+            return err("provider.timeout_ms", "must be > 0".into());
+        }
+        if p.max_retries > MAX_RETRIES_LIMIT {
+            return err(
+                "provider.max_retries",
+                format!("{} is above the limit of {MAX_RETRIES_LIMIT}", p.max_retries),
+            );
+        }
+        if p.backoff_base_ms > p.backoff_max_ms {
+            return err(
+                "provider.backoff_base_ms",
+                format!(
+                    "{} exceeds backoff_max_ms = {}",
+                    p.backoff_base_ms, p.backoff_max_ms
+                ),
+            );
+        }
+        if self.runtime.slots == 0 {
+            return err("runtime.slots", "must be >= 1".into());
+        }
+        if self.runtime.max_tool_rounds == 0 {
+            return err("runtime.max_tool_rounds", "must be >= 1".into());
+        }
+        if !self.api.listen.ip().is_loopback() && !self.api.allow_non_loopback {
+            return err(
+                "api.listen",
+                format!(
+                    "{} is not a loopback address; the API has no authentication, set api.allow_non_loopback = true to expose it",
+                    self.api.listen
+                ),
+            );
+        }
+        if self.tools.len() > MAX_TOOLS {
+            return err(
+                "tools",
+                format!("{} tools, the limit is {MAX_TOOLS}", self.tools.len()),
+            );
+        }
+        let mut names = BTreeSet::new();
+        for (i, tool) in self.tools.iter().enumerate() {
+            let key = |field: &str| format!("tools[{i}].{field}");
+            if !is_tool_name(tool.name()) {
+                return Err((
+                    key("name"),
+                    format!("{:?}: use 1-64 characters from a-z A-Z 0-9 _ -", tool.name()),
+                ));
+            }
+            if !names.insert(tool.name()) {
+                return Err((key("name"), format!("duplicate tool name {:?}", tool.name())));
+            }
+            match tool {
+                ToolConfig::Http(t) => validate_http_tool(t).map_err(|(f, m)| (key(f), m))?,
+                ToolConfig::ReadFile(t) if t.max_bytes == 0 => {
+                    return Err((key("max_bytes"), "must be > 0".into()))
+                }
+                ToolConfig::HttpGet(t) if t.timeout_ms == 0 => {
+                    return Err((key("timeout_ms"), "must be > 0".into()))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        resolve(&mut self.runtime.root);
+        if let Some(p) = self.telemetry.events_jsonl.as_mut() {
+            resolve(p);
+        }
+        for tool in &mut self.tools {
+            if let ToolConfig::ReadFile(t) = tool {
+                resolve(&mut t.workspace);
+            }
+        }
+    }
+
+    /// The API key from the environment variable named by `api_key_env`.
+    pub fn api_key(&self) -> Result<Option<String>, String> {
+        match &self.provider.api_key_env {
+            None => Ok(None),
+            Some(var) => std::env::var(var)
+                .map(Some)
+                .map_err(|_| format!("environment variable {var} (provider.api_key_env) is not set")),
+        }
+    }
+
+    /// A few lines for `check-config`.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "provider: {} model {} (key from {}; timeout {} ms, {} retries)\nruntime: root {}, {} slots, {} tool rounds\napi: {}\ntelemetry: {}\ntools: {}\n",
+            self.provider.base_url,
+            self.provider.model,
+            self.provider.api_key_env.as_deref().unwrap_or("<none>"),
+            self.provider.timeout_ms,
+            self.provider.max_retries,
+            self.runtime.root.display(),
+            self.runtime.slots,
+            self.runtime.max_tool_rounds,
+            self.api.listen,
+            self.telemetry
+                .events_jsonl
+                .as_ref()
+                .map_or("off".to_string(), |p| p.display().to_string()),
+            self.tools.len(),
+        );
+        for tool in &self.tools {
+            let kind = match tool {
+                ToolConfig::Http(t) => format!(
+                    "http {} {}{}",
+                    t.method,
+                    t.url,
+                    match (t.irreversible, t.dedup) {
+                        (true, true) => " [irreversible, dedup]",
+                        (true, false) => " [irreversible, no dedup: needs confirmation after a crash]",
+                        _ => "",
+                    }
+                ),
+                ToolConfig::ReadFile(t) => format!("read_file {}", t.workspace.display()),
+                ToolConfig::HttpGet(_) => "http_get".to_string(),
+            };
+            s.push_str(&format!("  - {}: {kind}\n", tool.name()));
+        }
+        s
+    }
+}
+
+fn validate_http_tool(t: &HttpToolConfig) -> Result<(), (&'static str, String)> {
+    const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
+    if !METHODS.contains(&t.method.as_str()) {
+        return Err(("method", format!("{:?} is not one of {METHODS:?}", t.method)));
+    }
+    // An irreversible effect behind GET would be re-run by any cache,
+    // crawler or retrying proxy; the ledger's guarantee would be a lie.
+    if t.irreversible && t.method == "GET" {
+        return Err((
+            "method",
+            "an irreversible tool cannot use GET (GET must be safe to repeat); use POST".into(),
+        ));
+    }
+    if !is_http_url(&t.url) {
+        return Err(("url", format!("{:?} is not an http:// or https:// URL", t.url)));
+    }
+    if t.timeout_ms == 0 {
+        return Err(("timeout_ms", "must be > 0".into()));
+    }
+    if !t.parameters.is_object() {
+        return Err(("parameters", "must be a table (a JSON-schema object)".into()));
+    }
+    if t.dedup && !t.irreversible {
+        tracing::debug!(tool = t.name, "dedup set on a reversible tool: it has no effect");
+    }
+    Ok(())
+}
+
+fn is_http_url(s: &str) -> bool {
+    let rest = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://"));
+    matches!(rest, Some(r) if !r.is_empty())
+}
+
+fn is_tool_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// 1-based (line, column) of byte `offset` in `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text.as_bytes()[..offset];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    (line, offset - line_start + 1)
+}
+
+/// The dotted key path (`tools[1].method`) whose key or value contains byte
+/// `offset`: the innermost one. toml's errors carry a span but not (in
+/// their public API) the key, so we find it in the spanned document.
+fn key_at(text: &str, offset: usize) -> String {
+    let Ok(doc) = DeTable::parse(text) else {
+        return "<document>".to_string();
+    };
+    let mut path = String::new();
+    if !walk_table(doc.get_ref(), offset, &mut path) || path.is_empty() {
+        "<document>".to_string()
+    } else {
+        path
+    }
+}
+
+/// Depth-first: a header table's span (`[provider]`) does not cover its
+/// body, so every child is searched, not only those whose span contains
+/// `offset`.
+fn walk_table(table: &DeTable<'_>, offset: usize, path: &mut String) -> bool {
+    for (key, value) in table.iter() {
+        let len = path.len();
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(key.get_ref());
+        // A failed walk_value leaves `path` as it found it (ending in `key`).
+        if key.span().contains(&offset)
+            || walk_value(value.get_ref(), offset, path)
+            || value.span().contains(&offset)
+        {
+            return true;
+        }
+        path.truncate(len);
+    }
+    false
+}
+
+fn walk_value(value: &DeValue<'_>, offset: usize, path: &mut String) -> bool {
+    match value {
+        DeValue::Table(t) => walk_table(t, offset, path),
+        DeValue::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                if walk_value(item.get_ref(), offset, path) || item.span().contains(&offset) {
+                    return true;
+                }
+                path.truncate(len);
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+/// The 1-based line of `key_path` (`tools[1].method`) in `text`: of the
+/// deepest part of the path present in the file (a defaulted key is not in
+/// the file, so its table's line is the best place to point at).
+fn line_of_key(text: &str, key_path: &str) -> usize {
+    let Ok(doc) = DeTable::parse(text) else {
+        return 1;
+    };
+    let mut span = doc.span();
+    let mut current: Option<&DeValue<'_>> = None;
+    let mut table: &DeTable<'_> = doc.get_ref();
+    for part in key_path.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if let Some(DeValue::Table(t)) = current {
+            table = t;
+        } else if current.is_some() {
+            break;
+        }
+        let Some((key, value)) = table.iter().find(|(k, _)| k.get_ref() == name) else {
+            break;
+        };
+        span = key.span();
+        current = Some(value.get_ref());
+        if let (Some(i), DeValue::Array(items)) = (index, value.get_ref()) {
+            match items.get(i) {
+                Some(item) => {
+                    span = item.span();
+                    current = Some(item.get_ref());
+                }
+                None => break,
+            }
+        }
+    }
+    line_col(text, span.start).0
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! The one place this crate builds HTTP clients and classifies their
+//! failures, so the provider, the outbox and the tools agree on what a
+//! timeout is and on which failures leave the outcome unknown.
+//!
+//! Invariant: every client has a total timeout and a response-size limit
+//! (no request can hang or grow without bound), never turns an HTTP status
+//! into an error (callers see every status and decide), and talks to
+//! loopback directly even when a proxy is set in the environment.
+
+use std::io::Read;
+use std::time::Duration;
+
+use ureq::http::Response;
+use ureq::Body;
+
+/// Largest response body read from any server (a chat completion, a tool
+/// reply): bigger bodies are refused rather than buffered.
+pub const MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
+
+/// How a request failed below HTTP (no status was received).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportFailure {
+    /// No complete answer within the timeout: the request may have landed.
+    Timeout,
+    /// Could not connect, or the connection broke mid-exchange. A reset
+    /// after the request was written may still mean it landed.
+    Connection(String),
+    /// The request could not be made at all (bad URL, TLS misconfiguration,
+    /// oversized body): retrying will not help.
+    Fatal(String),
+}
+
+impl std::fmt::Display for TransportFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransportFailure::Timeout => write!(f, "timed out"),
+            TransportFailure::Connection(d) => write!(f, "connection failed: {d}"),
+            TransportFailure::Fatal(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+/// Which `ureq` errors mean what.
+pub fn classify(err: &ureq::Error) -> TransportFailure {
+    use std::io::ErrorKind;
+    match err {
+        ureq::Error::Timeout(_) => TransportFailure::Timeout,
+        ureq::Error::Io(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+            TransportFailure::Timeout
+        }
+        ureq::Error::Io(e) => TransportFailure::Connection(e.to_string()),
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound | ureq::Error::Protocol(_) => {
+            TransportFailure::Connection(err.to_string())
+        }
+        other => TransportFailure::Fatal(other.to_string()),
+    }
+}
+
+/// A client with a total `timeout` per call that follows at most
+/// `max_redirects` (0 for anything with a side effect: a redirected POST
+/// could be replayed somewhere else).
+pub fn agent(url: &str, timeout: Duration, max_redirects: u32) -> ureq::Agent {
+    let builder = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(max_redirects)
+        .user_agent(concat!("durable-agent/", env!("CARGO_PKG_VERSION")));
+    let builder = if is_loopback_url(url) {
+        // A corporate HTTP_PROXY must not capture the mock servers.
+        builder.proxy(None)
+    } else {
+        builder
+    };
+    builder.build().into()
+}
+
+/// Whether `url`'s host is 127.0.0.0/8, ::1 or localhost.
+pub fn is_loopback_url(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The body as text, at most `limit` bytes. Errors are classified like the
+/// request's (a timeout while reading the body is a timeout).
+pub fn read_body(response: &mut Response<Body>, limit: u64) -> Result<String, TransportFailure> {
+    let mut bytes = Vec::new();
+    let mut reader = response.body_mut().as_reader();
+    // Read one byte past the limit to tell "exactly at" from "over".
+    let read = (&mut reader)
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        // ureq wraps its own errors (a timeout) in io::Error; From unwraps.
+        .map_err(|e| classify(&ureq::Error::from(e)))?;
+    if read as u64 > limit {
+        return Err(TransportFailure::Fatal(format!(
+            "response body exceeds {limit} bytes"
+        )));
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// At most `max_chars` of `s`, for error messages (a 5 MB HTML error page
+/// does not belong in a log line).
+pub fn excerpt(s: &str, max_chars: usize) -> String {
+    let s = s.trim();
+    match s.char_indices().nth(max_chars) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_urls_are_recognised() {
+        assert!(is_loopback_url("http://127.0.0.1:80/x"));
+        assert!(is_loopback_url("http://localhost/x"));
+        assert!(is_loopback_url("http://[::1]:9/x"));
+        assert!(!is_loopback_url("https://api.openai.com/v1"));
+        assert!(!is_loopback_url("http://10.0.0.1:80"));
+    }
+
+    #[test]
+    fn excerpt_cuts_on_a_char_boundary() {
+        assert_eq!(excerpt("héllo", 2), "hé…");
+        assert_eq!(excerpt(" ok ", 10), "ok");
+    }
+}

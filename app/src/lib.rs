@@ -1,0 +1,17 @@
+//! durable-agent-cli: the network-facing pieces of the durable-agent
+//! product — config, an OpenAI-compatible provider, HTTP tools and their
+//! outbox, a scripted mock LLM, a webhook sink, telemetry — and the
+//! `durable-agent` binary.
+//!
+//! Invariant: everything here is synchronous (blocking I/O on plain
+//! threads), because the system crate's `Provider`, `Outbox` and
+//! `ToolExecutor` traits are; no async runtime is started by this crate.
+//! Nothing here persists runtime state: that crosses the system crate's
+//! `Fs` seam only.
+
+pub mod config;
+mod http;
+pub mod observe;
+pub mod openai;
+pub mod retry;
+pub mod tools;

@@ -1,0 +1,313 @@
+//! The chat-completions wire format: the request body built from a
+//! `ProviderRequest`, and the reply parsed into a `ProviderReply`.
+//!
+//! Invariant: parsing is total — any body (not JSON, missing `choices`,
+//! tool-call arguments that are not a JSON object, an unknown
+//! `finish_reason`) yields a `ProviderReply` or an [`OpenAiError`], never a
+//! panic; and a parsed reply's `irreversible` flags come from the config,
+//! never from the model.
+
+use std::collections::BTreeMap;
+
+use durable_agent::runtime::{ConversationItem, ProviderReply, ProviderRequest, ToolRequest};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::OpenAiError;
+use crate::http::excerpt;
+use crate::observe::Usage;
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+    pub irreversible: bool,
+}
+
+/// The JSON body of one chat-completions request.
+pub fn request_body(model: &str, tools: &[ToolSpec], request: &ProviderRequest<'_>) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": messages(request),
+    });
+    if !tools.is_empty() {
+        let specs: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                })
+            })
+            .collect();
+        body["tools"] = Value::Array(specs);
+    }
+    body
+}
+
+/// `system` (the instructions), then the history: a prompt is a user
+/// message; consecutive tool calls are one assistant message with
+/// `tool_calls`; each result is a `tool` message answering its call id; a
+/// response is an assistant message.
+pub fn messages(request: &ProviderRequest<'_>) -> Vec<Value> {
+    let mut out = Vec::with_capacity(request.history.len() + 1);
+    if !request.instructions.is_empty() {
+        out.push(json!({"role": "system", "content": request.instructions}));
+    }
+    let mut pending_calls: Vec<Value> = Vec::new();
+    for item in request.history {
+        if !matches!(item, ConversationItem::ToolCall { .. }) && !pending_calls.is_empty() {
+            out.push(assistant_calls(std::mem::take(&mut pending_calls)));
+        }
+        match item {
+            ConversationItem::Prompt { text } => out.push(json!({"role": "user", "content": text})),
+            ConversationItem::ToolCall {
+                call_id, tool, args, ..
+            } => pending_calls.push(json!({
+                "id": call_id,
+                "type": "function",
+                // The API wants the arguments as a JSON *string*.
+                "function": {"name": tool, "arguments": args.to_string()},
+            })),
+            ConversationItem::ToolResult { call_id, ok, output } => {
+                // The model must be able to tell a failed tool from a
+                // successful one whose output happens to look like an error.
+                let content = if *ok {
+                    output.clone()
+                } else {
+                    format!("error: {output}")
+                };
+                out.push(json!({"role": "tool", "tool_call_id": call_id, "content": content}));
+            }
+            ConversationItem::Response { text } => out.push(json!({"role": "assistant", "content": text})),
+        }
+    }
+    if !pending_calls.is_empty() {
+        out.push(assistant_calls(pending_calls));
+    }
+    out
+}
+
+fn assistant_calls(calls: Vec<Value>) -> Value {
+    json!({"role": "assistant", "content": Value::Null, "tool_calls": calls})
+}
+
+#[derive(Deserialize)]
+struct ChatResponse {
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<UsageWire>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: MessageWire,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MessageWire {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCallWire>>,
+    #[serde(default)]
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallWire {
+    function: FunctionWire,
+}
+
+#[derive(Deserialize)]
+struct FunctionWire {
+    name: String,
+    #[serde(default)]
+    arguments: String,
+}
+
+#[derive(Deserialize)]
+struct UsageWire {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+/// Parse a 2xx body. `irreversible` maps tool names to their config flag
+/// (a tool the config does not know is reversible: the executor then
+/// answers it with `ok: false`, it is never routed to an outbox).
+pub fn parse_reply(
+    body: &str,
+    irreversible: &BTreeMap<String, bool>,
+) -> Result<(ProviderReply, Option<Usage>), OpenAiError> {
+    let malformed = |detail: String| OpenAiError::MalformedResponse {
+        detail,
+        body_excerpt: excerpt(body, 200),
+    };
+    let parsed: ChatResponse =
+        serde_json::from_str(body).map_err(|e| malformed(format!("not a chat completion: {e}")))?;
+    let usage = parsed.usage.map(|u| Usage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+    });
+    let choice = parsed
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| malformed("`choices` is empty".into()))?;
+    let calls = choice.message.tool_calls.unwrap_or_default();
+    match choice.finish_reason.as_deref() {
+        // Absent/null: some compatible servers omit it; judge by content.
+        None | Some("stop") | Some("tool_calls") => {}
+        // A truncated answer: the tool-call arguments (if any) are checked
+        // below; a truncated text is still the model's answer.
+        Some("length") => tracing::warn!("completion truncated (finish_reason = length)"),
+        Some("content_filter") => {
+            return Err(OpenAiError::Refused {
+                detail: choice
+                    .message
+                    .refusal
+                    .unwrap_or_else(|| "finish_reason = content_filter".into()),
+            })
+        }
+        Some(other) => {
+            return Err(OpenAiError::UnknownFinish {
+                reason: other.to_string(),
+            })
+        }
+    }
+    if choice.finish_reason.as_deref() == Some("tool_calls") && calls.is_empty() {
+        return Err(malformed("finish_reason = tool_calls but no tool_calls".into()));
+    }
+    let mut tool_calls = Vec::with_capacity(calls.len());
+    for call in calls {
+        let name = call.function.name;
+        // Some servers send "" for a function without parameters.
+        let raw = if call.function.arguments.trim().is_empty() {
+            "{}"
+        } else {
+            call.function.arguments.as_str()
+        };
+        let args: Value = serde_json::from_str(raw).map_err(|e| OpenAiError::ToolArguments {
+            tool: name.clone(),
+            detail: format!("not JSON ({e}): {}", excerpt(raw, 120)),
+        })?;
+        if !args.is_object() {
+            return Err(OpenAiError::ToolArguments {
+                tool: name,
+                detail: format!("not a JSON object: {}", excerpt(raw, 120)),
+            });
+        }
+        let irreversible = irreversible.get(&name).copied().unwrap_or(false);
+        tool_calls.push(ToolRequest {
+            tool: name,
+            args,
+            irreversible,
+        });
+    }
+    let text = choice.message.content.unwrap_or_default();
+    Ok((ProviderReply { text, tool_calls }, usage))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use durable_agent::runtime::AgentId;
+
+    fn agent() -> AgentId {
+        AgentId::from_hex("00000000000000aa").expect("valid id")
+    }
+
+    #[test]
+    fn history_maps_to_chat_messages() {
+        let history = vec![
+            ConversationItem::Prompt { text: "hi".into() },
+            ConversationItem::ToolCall {
+                call_id: "c1".into(),
+                tool: "lookup".into(),
+                args: json!({"k": 1}),
+                irreversible: false,
+            },
+            ConversationItem::ToolResult {
+                call_id: "c1".into(),
+                ok: false,
+                output: "boom".into(),
+            },
+            ConversationItem::Response { text: "done".into() },
+        ];
+        let id = agent();
+        let req = ProviderRequest {
+            agent: &id,
+            instructions: "be brief",
+            history: &history,
+            round: 1,
+        };
+        let m = messages(&req);
+        assert_eq!(m.len(), 5);
+        assert_eq!(m[0]["role"], "system");
+        assert_eq!(m[1], json!({"role": "user", "content": "hi"}));
+        assert_eq!(m[2]["tool_calls"][0]["function"]["arguments"], "{\"k\":1}");
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "error: boom"})
+        );
+        assert_eq!(m[4], json!({"role": "assistant", "content": "done"}));
+    }
+
+    #[test]
+    fn malformed_bodies_are_typed_errors() {
+        let none = BTreeMap::new();
+        let cases = [
+            ("not json", "not a chat completion"),
+            ("{}", "missing field `choices`"),
+            (r#"{"choices": []}"#, "`choices` is empty"),
+            (
+                r#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"x","arguments":"[1]"}}]}}]}"#,
+                "not a JSON object",
+            ),
+            (
+                r#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"x","arguments":"{"}}]}}]}"#,
+                "not JSON",
+            ),
+            (
+                r#"{"choices":[{"message":{"content":"x"},"finish_reason":"weird"}]}"#,
+                "weird",
+            ),
+            (
+                r#"{"choices":[{"message":{"content":null},"finish_reason":"tool_calls"}]}"#,
+                "no tool_calls",
+            ),
+        ];
+        for (body, want) in cases {
+            match parse_reply(body, &none) {
+                Ok(r) => panic!("{body}: parsed as {r:?}"),
+                Err(e) => assert!(e.to_string().contains(want), "{body}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn irreversible_flag_comes_from_config() {
+        let flags = BTreeMap::from([("send".to_string(), true)]);
+        let body = r#"{"choices":[{"message":{"content":null,"tool_calls":[
+            {"id":"a","type":"function","function":{"name":"send","arguments":"{\"to\":\"x\"}"}},
+            {"id":"b","type":"function","function":{"name":"other","arguments":""}}]},
+            "finish_reason":"tool_calls"}],"usage":{"prompt_tokens":7,"completion_tokens":3}}"#;
+        let (reply, usage) = parse_reply(body, &flags).expect("valid");
+        assert!(reply.tool_calls[0].irreversible);
+        assert!(!reply.tool_calls[1].irreversible);
+        assert_eq!(reply.tool_calls[1].args, json!({}));
+        assert_eq!(
+            usage,
+            Some(Usage {
+                prompt_tokens: 7,
+                completion_tokens: 3
+            })
+        );
+    }
+}

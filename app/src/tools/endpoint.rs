@@ -1,0 +1,142 @@
+//! One configured HTTP endpoint (`kind = "http"`): how a call's JSON
+//! arguments become a request. Shared by the outbox (irreversible tools)
+//! and the executor (reversible ones) so both send the same bytes.
+//!
+//! Invariant: every request carries the configured headers plus
+//! `Idempotency-Key`, follows no redirect (a redirected POST could be
+//! replayed at another address) and is bounded by the tool's timeout.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::config::HttpToolConfig;
+use crate::http::{self, TransportFailure};
+
+/// What came back, if anything did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub reason: String,
+    pub body: String,
+}
+
+#[derive(Debug)]
+pub struct Endpoint {
+    pub name: String,
+    method: String,
+    url: String,
+    headers: Vec<(String, String)>,
+    agent: ureq::Agent,
+}
+
+/// Why no [`Reply`]: `sent` says whether the request may have reached the
+/// server (false only when it was never made).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failed {
+    pub failure: TransportFailure,
+    pub sent: bool,
+}
+
+impl Endpoint {
+    pub fn new(tool: &HttpToolConfig) -> Self {
+        Endpoint {
+            name: tool.name.clone(),
+            method: tool.method.clone(),
+            url: tool.url.clone(),
+            headers: tool.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            agent: http::agent(&tool.url, Duration::from_millis(tool.timeout_ms), 0),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Send `args`: as the JSON body, or for GET as query parameters.
+    pub fn call(&self, idem_key: &str, args: &Value) -> Result<Reply, Failed> {
+        let (uri, body) = if self.method == "GET" {
+            (with_query(&self.url, args), Vec::new())
+        } else {
+            (self.url.clone(), args.to_string().into_bytes())
+        };
+        let mut builder = ureq::http::Request::builder()
+            .method(self.method.as_str())
+            .uri(uri.as_str())
+            .header("Idempotency-Key", idem_key);
+        if self.method != "GET" {
+            builder = builder.header("Content-Type", "application/json");
+        }
+        for (k, v) in &self.headers {
+            builder = builder.header(k.as_str(), v.as_str());
+        }
+        let request = builder.body(body).map_err(|e| Failed {
+            failure: TransportFailure::Fatal(format!("cannot build request to {uri}: {e}")),
+            sent: false,
+        })?;
+        let mut response = self.agent.run(request).map_err(|e| Failed {
+            failure: http::classify(&e),
+            // ureq reports URL problems before connecting; anything else
+            // may have happened after the request left.
+            sent: !matches!(e, ureq::Error::BadUri(_) | ureq::Error::Http(_)),
+        })?;
+        let status = response.status();
+        let body = http::read_body(&mut response, http::MAX_BODY_BYTES)
+            .map_err(|failure| Failed { failure, sent: true })?;
+        Ok(Reply {
+            status: status.as_u16(),
+            reason: status.canonical_reason().unwrap_or("").to_string(),
+            body,
+        })
+    }
+}
+
+/// `url?k=v&...` from a JSON object's top-level fields (strings as they
+/// are, anything else as JSON text), percent-encoded.
+fn with_query(url: &str, args: &Value) -> String {
+    let Some(map) = args.as_object().filter(|m| !m.is_empty()) else {
+        return url.to_string();
+    };
+    let mut out = url.to_string();
+    let mut sep = if url.contains('?') { '&' } else { '?' };
+    for (k, v) in map {
+        let value = match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        out.push(sep);
+        out.push_str(&percent_encode(k));
+        out.push('=');
+        out.push_str(&percent_encode(&value));
+        sep = '&';
+    }
+    out
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_arguments_become_an_encoded_query() {
+        let args = serde_json::json!({"q": "a b&c", "n": 2});
+        assert_eq!(with_query("http://h/x", &args), "http://h/x?n=2&q=a%20b%26c");
+        assert_eq!(
+            with_query("http://h/x?k=1", &serde_json::json!({"a": "é"})),
+            "http://h/x?k=1&a=%C3%A9"
+        );
+        assert_eq!(with_query("http://h/x", &serde_json::json!({})), "http://h/x");
+    }
+}
