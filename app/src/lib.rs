@@ -11,7 +11,11 @@
 
 pub mod config;
 mod http;
+pub mod mock_llm;
 pub mod observe;
 pub mod openai;
 pub mod retry;
+pub mod server;
+pub mod telemetry;
 pub mod tools;
+pub mod webhook_sink;

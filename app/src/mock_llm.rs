@@ -1,0 +1,335 @@
+//! [`MockLlm`]: an OpenAI-compatible chat-completions server on loopback,
+//! scripted ([`Script`]) or in echo mode, so the product runs and is tested
+//! without an API key.
+//!
+//! Echo mode is deterministic: if the request offers tools and its last
+//! message is the user's, it asks for the first offered tool (arguments
+//! filled from the schema's required properties); otherwise it answers
+//! `echo: <last user message>`, quoting the last tool result if any.
+//!
+//! Invariant: requests are answered in arrival order of the script — the
+//! n-th request to `/chat/completions` gets `replies[n]` (a delayed reply
+//! is answered on its own thread, so it does not hold up the next one) —
+//! and every request is recorded before it is answered. Past the end of
+//! the script every request gets a 500 saying so.
+
+mod script;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+pub use script::{Reply, Script, ScriptError, ScriptedCall, MAX_DELAY_MS};
+
+use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
+
+#[derive(Debug, Default)]
+struct State {
+    /// None: echo mode.
+    script: Option<Script>,
+    next: usize,
+    requests: Vec<Recorded>,
+}
+
+/// A running mock; dropping it stops the server.
+#[derive(Debug)]
+pub struct MockLlm {
+    state: Arc<Mutex<State>>,
+    server: LoopbackServer,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // Each handler updates State in one step; a poisoned lock is usable.
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MockLlm {
+    /// Serve `script` on `listen` (loopback; port 0 picks one).
+    pub fn scripted(listen: SocketAddr, script: Script) -> Result<MockLlm, ServerError> {
+        Self::start(listen, Some(script))
+    }
+
+    /// Serve echo replies on `listen`.
+    pub fn echo(listen: SocketAddr) -> Result<MockLlm, ServerError> {
+        Self::start(listen, None)
+    }
+
+    fn start(listen: SocketAddr, script: Option<Script>) -> Result<MockLlm, ServerError> {
+        let state = Arc::new(Mutex::new(State {
+            script,
+            ..State::default()
+        }));
+        let handler_state = Arc::clone(&state);
+        let server = LoopbackServer::start(listen, "mock-llm", move |request| {
+            handle(&handler_state, request);
+        })?;
+        Ok(MockLlm { state, server })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// The `base_url` for `[provider]`: `http://<addr>/v1`.
+    pub fn base_url(&self) -> String {
+        format!("{}/v1", self.server.url())
+    }
+
+    /// Every request received, in order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        lock(&self.state).requests.clone()
+    }
+
+    /// The bodies of the completion requests, parsed (non-JSON bodies as
+    /// JSON strings).
+    pub fn request_bodies(&self) -> Vec<Value> {
+        self.requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/chat/completions"))
+            .map(|r| serde_json::from_str(&r.body).unwrap_or_else(|_| Value::String(r.body.clone())))
+            .collect()
+    }
+}
+
+/// What to send back, decided under the lock and sent outside it.
+struct Answer {
+    status: u16,
+    body: String,
+    retry_after: Option<u64>,
+    delay_ms: u64,
+}
+
+fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
+    let recorded = Recorded::read(&mut request);
+    let answer = {
+        let mut s = lock(state);
+        let answer = if recorded.method != "POST" || !recorded.path.ends_with("/chat/completions") {
+            Answer::now(
+                404,
+                json!({"error": {"message": "the mock serves POST */chat/completions only"}}),
+            )
+        } else {
+            let n = s.next;
+            s.next += 1;
+            let body: Value = serde_json::from_str(&recorded.body).unwrap_or(Value::Null);
+            match &s.script {
+                None => Answer::now(200, completion(n, &body, echo(&body))),
+                Some(script) => match script.replies.get(n) {
+                    Some(reply) => scripted(n, &body, reply),
+                    None => Answer::now(
+                        500,
+                        json!({"error": {"message": format!("mock script exhausted: request {} of {}", n + 1, script.replies.len())}}),
+                    ),
+                },
+            }
+        };
+        s.requests.push(recorded);
+        answer
+    };
+    if answer.delay_ms == 0 {
+        send(request, answer);
+        return;
+    }
+    // On its own thread: the client may retry while this one sleeps.
+    let spawned = std::thread::Builder::new()
+        .name("mock-llm-delayed".into())
+        .spawn(move || {
+            std::thread::sleep(Duration::from_millis(answer.delay_ms));
+            send(request, answer);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot spawn the delayed-reply thread; reply dropped");
+    }
+}
+
+fn send(request: tiny_http::Request, answer: Answer) {
+    let mut response = json_response(answer.status, &answer.body);
+    if let Some(secs) = answer.retry_after {
+        if let Ok(h) = tiny_http::Header::from_bytes("Retry-After", secs.to_string()) {
+            response = response.with_header(h);
+        }
+    }
+    respond(request, response);
+}
+
+impl Answer {
+    fn now(status: u16, body: Value) -> Answer {
+        Answer {
+            status,
+            body: body.to_string(),
+            retry_after: None,
+            delay_ms: 0,
+        }
+    }
+}
+
+fn scripted(n: usize, request: &Value, reply: &Reply) -> Answer {
+    let (status, body) = if let Some(status) = reply.status {
+        let body = reply.body.clone().unwrap_or_else(|| {
+            json!({"error": {"message": format!("scripted status {status}"), "type": "mock"}}).to_string()
+        });
+        (status, body)
+    } else if let Some(raw) = &reply.raw {
+        (200, raw.clone())
+    } else {
+        let calls: Vec<(String, String)> = reply
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = match &c.arguments {
+                    Value::String(verbatim) => verbatim.clone(),
+                    other => other.to_string(),
+                };
+                (c.name.clone(), args)
+            })
+            .collect();
+        let message = Message {
+            text: reply.text.clone(),
+            calls,
+            finish_reason: reply.finish_reason.clone(),
+        };
+        (200, completion(n, request, message).to_string())
+    };
+    Answer {
+        status,
+        body,
+        retry_after: reply.retry_after,
+        delay_ms: reply.delay_ms,
+    }
+}
+
+/// The assistant message to send.
+struct Message {
+    text: Option<String>,
+    /// (name, JSON-string arguments)
+    calls: Vec<(String, String)>,
+    finish_reason: Option<String>,
+}
+
+fn completion(n: usize, request: &Value, m: Message) -> Value {
+    let tool_calls: Vec<Value> = m
+        .calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| {
+            json!({"id": format!("call_{n}_{i}"), "type": "function", "function": {"name": name, "arguments": args}})
+        })
+        .collect();
+    let finish = m.finish_reason.unwrap_or_else(|| {
+        if tool_calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        }
+        .to_string()
+    });
+    let mut message = json!({"role": "assistant", "content": m.text});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    // Deterministic stand-ins for token counts: ~4 bytes a token.
+    let prompt_tokens = request.to_string().len() / 4;
+    let completion_tokens = message.to_string().len() / 4;
+    json!({
+        "id": format!("mock-{n}"),
+        "object": "chat.completion",
+        "created": 0,
+        "model": request.get("model").cloned().unwrap_or(Value::Null),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+}
+
+/// Echo mode's reply to `request` (see the module doc).
+fn echo(request: &Value) -> Message {
+    let empty = Vec::new();
+    let messages = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
+    let tools = request.get("tools").and_then(Value::as_array).unwrap_or(&empty);
+    let last_role = messages
+        .last()
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str);
+    let content = |m: &Value| m.get("content").and_then(Value::as_str).unwrap_or("").to_string();
+    let last_user = messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map(content)
+        .unwrap_or_default();
+    if let (Some("user"), Some(tool)) = (last_role, tools.first()) {
+        let function = &tool["function"];
+        let name = function["name"].as_str().unwrap_or("unnamed").to_string();
+        let args = example_args(&function["parameters"], &last_user);
+        return Message {
+            text: None,
+            calls: vec![(name, args.to_string())],
+            finish_reason: None,
+        };
+    }
+    let text = match messages.last() {
+        Some(m) if last_role == Some("tool") => {
+            format!(
+                "echo: {last_user} (tool said: {})",
+                crate::http::excerpt(&content(m), 200)
+            )
+        }
+        _ => format!("echo: {last_user}"),
+    };
+    Message {
+        text: Some(text),
+        calls: Vec::new(),
+        finish_reason: None,
+    }
+}
+
+/// Arguments satisfying the required properties of a JSON schema.
+fn example_args(schema: &Value, user_text: &str) -> Value {
+    let mut args = serde_json::Map::new();
+    let empty = Vec::new();
+    let required = schema.get("required").and_then(Value::as_array).unwrap_or(&empty);
+    for key in required.iter().filter_map(Value::as_str) {
+        let kind = schema["properties"][key]["type"].as_str().unwrap_or("string");
+        let value = match kind {
+            "integer" | "number" => json!(1),
+            "boolean" => json!(false),
+            "object" => json!({}),
+            "array" => json!([]),
+            _ => json!(user_text),
+        };
+        args.insert(key.to_string(), value);
+    }
+    Value::Object(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_asks_for_a_tool_then_answers() {
+        let tools = json!([{"type": "function", "function": {"name": "lookup",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}, "n": {"type": "integer"}},
+                           "required": ["key", "n"]}}}]);
+        let first = json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools});
+        let m = echo(&first);
+        assert_eq!(
+            m.calls,
+            vec![("lookup".to_string(), r#"{"key":"hi","n":1}"#.to_string())]
+        );
+        let second = json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": []},
+            {"role": "tool", "tool_call_id": "c", "content": "42"}], "tools": tools});
+        let m = echo(&second);
+        assert!(m.calls.is_empty());
+        assert_eq!(m.text.as_deref(), Some("echo: hi (tool said: 42)"));
+        let no_tools = json!({"messages": [{"role": "user", "content": "yo"}]});
+        assert_eq!(echo(&no_tools).text.as_deref(), Some("echo: yo"));
+    }
+}

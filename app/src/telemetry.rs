@@ -1,0 +1,217 @@
+//! Telemetry: a JSONL event exporter with seed 000's envelope
+//! (`event_type`, `timestamp_ms`, `session_id`, `agent_id`, `payload`), and
+//! the `tracing` subscriber set-up.
+//!
+//! Invariant: each event is one complete line, written with a single
+//! `write_all` on a file opened in append mode and flushed before `emit`
+//! returns, so concurrent emitters never interleave within a line and a
+//! reader sees whole lines. This is observability, not runtime state: it
+//! goes through `std::fs`, not the system crate's `Fs` seam, is never
+//! fsynced, and a failure to write it must not stop an agent (callers log
+//! and continue).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::observe::{Attempt, AttemptOutcome, CallObserver};
+
+/// The lifecycle events exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventType {
+    AgentStart,
+    AgentStop,
+    TurnStart,
+    TurnEnd,
+    PreToolUse,
+    PostToolUse,
+    ToolFailure,
+    Retry,
+}
+
+/// One exported line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Envelope<'a> {
+    pub event_type: EventType,
+    pub timestamp_ms: u64,
+    /// None (`null`) for events outside a session (a provider retry).
+    pub session_id: Option<&'a str>,
+    pub agent_id: &'a str,
+    pub payload: Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("{path}: cannot open telemetry file: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: cannot append telemetry event: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot encode telemetry event: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Appends events to one JSONL file.
+#[derive(Debug)]
+pub struct JsonlExporter {
+    path: PathBuf,
+    file: Mutex<File>,
+}
+
+impl JsonlExporter {
+    /// Open (create) `path` for appending; its directory is created too.
+    pub fn open(path: &Path) -> Result<JsonlExporter, TelemetryError> {
+        let open_err = |source| TelemetryError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(open_err)?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(open_err)?;
+        Ok(JsonlExporter {
+            path: path.to_path_buf(),
+            file: Mutex::new(file),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append one event stamped with the wall clock.
+    pub fn emit(
+        &self,
+        event_type: EventType,
+        session_id: Option<&str>,
+        agent_id: &str,
+        payload: Value,
+    ) -> Result<(), TelemetryError> {
+        self.write(&Envelope {
+            event_type,
+            timestamp_ms: now_ms(),
+            session_id,
+            agent_id,
+            payload,
+        })
+    }
+
+    /// Append `envelope` as one line.
+    pub fn write(&self, envelope: &Envelope<'_>) -> Result<(), TelemetryError> {
+        let mut line = serde_json::to_vec(envelope)?;
+        line.push(b'\n');
+        let mut file = self.lock();
+        file.write_all(&line)
+            .and_then(|()| file.flush())
+            .map_err(|source| TelemetryError::Write {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, File> {
+        // A panic mid-write leaves at worst a torn line, which a reader of
+        // telemetry tolerates; the handle itself is fine.
+        self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Provider attempts that will be retried become `retry` events.
+impl CallObserver for JsonlExporter {
+    fn on_attempt(&self, attempt: &Attempt) {
+        let AttemptOutcome::Failure {
+            error,
+            retry_in_ms: Some(retry_in_ms),
+        } = &attempt.outcome
+        else {
+            return;
+        };
+        let payload = serde_json::json!({
+            "model": attempt.model,
+            "attempt": attempt.number,
+            "error": error.to_string(),
+            "retry_in_ms": retry_in_ms,
+        });
+        if let Err(e) = self.emit(EventType::Retry, None, &attempt.agent, payload) {
+            tracing::warn!(error = %e, "telemetry event lost");
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Log to stderr, filtered by `RUST_LOG` (default `info`). A second call
+/// (or a subscriber set elsewhere) is a no-op.
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let result = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    if result.is_err() {
+        tracing::debug!("tracing subscriber already set");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_whole_json_lines_with_the_envelope() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("sub/events.jsonl");
+        let exporter = JsonlExporter::open(&path)?;
+        exporter.emit(
+            EventType::PreToolUse,
+            Some("s1"),
+            "a1",
+            serde_json::json!({"tool_name": "lookup"}),
+        )?;
+        exporter.write(&Envelope {
+            event_type: EventType::AgentStop,
+            timestamp_ms: 7,
+            session_id: None,
+            agent_id: "a1",
+            payload: Value::Null,
+        })?;
+        drop(exporter);
+        // Reopening appends.
+        JsonlExporter::open(&path)?.emit(EventType::TurnEnd, Some("s1"), "a1", Value::Null)?;
+        let text = std::fs::read_to_string(&path)?;
+        let lines: Vec<Value> = text.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0]["event_type"], "pre_tool_use");
+        assert_eq!(lines[0]["session_id"], "s1");
+        assert_eq!(lines[0]["payload"]["tool_name"], "lookup");
+        assert!(lines[0]["timestamp_ms"].as_u64().is_some_and(|t| t > 0));
+        assert_eq!(
+            lines[1],
+            serde_json::json!({"event_type": "agent_stop", "timestamp_ms": 7, "session_id": null, "agent_id": "a1", "payload": null})
+        );
+        assert_eq!(lines[2]["event_type"], "turn_end");
+        Ok(())
+    }
+}

@@ -1,0 +1,72 @@
+//! The `durable-agent` binary: `check-config` reports a bad file with its
+//! file, line and key, and `mock-llm` serves on loopback and prints its URL.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_durable-agent");
+
+#[test]
+fn check_config_accepts_a_good_file_and_names_line_and_key_of_a_bad_one() -> std::io::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("agent.toml");
+    std::fs::write(
+        &path,
+        "[provider]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n\n[[tools]]\nkind = \"http_get\"\n",
+    )?;
+    let ok = Command::new(BIN).arg("check-config").arg(&path).output()?;
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("model m") && stdout.contains("http_get"),
+        "{stdout}"
+    );
+
+    std::fs::write(
+        &path,
+        "[provider]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\nretries = 2\n",
+    )?;
+    let bad = Command::new(BIN).arg("check-config").arg(&path).output()?;
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{}:4:", path.display())), "{stderr}");
+    assert!(stderr.contains("`provider.retries`"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn mock_llm_subcommand_prints_its_url_and_answers() -> Result<(), Box<dyn std::error::Error>> {
+    let mut child = Command::new(BIN)
+        .args(["mock-llm", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let result = (|| -> Result<(), Box<dyn std::error::Error>> {
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let base_url = line.trim();
+        assert!(base_url.starts_with("http://127.0.0.1:"), "{base_url}");
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(2)))
+            .proxy(None)
+            .build()
+            .into();
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+        let reply: serde_json::Value = serde_json::from_str(
+            &agent
+                .post(format!("{base_url}/chat/completions"))
+                .header("Content-Type", "application/json")
+                .send(body)?
+                .body_mut()
+                .read_to_string()?,
+        )?;
+        assert_eq!(reply["choices"][0]["message"]["content"], "echo: hello");
+        Ok(())
+    })();
+    // Ours to stop, by its own handle.
+    child.kill()?;
+    child.wait()?;
+    result
+}
