@@ -12,6 +12,7 @@
 //! - [`store`]: session records and the SQLite-backed stores.
 //! - [`runtime`]: the orchestrator: agents, tree, inbox, turns, tools.
 //! - [`recovery`]: the one recovery procedure.
+//! - [`system`]: the one composition and its boot ([`system::System::boot`]).
 //! - [`daemon`]: the concurrent async daemon (tokio; madsim under `--cfg madsim`).
 
 pub mod canary;
@@ -22,4 +23,5 @@ pub mod recovery;
 pub mod runtime;
 pub mod sqlite;
 pub mod store;
+pub mod system;
 pub mod world;

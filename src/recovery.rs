@@ -41,7 +41,7 @@ use crate::fs::Fs;
 use crate::log::{self, Event, EventLog, LogEntry, LogRepair};
 use crate::runtime::inbox::{Inboxes, Message};
 use crate::runtime::tree::AgentTree;
-use crate::runtime::turn::conversation_from_log;
+use crate::runtime::turn::{conversation_from_log, done_work_from_log};
 use crate::runtime::{AgentId, AgentSlot, MessageId, RuntimeConfig, RuntimeError, SessionId};
 use crate::store::session::{ScannedSession, SessionRecord, SessionState, SessionStore};
 
@@ -354,6 +354,7 @@ fn rebuild_slot(
         instructions: c.instructions,
         parent,
         conversation: conversation_from_log(&c.entries),
+        done_work: done_work_from_log(&c.entries),
         delivered,
         log,
         record: c.record,

@@ -31,6 +31,11 @@ fn sample_log() -> (Vec<u8>, Vec<usize>) {
         },
         Event::TurnStart {
             prompt: "p\n\"q\"".into(),
+            work: None,
+        },
+        Event::TurnStart {
+            prompt: "fired".into(),
+            work: Some("trigger:nightly-report".into()),
         },
         Event::TurnComplete { response: "r".into() },
         Event::MessageEnqueued {

@@ -55,15 +55,15 @@ fn run(db: &Db, m: &mut Model, store: &TriggerStore) -> Result<(), String> {
         m.emitted.insert(KEYS[i].to_string());
     }
     let a = store.claim(c, 5, LEASE_MS).map_err(e)?.ok_or("nothing due")?;
-    store.ack_done(c, &a.id, 6).map_err(e)?;
+    store.ack_done(c, &a, 6).map_err(e)?;
     m.acked_done.insert(a.description.clone());
     let b = store.claim(c, 7, LEASE_MS).map_err(e)?.ok_or("nothing due")?;
-    store.ack_failed(c, &b.id, 8, "transient", true).map_err(e)?;
+    store.ack_failed(c, &b, 8, "transient", true).map_err(e)?;
     store.emit(c, &spec(2), 9).map_err(e)?;
     m.emitted.insert(KEYS[2].to_string());
     for now in [300, 301] {
         let t = store.claim(c, now, LEASE_MS).map_err(e)?.ok_or("nothing due")?;
-        store.ack_done(c, &t.id, now).map_err(e)?;
+        store.ack_done(c, &t, now).map_err(e)?;
         m.acked_done.insert(t.description.clone());
     }
     Ok(())
@@ -109,7 +109,7 @@ fn check(db: &Db, m: &Model, store: &TriggerStore) -> Vec<String> {
             let Some(t) = store.claim(c, now, LEASE_MS)? else {
                 break;
             };
-            store.ack_done(c, &t.id, now)?;
+            store.ack_done(c, &t, now)?;
         }
         Ok(())
     })();

@@ -103,7 +103,7 @@ fn failed_ack_backs_off_exponentially_then_dead_letters() {
     for attempt in 1..=3u32 {
         let t = store.claim(&conn, now, 50).unwrap().expect("due");
         assert_eq!(t.attempts, attempt);
-        let next = store.ack_failed(&conn, &id, now, "boom", true).unwrap();
+        let next = store.ack_failed(&conn, &t, now, "boom", true).unwrap();
         let row = store.get(&conn, &id, now).unwrap().unwrap();
         if attempt < 3 {
             assert_eq!(next, TriggerStatus::Pending);
@@ -137,17 +137,41 @@ fn permanent_failure_is_failed_and_done_is_terminal() {
         .unwrap()
         .id()
         .to_string();
-    store.claim(&conn, 0, 10).unwrap();
-    store.ack_done(&conn, &a, 1).unwrap();
-    store.claim(&conn, 0, 10).unwrap();
+    let ca = store.claim(&conn, 0, 10).unwrap().expect("a due");
+    assert_eq!(ca.id, a);
+    store.ack_done(&conn, &ca, 1).unwrap();
+    let cb = store.claim(&conn, 0, 10).unwrap().expect("b due");
+    assert_eq!(cb.id, b);
     assert_eq!(
-        store.ack_failed(&conn, &b, 1, "bad payload", false).unwrap(),
+        store.ack_failed(&conn, &cb, 1, "bad payload", false).unwrap(),
         TriggerStatus::Failed
     );
     // A second ack of a DONE trigger is refused with a typed error.
-    let err = store.ack_done(&conn, &a, 2).unwrap_err();
+    let err = store.ack_done(&conn, &ca, 2).unwrap_err();
     assert!(err.to_string().contains("DONE"), "{err}");
-    assert!(store.ack_done(&conn, "trg-404", 2).is_err());
+    let mut missing = ca.clone();
+    missing.id = "trg-404".into();
+    assert!(store.ack_done(&conn, &missing, 2).is_err());
+}
+
+#[test]
+fn an_ack_proves_the_lease_a_reclaimed_claim_cannot_ack() {
+    let conn = db();
+    let store = TriggerStore::new(policy(), Canaries::none());
+    store.emit(&conn, &spec(Some("k"), 0, 0), 0).unwrap();
+    let first = store.claim(&conn, 0, 10).unwrap().expect("due");
+    // The lease runs out; the trigger is reclaimed and claimed again.
+    assert_eq!(store.reclaim_expired(&conn, 10).unwrap(), vec![first.id.clone()]);
+    let second = store.claim(&conn, 20, 10).unwrap().expect("due again");
+    assert_eq!(second.attempts, first.attempts + 1);
+    // The first holder comes back: both its acks are refused, naming why.
+    let err = store.ack_done(&conn, &first, 21).unwrap_err();
+    assert!(err.to_string().contains("lease was reclaimed"), "{err}");
+    assert!(store.ack_failed(&conn, &first, 21, "late", true).is_err());
+    let row = store.get(&conn, &first.id, 21).unwrap().unwrap();
+    assert_eq!((row.status, row.attempts), (TriggerStatus::Claimed, 2));
+    // The current holder acks.
+    store.ack_done(&conn, &second, 22).unwrap();
 }
 
 #[test]

@@ -56,7 +56,7 @@ proptest! {
         let store = TriggerStore::new(policy, Canaries::none());
         let lease_ms = 100;
         let mut now = 0u64;
-        let mut claimed: Vec<String> = Vec::new();
+        let mut claimed: Vec<Trigger> = Vec::new();
         let mut terminal: BTreeMap<String, TriggerStatus> = BTreeMap::new();
         for op in ops {
             let before = store.all(&conn, now).unwrap();
@@ -86,30 +86,33 @@ proptest! {
                         (Some(e), Some(g)) => {
                             prop_assert_eq!((e.fire_at_ms, e.priority), (g.fire_at_ms, g.priority));
                             prop_assert_eq!(g.attempts, e.attempts + 1);
-                            claimed.push(g.id.clone());
+                            claimed.push(g.clone());
                         }
                         (e, g) => prop_assert!(false, "expected {:?}, claimed {:?}", e, g),
                     }
                 }
                 Op::AckDone(_) | Op::AckFailed(..) if claimed.is_empty() => {}
                 Op::AckDone(i) => {
-                    let id = claimed[i % claimed.len()].clone();
-                    let was = before.iter().find(|t| t.id == id).unwrap().status;
-                    let res = store.ack_done(&conn, &id, now);
-                    prop_assert_eq!(res.is_ok(), was == TriggerStatus::Claimed);
+                    let claim = claimed[i % claimed.len()].clone();
+                    let row = before.iter().find(|t| t.id == claim.id).unwrap();
+                    let res = store.ack_done(&conn, &claim, now);
+                    // Only the claim that still holds the lease may ack.
+                    let owns = row.status == TriggerStatus::Claimed && row.attempts == claim.attempts;
+                    prop_assert_eq!(res.is_ok(), owns);
                 }
                 Op::AckFailed(i, retryable) => {
-                    let id = claimed[i % claimed.len()].clone();
-                    let row = before.iter().find(|t| t.id == id).unwrap().clone();
-                    match store.ack_failed(&conn, &id, now, "err", retryable) {
+                    let claim = claimed[i % claimed.len()].clone();
+                    let row = before.iter().find(|t| t.id == claim.id).unwrap().clone();
+                    let owns = row.status == TriggerStatus::Claimed && row.attempts == claim.attempts;
+                    match store.ack_failed(&conn, &claim, now, "err", retryable) {
                         Ok(next) => {
-                            prop_assert_eq!(row.status, TriggerStatus::Claimed);
+                            prop_assert!(owns, "a stale claim acked {}", claim.id);
                             let want = if !retryable { TriggerStatus::Failed }
                                 else if row.attempts >= MAX_ATTEMPTS { TriggerStatus::Dead }
                                 else { TriggerStatus::Pending };
                             prop_assert_eq!(next, want);
                         }
-                        Err(_) => prop_assert_ne!(row.status, TriggerStatus::Claimed),
+                        Err(_) => prop_assert!(!owns, "the owning claim's ack failed"),
                     }
                 }
                 Op::Reclaim => {

@@ -32,7 +32,10 @@
 //!   Each may appear at most once; it is never re-run (invariant I4). An
 //!   effect absent at that recovery has an unknown fate (its INTENT may be
 //!   in the ledger, awaiting confirmation): it may appear once later, or
-//!   never, and a resumed turn (same keys) does not make it certain.
+//!   never, and a resumed turn (same keys) does not make it certain. A
+//!   resumed turn's irreversible step reports needs-confirmation (`ok:
+//!   false`) when the lost turn's INTENT survived, or its scripted result
+//!   when it did not ([`relax_unknown_steps`]).
 //!
 //! Invariants (checked after every step; after recovery also I2):
 //!
@@ -79,9 +82,41 @@ pub struct Rejected {
     pub reason: String,
 }
 
+/// R4, for tool results: an irreversible step of a turn a crash rolled
+/// back (its key in `lost`, [`Model::lost_effects`]), when the turn is
+/// resumed, may report the scripted result (its INTENT never committed, so
+/// it ran afresh) or needs-confirmation, `ok: false` (the ledger found the
+/// INTENT and, the world unable to deduplicate, would not re-send — even
+/// when the world did get it: the ledger cannot know). Both sides of a
+/// comparison are normalised to `ok: false` for those steps.
+pub fn relax_unknown_steps(state: &mut State, lost: &BTreeSet<String>) {
+    if lost.is_empty() {
+        return;
+    }
+    for agent in state.agents.values_mut() {
+        for turn in &mut agent.turns {
+            for (i, step) in turn.tools.iter_mut().enumerate() {
+                if step.irreversible && lost.contains(&effect_key(&turn.prompt, i)) {
+                    step.ok = false;
+                }
+            }
+        }
+    }
+}
+
 /// Check `recovered` against one candidate; `Ok` gives the adopted model.
 fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
+    let relaxed;
+    let recovered = if adopted.lost_effects.is_empty() {
+        recovered
+    } else {
+        let mut r = recovered.clone();
+        relax_unknown_steps(&mut r, &adopted.lost_effects);
+        relax_unknown_steps(&mut adopted.state, &candidate.lost_effects);
+        relaxed = r;
+        &relaxed
+    };
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
     let got_names: Vec<&String> = recovered.agents.keys().collect();

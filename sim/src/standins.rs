@@ -1,6 +1,6 @@
-//! Stand-ins for the world outside the runtime: the scripted LLM provider
-//! and the tool executor whose irreversible tool goes through the activity
-//! ledger to the simulated external world.
+//! Stand-ins for the world outside the system: the scripted LLM provider,
+//! the reversible tool, the outbox of the simulated external world (where
+//! the system's activity ledger sends irreversible effects) and the clock.
 //!
 //! Invariant: both are pure functions of their inputs (the prompt carries
 //! the tool script), so the model can predict every turn.
@@ -8,12 +8,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+
 use durable_agent::fs::SimFs;
 use durable_agent::runtime::{
     ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, ToolContext, ToolError,
     ToolExecutor, ToolOutput, ToolRequest,
 };
-use durable_agent::store::activities::{ActivityGate, ActivityOutcome, IrreversibleCall};
+use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
@@ -76,59 +77,41 @@ impl Provider for ScriptedProvider {
     }
 }
 
-/// Tools: `lookup` is pure; `effect` is irreversible and goes through the
-/// activity ledger ([`ActivityGate`]: INTENT, send to the world, DONE). The
-/// gate is swapped at every boot (it holds that boot's connection).
-#[derive(Debug, Clone, Default)]
-pub struct SimTools {
-    pub gate: Arc<Mutex<Option<ActivityGate>>>,
-    pub world: World,
-    /// The logical clock in ms, set by the driver before each op.
-    pub now_ms: Arc<AtomicU64>,
-}
+/// The reversible tool `lookup`: a pure function of its arguments. The
+/// irreversible `effect` never reaches here: the system routes it through
+/// its activity ledger to [`ScriptedOutbox`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SimTools;
 
 impl ToolExecutor for SimTools {
-    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
-        let key = call
-            .args
-            .get("key")
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_string();
+    fn execute(&self, _ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+        let key = call.args.get("key").and_then(|v| v.as_str()).unwrap_or("");
         let ok = call.args.get("ok").and_then(|v| v.as_bool()).unwrap_or(false);
-        if !call.irreversible {
-            return Ok(ToolOutput {
-                ok,
-                output: format!("lookup:{key}"),
-            });
-        }
-        let gate = self.gate.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let gate = gate.ok_or_else(|| ToolError("harness: no activity gate (store not open)".into()))?;
-        let call = IrreversibleCall::with_key(
-            &key,
-            ctx.agent.as_str(),
-            "effect",
-            json!({ "key": key, "ok": ok }),
-        );
-        let now = self.now_ms.load(Ordering::SeqCst);
-        match gate.execute(&call, now) {
-            Ok(ActivityOutcome::Done { .. }) => Ok(ToolOutput {
-                ok: true,
-                output: format!("effect:{key}"),
-            }),
-            Ok(ActivityOutcome::Failed { error, .. }) => Ok(ToolOutput {
-                ok: false,
-                output: error,
-            }),
-            // The fate of an earlier attempt is unknown and the world cannot
-            // dedup: not re-sent. Reported with the scripted result so the
-            // model's turn matches; the outbox check (R4) judges the effect.
-            Ok(ActivityOutcome::NeedsConfirmation { .. }) => Ok(ToolOutput {
-                ok,
-                output: format!("effect:{key} needs confirmation"),
-            }),
-            Err(e) => Err(ToolError(e.to_string())),
-        }
+        Ok(ToolOutput {
+            ok,
+            output: format!("lookup:{key}"),
+        })
+    }
+}
+
+/// The harness's logical clock: set by the driver before each op (and
+/// for the boot). Clones share the reading.
+#[derive(Debug, Clone, Default)]
+pub struct SteppedClock(Arc<AtomicU64>);
+
+impl SteppedClock {
+    pub fn set(&self, ms: u64) {
+        self.0.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl LogicalClock for SteppedClock {
+    fn now_ms(&self) -> u64 {
+        self.get()
     }
 }
 

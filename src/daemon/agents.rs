@@ -65,24 +65,31 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
     // `Sleeper` blocks, and a blocked task would stall every agent.
     let policy = sh.config.turn_retry;
     let mut attempt = 0u32;
+    // Collected once: a retry must show the same messages again, since
+    // `deliver` hands each message out once per boot (collecting anew on a
+    // retry lost the first attempt's messages from every prompt).
+    let mut inbox: Option<Vec<String>> = None;
     loop {
         // The provider's latency: the completion is in flight.
         sleep_ms(draw_ms(rng, sh.config.latency_ms)).await;
         let mut core = sh.lock().await?;
         let id = core.agents[i].clone();
-        let messages = match core.runtime.deliver(&id) {
-            Ok(m) => m,
-            Err(e) => return Err(sh.fail(&mut core, format!("deliver to {name}: {e}"))),
-        };
-        if !messages.is_empty() {
-            sh.record(DaemonEvent::Delivered {
-                agent: name.clone(),
-                ids: messages.iter().map(|m| m.id.to_string()).collect(),
-            });
+        if inbox.is_none() {
+            let messages = match core.system.runtime_mut().deliver(&id) {
+                Ok(m) => m,
+                Err(e) => return Err(sh.fail(&mut core, format!("deliver to {name}: {e}"))),
+            };
+            if !messages.is_empty() {
+                sh.record(DaemonEvent::Delivered {
+                    agent: name.clone(),
+                    ids: messages.iter().map(|m| m.id.to_string()).collect(),
+                });
+            }
+            inbox = Some(messages.into_iter().map(|m| m.payload).collect());
         }
-        let inbox: Vec<&str> = messages.iter().map(|m| m.payload.as_str()).collect();
-        let prompt = format!("{name} at {} ms, attempt {attempt}, inbox {inbox:?}", sh.now());
-        match core.runtime.run_turn(&id, &prompt) {
+        let shown = inbox.as_deref().unwrap_or_default();
+        let prompt = format!("{name} at {} ms, attempt {attempt}, inbox {shown:?}", sh.now());
+        match core.system.runtime_mut().run_turn(&id, &prompt) {
             Ok(outcome) => {
                 sh.record(DaemonEvent::TurnCompleted {
                     agent: name,
@@ -120,7 +127,7 @@ async fn send(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
     let payload = format!("note {:08x} from {from}", rng.random::<u32>());
     let mut core = sh.lock().await?;
     let (a, b) = (core.agents[i].clone(), core.agents[j].clone());
-    match core.runtime.send_message(&a, &b, &payload) {
+    match core.system.runtime_mut().send_message(&a, &b, &payload) {
         Ok(id) => {
             sh.record(DaemonEvent::MessageAcked {
                 id: id.to_string(),

@@ -1,5 +1,5 @@
-//! [`Daemon`]: boot (recovery, store open, lease reclaim, ledger recovery,
-//! agents, one-time triggers) and run (spawn the agent tasks and the
+//! [`Daemon`]: boot (the one [`System::boot`], then agents and one-time
+//! triggers) and run (spawn the agent tasks and the
 //! scheduler, wait until one of them stops the daemon).
 //!
 //! Invariant: every task reaches the runtime and stores only through
@@ -7,40 +7,25 @@
 //! written after an unknown-outcome error.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::fs::Fs;
-use crate::recovery::recover_stores;
-use crate::runtime::{AgentId, Runtime, RuntimeConfig};
-use crate::sqlite::{Db, SqliteOptions};
-use crate::store::activities::{ActivityGate, ActivityStore};
-use crate::store::schema::open_store;
-use crate::store::triggers::{EmitOutcome, TriggerSource, TriggerSpec, TriggerStore};
-use crate::world::World;
+use crate::runtime::{AgentId, PureTools, Runtime};
+use crate::sqlite::Db;
+use crate::store::triggers::{EmitOutcome, TriggerSource, TriggerSpec};
+use crate::system::{Deps, System, SystemConfig};
+use crate::world::Outbox;
 
-use super::tools::{FlakyProvider, LedgerTools};
+use super::tools::FlakyProvider;
 use super::{agents, scheduler, DaemonClock, DaemonConfig, DaemonError, DaemonEvent, Observer};
 
-/// The single owner of the runtime and the stores.
+/// The single owner of the system.
 #[derive(Debug)]
 pub(super) struct Core {
-    pub(super) runtime: Runtime,
-    pub(super) db: Arc<Mutex<Db>>,
-    pub(super) triggers: TriggerStore,
-    /// The activity ledger (its own connection), shared with the tools.
-    pub(super) gate: ActivityGate,
+    pub(super) system: System,
     /// Worker `i`'s id.
     pub(super) agents: Vec<AgentId>,
     pub(super) stopped: Option<String>,
-}
-
-impl Core {
-    pub(super) fn db(&self) -> MutexGuard<'_, Db> {
-        // Each store call is one transaction: a panic elsewhere cannot leave
-        // the connection mid-transaction, so a poisoned lock is usable.
-        self.db.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// What every task shares.
@@ -107,66 +92,37 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Recover and get ready: open the stores and recover them (step 0 of
-    /// [`crate::recovery`]: settle INTENTs, reclaim leases — every lease, as
-    /// one daemon owns the database), open the runtime (which runs the rest
-    /// of recovery), create missing agents, emit the one-time triggers.
+    /// Boot the system ([`System::boot`]: root lock, stores, the one
+    /// recovery procedure), then create missing agents and emit the
+    /// one-time triggers.
     pub fn boot(
         fs: Arc<dyn Fs>,
-        world: World,
+        outbox: Arc<dyn Outbox>,
         config: DaemonConfig,
         clock: DaemonClock,
         observer: Observer,
     ) -> Result<Daemon, DaemonError> {
         let now = clock.now_ms();
-        let opts = SqliteOptions {
-            seed: config.seed,
-            ..SqliteOptions::default()
+        let mut sc = SystemConfig::new(config.root.clone(), config.seed);
+        sc.slots = config.slots;
+        sc.trigger_policy = config.trigger_policy;
+        sc.canaries = config.canaries.clone();
+        let deps = Deps {
+            provider: Arc::new(FlakyProvider::new(
+                config.seed,
+                config.boot,
+                config.provider_failure,
+            )),
+            tools: Arc::new(PureTools),
+            outbox,
+            clock: Arc::new(clock),
         };
-        durable_parent(&*fs, &config.db_path)?;
-        let db = Arc::new(Mutex::new(open_store(fs.clone(), &config.db_path, &opts)?));
-        let db_watch = Arc::downgrade(&db);
-        let gate = ActivityGate::new(
-            open_store(fs.clone(), &config.db_path, &opts)?,
-            Arc::new(world),
-            ActivityStore::new(config.canaries.clone()),
-        );
-        let triggers = TriggerStore::new(config.trigger_policy, config.canaries.clone());
-        // Step 0 of the one recovery procedure: the stores, before any turn.
-        let (stores, reclaimed_all) = {
-            let stores = recover_stores(&gate, &triggers, &db, now)?;
-            let db = db.lock().unwrap_or_else(|e| e.into_inner());
-            // One daemon owns the database, so every lease still held at
-            // boot belongs to the dead process: reclaim it now instead of
-            // letting the trigger wait out its lease. (WORKAROUND: the store
-            // has no "reclaim all" call; any such lease ends by now + lease.)
-            let all = triggers.reclaim_expired(db.conn(), now.saturating_add(config.lease_ms))?;
-            (stores, all)
-        };
-        let mut rc = RuntimeConfig::new(config.seed)
-            .with_slots(config.slots)
-            .with_canaries(config.canaries.clone());
-        rc.provider = Arc::new(FlakyProvider::new(
-            config.seed,
-            config.boot,
-            config.provider_failure,
-        ));
-        rc.tools = Arc::new(LedgerTools {
-            gate: gate.clone(),
-            clock,
-        });
-        let (mut runtime, report) = Runtime::open(fs, &config.root, rc)?;
-        let violations = runtime.check_invariants();
-        if !violations.is_empty() {
-            return Err(DaemonError::Invariants(violations));
-        }
+        let (mut system, report) = System::boot(fs, sc, deps)?;
+        let db_watch = system.db_watch();
         let record = |event| observer.record(clock.now_ms(), event);
-        let agents = ensure_agents(&mut runtime, config.agents, &record)?;
+        let agents = ensure_agents(system.runtime_mut(), config.agents, &record)?;
         let mut core = Core {
-            runtime,
-            db,
-            triggers,
-            gate,
+            system,
             agents,
             stopped: None,
         };
@@ -185,10 +141,10 @@ impl Daemon {
         }
         record(DaemonEvent::Booted {
             boot: config.boot,
-            agents_recovered: report.agents_recovered,
-            messages_reinjected: report.reinjected_count(),
-            leases_reclaimed: stores.reclaimed_triggers.len() + reclaimed_all.len(),
-            intents_settled: stores.activities.len(),
+            agents_recovered: report.runtime.agents_recovered,
+            messages_reinjected: report.runtime.reinjected_count(),
+            leases_reclaimed: report.stores.reclaimed_triggers.len(),
+            intents_settled: report.stores.activities.len(),
         });
         let shared = Arc::new(Shared {
             core: tokio::sync::Mutex::new(core),
@@ -225,24 +181,6 @@ impl Daemon {
     }
 }
 
-/// Create `path`'s directory and fsync every directory on the way up, so
-/// the database file's entry can be made durable (SQLite syncs only the
-/// file's own directory).
-fn durable_parent(fs: &dyn Fs, path: &Path) -> Result<(), DaemonError> {
-    let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) else {
-        return Ok(());
-    };
-    let io = |source| DaemonError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    fs.create_dir_all(dir, "daemon db dir mkdir").map_err(io)?;
-    for d in dir.ancestors().filter(|d| !d.as_os_str().is_empty()) {
-        fs.sync_dir(d, "daemon db dir chain fsync").map_err(io)?;
-    }
-    Ok(())
-}
-
 /// Emit through the trigger store's front door and record it.
 pub(super) fn emit(
     core: &mut Core,
@@ -250,7 +188,8 @@ pub(super) fn emit(
     now: u64,
     record: &dyn Fn(DaemonEvent),
 ) -> Result<(), DaemonError> {
-    let outcome = core.triggers.emit(core.db().conn(), spec, now)?;
+    let system = &core.system;
+    let outcome = system.triggers().emit(system.db().conn(), spec, now)?;
     record(DaemonEvent::TriggerEmitted {
         key: spec.dedup_key.clone().unwrap_or_default(),
         fire_at_ms: spec.fire_at_ms,

@@ -37,7 +37,7 @@ use crate::store::retry::RetryPolicy;
 use crate::store::triggers::TriggerPolicy;
 
 pub use self::core::Daemon;
-pub use tools::{FlakyProvider, LedgerTools};
+pub use tools::FlakyProvider;
 
 /// The daemon's clock: logical milliseconds since `origin`, plus
 /// `origin_ms`. Under madsim `Instant` is simulated time and the supervisor
@@ -49,6 +49,12 @@ pub use tools::{FlakyProvider, LedgerTools};
 pub struct DaemonClock {
     pub origin: tokio::time::Instant,
     pub origin_ms: u64,
+}
+
+impl crate::system::LogicalClock for DaemonClock {
+    fn now_ms(&self) -> u64 {
+        DaemonClock::now_ms(self)
+    }
 }
 
 impl DaemonClock {
@@ -100,9 +106,9 @@ pub struct DaemonConfig {
     /// Boot number: mixed into every task's random stream, so a restarted
     /// daemon does not replay the previous boot's choices.
     pub boot: u32,
-    /// Runtime root (sessions) and the stores' database, on the `Fs`.
+    /// The system's root on the `Fs` (sessions, the stores' database at
+    /// [`crate::system::STORE_DB_FILE`], the lock).
     pub root: PathBuf,
-    pub db_path: PathBuf,
     /// Worker agents (children of one `lead` root).
     pub agents: usize,
     pub slots: usize,
@@ -134,8 +140,7 @@ impl DaemonConfig {
         DaemonConfig {
             seed,
             boot: 0,
-            root: PathBuf::from("/daemon/runtime"),
-            db_path: PathBuf::from("/daemon/stores.db"),
+            root: PathBuf::from("/daemon"),
             agents,
             slots: 3,
             latency_ms: (50, 2_000),
@@ -270,22 +275,14 @@ pub trait DaemonObserver: Send + Sync + std::fmt::Debug {
 /// Boot a new daemon (which recovers) to go on.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    #[error("boot: {0}")]
+    Boot(#[from] crate::system::SystemError),
     #[error("runtime: {0}")]
     Runtime(#[from] crate::runtime::RuntimeError),
     #[error("stores: {0}")]
     Store(#[from] crate::store::StoreError),
     #[error("activity ledger: {0}")]
     Activity(#[from] crate::store::activities::ActivityError),
-    #[error("store recovery: {0}")]
-    StoreRecovery(#[from] crate::recovery::StoreRecoveryError),
-    #[error("cannot create the database directory {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("after recovery the runtime breaks its invariants: {0:?}")]
-    Invariants(Vec<String>),
     #[error("the daemon stopped after an earlier failure: {0}; boot again to recover")]
     Stopped(String),
 }

@@ -21,6 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::runtime::RuntimeError;
+use crate::system::SystemError;
 use crate::store::activities::{ActivityOutcome, IrreversibleCall};
 use crate::store::triggers::{Trigger, TriggerSource, TriggerSpec, TriggerStatus};
 
@@ -58,7 +59,8 @@ fn step(
     emitted: &mut BTreeSet<String>,
 ) -> Result<u64, DaemonError> {
     let now = sh.now();
-    let reclaimed = core.triggers.reclaim_expired(core.db().conn(), now)?;
+    let system = &core.system;
+    let reclaimed = system.triggers().reclaim_expired(system.db().conn(), now)?;
     if !reclaimed.is_empty() {
         sh.record(DaemonEvent::LeasesReclaimed { ids: reclaimed });
     }
@@ -81,7 +83,10 @@ fn step(
             emit(core, &spec, now, &|ev| sh.record(ev))?;
         }
     }
-    while let Some(trigger) = core.triggers.claim(core.db().conn(), now, sh.config.lease_ms)? {
+    loop {
+        let system = &core.system;
+        let claimed = system.triggers().claim(system.db().conn(), now, sh.config.lease_ms)?;
+        let Some(trigger) = claimed else { break };
         sh.record(DaemonEvent::TriggerClaimed {
             key: key_of(&trigger),
             attempt: trigger.attempts,
@@ -91,7 +96,8 @@ fn step(
         let fail = rng.random_bool(sh.config.trigger_failure.clamp(0.0, 1.0));
         tokio::spawn(handle(sh.clone(), trigger, latency, fail));
     }
-    for t in core.triggers.pending(core.db().conn(), now)? {
+    let system = &core.system;
+    for t in system.triggers().pending(system.db().conn(), now)? {
         let due = t.fire_at_ms.max(t.not_before_ms.unwrap_or(0));
         next = next.min(due);
     }
@@ -140,7 +146,7 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         "fire",
         json!({ "key": key, "fire_at_ms": trigger.fire_at_ms }),
     );
-    let outcome = core.gate.execute(&call, now)?;
+    let outcome = core.system.gate().execute(&call, now)?;
     let (from_ledger, needs_confirmation) = match outcome {
         ActivityOutcome::Done { from_ledger, .. } => (from_ledger, false),
         ActivityOutcome::NeedsConfirmation { .. } => (false, true),
@@ -162,14 +168,15 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         trigger.description,
         note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
     );
-    match core.runtime.run_turn(&id, &prompt) {
+    // The turn and the ack: exactly-once for the turn's effects across any
+    // crash and re-claim (see `System::fire`).
+    match core.system.fire(trigger, &id, &prompt) {
         Ok(_) => {}
-        Err(e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. })) => {
-            return retry_later(sh, core, trigger, &e.to_string())
-        }
+        Err(SystemError::Runtime(
+            e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. }),
+        )) => return retry_later(sh, core, trigger, &e.to_string()),
         Err(e) => return Err(e.into()),
     }
-    core.triggers.ack_done(core.db().conn(), &trigger.id, sh.now())?;
     sh.record(DaemonEvent::TriggerFired {
         key,
         overdue_note: note.is_some(),
@@ -179,13 +186,14 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
     Ok(())
 }
 
-/// Whether `trigger` is still CLAIMED by this claim with a live lease. The
-/// store's acks check only the status, not which claim holds it, so a
-/// handler whose lease expired must not act (the daemon's core lock makes
-/// this check and the acks below one step).
+/// Whether `trigger` is still CLAIMED by this claim with a live lease: a
+/// handler whose lease expired must not start the work (the acks would be
+/// refused anyway, as they prove the claim; this keeps the turn from
+/// running for a claim that lost its lease).
 fn still_claimed(sh: &Shared, core: &Core, trigger: &Trigger) -> Result<bool, DaemonError> {
     let now = sh.now();
-    let row = core.triggers.get(core.db().conn(), &trigger.id, now)?;
+    let system = &core.system;
+    let row = system.triggers().get(system.db().conn(), &trigger.id, now)?;
     Ok(row.is_some_and(|r| {
         r.status == TriggerStatus::Claimed
             && r.attempts == trigger.attempts
@@ -194,9 +202,10 @@ fn still_claimed(sh: &Shared, core: &Core, trigger: &Trigger) -> Result<bool, Da
 }
 
 fn retry_later(sh: &Shared, core: &mut Core, trigger: &Trigger, error: &str) -> Result<(), DaemonError> {
-    let status = core
-        .triggers
-        .ack_failed(core.db().conn(), &trigger.id, sh.now(), error, true)?;
+    let system = &core.system;
+    let status = system
+        .triggers()
+        .ack_failed(system.db().conn(), trigger, sh.now(), error, true)?;
     sh.record(DaemonEvent::TriggerFailed {
         key: key_of(trigger),
         attempt: trigger.attempts,

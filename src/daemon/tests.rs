@@ -42,7 +42,7 @@ fn daemon_runs_turns_messages_and_a_one_time_trigger_on_real_tokio() {
     rt.block_on(async {
         let daemon = Daemon::boot(
             Arc::new(fs.clone()),
-            world.clone(),
+            Arc::new(world.clone()),
             config,
             DaemonClock::starting_at(0),
             events.clone(),

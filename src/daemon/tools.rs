@@ -1,27 +1,16 @@
-//! The daemon's provider and tool executor.
+//! The daemon's simulated provider: [`FlakyProvider`], the deterministic
+//! fake LLM, failing a seeded share of completions (a timeout, a 5xx): the
+//! turn is abandoned and retried.
 //!
-//! - [`FlakyProvider`]: the deterministic fake LLM, failing a seeded share
-//!   of completions (a timeout, a 5xx): the turn is abandoned and retried.
-//! - [`LedgerTools`]: irreversible tools go through the activity ledger
-//!   (INTENT committed before the side effect, the runtime's stable call id
-//!   as idempotency key), pure tools answer directly.
-//!
-//! Invariant: an irreversible side effect reaches the world only through
-//! [`ActivityGate::execute`], so it happens at most once per
-//! key whatever crashes in between.
+//! Invariant: whether a completion fails is a function of the seed, the
+//! boot and the call order only.
 
 use std::sync::Mutex;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::runtime::{
-    FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, ToolContext, ToolError,
-    ToolExecutor, ToolOutput, ToolRequest,
-};
-use crate::store::activities::{ActivityGate, ActivityOutcome, IrreversibleCall};
-
-use super::DaemonClock;
+use crate::runtime::{FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest};
 
 /// The fake provider, failing each completion with probability `failure`.
 #[derive(Debug)]
@@ -61,45 +50,5 @@ impl Provider for FlakyProvider {
             return Err(ProviderError("simulated provider timeout".into()));
         }
         self.inner.complete(request)
-    }
-}
-
-/// Tool executor: irreversible tools through the activity ledger's gate
-/// (its own connection to the daemon's database), against the world.
-#[derive(Debug, Clone)]
-pub struct LedgerTools {
-    pub gate: ActivityGate,
-    pub clock: DaemonClock,
-}
-
-impl ToolExecutor for LedgerTools {
-    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
-        if !call.irreversible {
-            return PureTools.execute(ctx, call);
-        }
-        let request = IrreversibleCall::with_key(
-            ctx.idempotency_key,
-            ctx.agent.as_str(),
-            &call.tool,
-            call.args.clone(),
-        );
-        let outcome = self
-            .gate
-            .execute(&request, self.clock.now_ms())
-            .map_err(|e| ToolError(format!("{} {}: {e}", call.tool, ctx.idempotency_key)))?;
-        Ok(match outcome {
-            ActivityOutcome::Done { provider_ref, .. } => ToolOutput {
-                ok: true,
-                output: format!("done {provider_ref}"),
-            },
-            ActivityOutcome::Failed { error, .. } => ToolOutput {
-                ok: false,
-                output: format!("failed: {error}"),
-            },
-            ActivityOutcome::NeedsConfirmation { idem_key } => ToolOutput {
-                ok: false,
-                output: format!("{idem_key} needs confirmation by a human"),
-            },
-        })
     }
 }

@@ -17,6 +17,7 @@
 //! - Errors are `std::io::Error` with the usual kinds (`NotFound`,
 //!   `AlreadyExists`, `StorageFull` for ENOSPC, `Other` for EIO).
 
+mod lock;
 mod real;
 pub mod sim;
 
@@ -24,6 +25,7 @@ use std::fmt;
 use std::io;
 use std::path::Path;
 
+pub use lock::{lock_held, FsLock};
 pub use real::RealFs;
 pub use sim::{CrashImage, CrashMode, DirModel, Fault, SimConfig, SimFs, SimSnapshot, TraceEntry};
 
@@ -88,4 +90,16 @@ pub trait Fs: Send + Sync + fmt::Debug {
 
     /// Whether a file or directory exists at `path`.
     fn exists(&self, path: &Path, label: &str) -> io::Result<bool>;
+
+    /// Take an exclusive lock on `path` for as long as the returned guard
+    /// lives; fails at once (`WouldBlock`, see [`lock_held`]) if another
+    /// holder has it. Process state, not data: see [`FsLock`]. The default
+    /// refuses, so a wrapper that forgets to forward it cannot pretend to
+    /// lock.
+    fn lock_exclusive(&self, path: &Path, label: &str) -> io::Result<FsLock> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{label}: {}: this Fs cannot lock", path.display()),
+        ))
+    }
 }

@@ -15,7 +15,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::{Fs, OpenMode};
+use super::{lock_held, Fs, FsLock, OpenMode};
 
 /// The real filesystem. Paths are used as given (absolute, or relative to
 /// the process's working directory).
@@ -153,5 +153,22 @@ impl Fs for RealFs {
 
     fn exists(&self, path: &Path, label: &str) -> io::Result<bool> {
         ctx(path.try_exists(), label, path)
+    }
+
+    fn lock_exclusive(&self, path: &Path, label: &str) -> io::Result<FsLock> {
+        // flock(2) via std: held per open file description, so a second
+        // open in this process conflicts too, and the kernel releases it
+        // when the process dies (kill -9 included). The file's content is
+        // never read.
+        let file = ctx(
+            OpenOptions::new().create(true).truncate(false).write(true).open(path),
+            label,
+            path,
+        )?;
+        match file.try_lock() {
+            Ok(()) => Ok(FsLock::new(path, Box::new(file))),
+            Err(std::fs::TryLockError::WouldBlock) => Err(lock_held(path, label)),
+            Err(std::fs::TryLockError::Error(e)) => ctx(Err(e), label, path),
+        }
     }
 }

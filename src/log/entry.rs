@@ -33,7 +33,15 @@ pub enum Event {
     AgentTerminated { agent_id: AgentId },
     /// A turn began with this prompt.
     #[serde(rename = "turn.start")]
-    TurnStart { prompt: String },
+    TurnStart {
+        prompt: String,
+        /// The unit of work the turn performs when it is not the agent's
+        /// own (e.g. `trigger:{dedup_key}`): stable across crashes and
+        /// re-claims, so the turn's idempotency keys derive from it and a
+        /// completed one is never run again. Absent on older entries.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        work: Option<String>,
+    },
     /// The provider asked for a tool inside the open turn.
     #[serde(rename = "tool.call")]
     ToolCall {
@@ -215,7 +223,10 @@ mod tests {
             Event::AgentTerminated {
                 agent_id: AgentId::from_hex(A1).unwrap(),
             },
-            Event::TurnStart { prompt: "p".into() },
+            Event::TurnStart {
+                prompt: "p".into(),
+                work: None,
+            },
             Event::ToolCall {
                 call_id: "c".into(),
                 tool: "t".into(),

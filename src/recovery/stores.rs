@@ -5,7 +5,9 @@
 //!
 //! Invariant: afterwards no activity is left in INTENT without a decision
 //! (retried with its key where the provider dedups, else
-//! `needs_confirmation`), and no trigger is CLAIMED with an expired lease.
+//! `needs_confirmation`), and no trigger is CLAIMED: the caller holds the
+//! root's exclusive lock ([`crate::system::System::boot`]), so every lease
+//! found belongs to a process that died, expired or not.
 //! Both steps are idempotent, so a crash during them is recovered by
 //! running them again.
 
@@ -23,7 +25,7 @@ use crate::store::StoreError;
 pub struct StoreRecovery {
     /// Decisions taken on INTENT rows, in ledger order.
     pub activities: Vec<String>,
-    /// Triggers whose expired lease was reclaimed (CLAIMED → PENDING/DEAD).
+    /// Triggers whose lease was reclaimed (CLAIMED → PENDING/DEAD).
     pub reclaimed_triggers: Vec<String>,
 }
 
@@ -37,9 +39,9 @@ pub enum StoreRecoveryError {
     Triggers(#[from] StoreError),
 }
 
-/// Recover the activity ledger through `gate`, then reclaim expired trigger
-/// leases on `db` (the trigger store's connection, possibly the gate's
-/// own), at logical time `now_ms`.
+/// Recover the activity ledger through `gate`, then reclaim every trigger
+/// lease on `db` (the trigger store's connection, possibly the gate's
+/// own), at logical time `now_ms`. Only the root lock's holder may call it.
 pub fn recover_stores(
     gate: &ActivityGate,
     triggers: &TriggerStore,
@@ -53,7 +55,7 @@ pub fn recover_stores(
         .collect();
     // Locked only now: `db` may be the gate's own connection.
     let db = db.lock().unwrap_or_else(|e| e.into_inner());
-    let reclaimed_triggers = triggers.reclaim_expired(db.conn(), now_ms)?;
+    let reclaimed_triggers = triggers.reclaim_orphaned(db.conn(), now_ms)?;
     Ok(StoreRecovery {
         activities,
         reclaimed_triggers,

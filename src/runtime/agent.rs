@@ -23,4 +23,6 @@ pub(crate) struct AgentSlot {
     /// Completed turns only.
     pub conversation: Vec<ConversationItem>,
     pub delivered: BTreeSet<MessageId>,
+    /// Work ids (`turn.start`'s `work`) whose turn completed.
+    pub done_work: BTreeSet<String>,
 }

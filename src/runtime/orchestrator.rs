@@ -165,6 +165,7 @@ impl Runtime {
                 log,
                 conversation: Vec::new(),
                 delivered: Default::default(),
+                done_work: Default::default(),
             },
         );
         self.lru.push(id.clone());

@@ -44,6 +44,19 @@ pub fn idempotency_key(
     )
 }
 
+/// The idempotency key of the `index`-th call of round `round` in the turn
+/// performing `work` (see [`super::Runtime::run_work_turn`]): independent
+/// of the session's turn count, so a trigger re-claimed after a crash —
+/// whose turn may now be the agent's n-th instead of its m-th — presents
+/// the same keys for the same calls.
+pub fn work_idempotency_key(work: &str, round: u32, index: usize, call: &ToolRequest) -> String {
+    let content = format!("{}\n{}", call.tool, call.args);
+    format!(
+        "{work}-r{round}-c{index}-{:016x}",
+        super::ids::fnv1a(content.as_bytes())
+    )
+}
+
 /// A tool's result (a failed tool is a normal result with `ok: false`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolOutput {

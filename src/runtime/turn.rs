@@ -5,6 +5,8 @@
 //! `turn.complete` is not durable is dropped on rebuild (the in-flight turn
 //! is lost, as documented), so memory and the rebuilt log always agree.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -12,7 +14,7 @@ use crate::log::{Event, LogEntry};
 
 use super::ids::AgentId;
 use super::provider::{ProviderRequest, ToolRequest};
-use super::tools::{idempotency_key, ToolContext, ToolOutput};
+use super::tools::{idempotency_key, work_idempotency_key, ToolContext, ToolOutput};
 use super::{Runtime, RuntimeError};
 
 /// One item of an agent's conversation, in order.
@@ -52,7 +54,7 @@ pub fn conversation_from_log(entries: &[LogEntry]) -> Vec<ConversationItem> {
     let mut open: Option<Vec<ConversationItem>> = None;
     for entry in entries {
         match &entry.event {
-            Event::TurnStart { prompt } => {
+            Event::TurnStart { prompt, .. } => {
                 open = Some(vec![ConversationItem::Prompt { text: prompt.clone() }]);
             }
             Event::ToolCall {
@@ -93,22 +95,77 @@ pub fn conversation_from_log(entries: &[LogEntry]) -> Vec<ConversationItem> {
     done
 }
 
+/// The work ids whose turn completed in `entries` (a `turn.start` with
+/// `work`, then its `turn.complete`).
+pub fn done_work_from_log(entries: &[LogEntry]) -> BTreeSet<String> {
+    let mut done = BTreeSet::new();
+    let mut open: Option<Option<&String>> = None;
+    for entry in entries {
+        match &entry.event {
+            Event::TurnStart { work, .. } => open = Some(work.as_ref()),
+            Event::TurnComplete { .. } => {
+                if let Some(Some(work)) = open.take() {
+                    done.insert(work.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    done
+}
+
+/// What [`Runtime::run_work_turn`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkTurn {
+    /// The turn ran now and completed.
+    Ran(TurnOutcome),
+    /// A turn for this work had already completed (before a crash, or in
+    /// an earlier claim): nothing ran, nothing was sent.
+    AlreadyDone,
+}
+
 impl Runtime {
     /// Run one turn of `agent` with `prompt` (restoring its session if
     /// suspended). Acknowledged once `turn.complete` is durable.
     pub fn run_turn(&mut self, agent: &AgentId, prompt: &str) -> Result<TurnOutcome, RuntimeError> {
         self.live()?;
         self.slot(agent)?;
-        let r = self.run_turn_inner(agent, prompt);
+        let r = self.run_turn_inner(agent, prompt, None);
         self.poison_on(r)
     }
 
-    fn run_turn_inner(&mut self, agent: &AgentId, prompt: &str) -> Result<TurnOutcome, RuntimeError> {
+    /// Run the turn that performs `work` (e.g. `trigger:{dedup_key}`) for
+    /// `agent`, exactly once: if a turn for `work` already completed
+    /// durably, nothing runs. The turn's idempotency keys derive from
+    /// `work` ([`work_idempotency_key`]), not from the turn number, so a
+    /// turn re-run after a crash (same work, same calls) presents the same
+    /// keys to the activity ledger whatever else the agent did meanwhile.
+    pub fn run_work_turn(&mut self, agent: &AgentId, prompt: &str, work: &str) -> Result<WorkTurn, RuntimeError> {
+        self.live()?;
+        if self.work_done(agent, work)? {
+            return Ok(WorkTurn::AlreadyDone);
+        }
+        let r = self.run_turn_inner(agent, prompt, Some(work));
+        self.poison_on(r).map(WorkTurn::Ran)
+    }
+
+    /// Whether a turn performing `work` completed durably for `agent`.
+    pub fn work_done(&self, agent: &AgentId, work: &str) -> Result<bool, RuntimeError> {
+        Ok(self.slot(agent)?.done_work.contains(work))
+    }
+
+    fn run_turn_inner(
+        &mut self,
+        agent: &AgentId,
+        prompt: &str,
+        work: Option<&str>,
+    ) -> Result<TurnOutcome, RuntimeError> {
         self.acquire(agent)?;
         self.log_to(
             agent,
             Event::TurnStart {
                 prompt: prompt.to_string(),
+                work: work.map(str::to_string),
             },
         )?;
         let mut working = self.slot(agent)?.conversation.clone();
@@ -159,7 +216,10 @@ impl Runtime {
                         irreversible: call.irreversible,
                     },
                 )?;
-                let key = idempotency_key(&session, turn_no, round, index, &call);
+                let key = match work {
+                    Some(work) => work_idempotency_key(work, round, index, &call),
+                    None => idempotency_key(&session, turn_no, round, index, &call),
+                };
                 let ctx = ToolContext {
                     agent,
                     session: &session,
@@ -203,7 +263,11 @@ impl Runtime {
         working.push(ConversationItem::Response {
             text: response.clone(),
         });
-        self.slot_mut(agent)?.conversation = working;
+        let slot = self.slot_mut(agent)?;
+        slot.conversation = working;
+        if let Some(work) = work {
+            slot.done_work.insert(work.to_string());
+        }
         Ok(TurnOutcome { response, tool_calls })
     }
 }

@@ -283,6 +283,29 @@ impl CheckpointStore {
         })
     }
 
+    /// Boot: resume every run that has a checkpoint (in run id order),
+    /// rolling back each one's partial round. Returns each run's resume.
+    pub fn resume_all(&self, conn: &Connection) -> Result<Vec<(String, Resume)>, StoreError> {
+        let runs = {
+            let mut stmt = conn
+                .prepare("SELECT DISTINCT run_id FROM loop_checkpoints ORDER BY run_id")
+                .map_err(sql("checkpoint runs"))?;
+            let rows = stmt
+                .query_map([], |r| r.get::<_, String>(0))
+                .map_err(sql("checkpoint runs"))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(sql("checkpoint runs"))?
+        };
+        let mut out = Vec::with_capacity(runs.len());
+        for run in runs {
+            let Some(cp) = self.latest_checkpoint(conn, &run)? else {
+                continue;
+            };
+            let resume = self.resume(conn, &run, &cp.session_id)?;
+            out.push((run, resume));
+        }
+        Ok(out)
+    }
+
     /// Delete the session's messages past `last_msg_id`; returns how many.
     pub fn rollback_to(
         &self,

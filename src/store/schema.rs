@@ -65,6 +65,18 @@ pub enum StoreError {
         expected: &'static str,
         actual: String,
     },
+    /// A trigger ack from a claim that no longer holds the lease.
+    #[error(
+        "trigger {id}: {op} by attempt {attempt} refused: the row is {status} at attempt {attempts} \
+         (the lease was reclaimed; the newer claim owns the trigger)"
+    )]
+    LeaseLost {
+        id: String,
+        op: &'static str,
+        attempt: u32,
+        status: String,
+        attempts: u32,
+    },
     /// The row does not exist.
     #[error("{table} row {id} not found")]
     NotFound { table: &'static str, id: String },

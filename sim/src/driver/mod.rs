@@ -2,38 +2,34 @@
 //! (`durable_agent::runtime::Runtime`) over [`SimFs`], restarts it after a
 //! crash, and projects its observable state onto the model's [`State`].
 //!
-//! The system under test is what a daemon runs on one disk: the runtime,
-//! the stores' SQLite database (triggers, activity ledger) and the external
-//! world. [`Driver::open`] is the daemon's boot: the one recovery procedure
-//! (`recovery::recover_stores`, then the runtime's recovery in
-//! `Runtime::open`), plus the checkpointed loop's resume.
+//! The system under test is the product's one composition,
+//! [`System::boot`] — the runtime, the stores' SQLite database (triggers,
+//! activity ledger, checkpoints) and the external world — booted exactly
+//! as the daemon boots it, with the harness's stand-ins as its provider,
+//! reversible tools, outbox and clock.
 //!
 //! Invariant: the driver only translates. It never repairs, retries or
 //! interprets the runtime's behaviour; the external world (the outbox) and
 //! the id↔name maps live here because they outlive every crash.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
-use durable_agent::fs::{CrashMode, Fault, Fs, SimConfig, SimFs, SimSnapshot};
-use durable_agent::recovery::recover_stores;
-use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeConfig};
-use durable_agent::sqlite::{Db, SqliteOptions};
-use durable_agent::store::activities::{ActivityGate, ActivityStore};
-use durable_agent::store::checkpoints::CheckpointStore;
-use durable_agent::store::schema::open_store;
-use durable_agent::store::triggers::{TriggerPolicy, TriggerSource, TriggerSpec, TriggerStore};
+use durable_agent::fs::{CrashMode, Fault, SimConfig, SimFs, SimSnapshot};
+use durable_agent::runtime::{AgentId, MessageId, Runtime};
+use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
+use durable_agent::system::{Deps, System, SystemConfig};
 use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
 mod project;
 
-use crate::standins::{ScriptedOutbox, ScriptedProvider, SimTools};
+use project::checkpoint;
 
-/// The stores' database.
+use crate::standins::{ScriptedOutbox, ScriptedProvider, SimTools, SteppedClock};
+
+/// The stores' database (the system's layout: `store.db` in the root).
 pub const STORE_DB: &str = "/da/store.db";
 /// Logical ms between two ops, and from a crash to the reboot: longer than
 /// any trigger lease or backoff, so every op sees all triggers due and
@@ -93,14 +89,14 @@ pub fn installed_disk(canaries: &Canaries) -> Result<Arc<SimSnapshot>, String> {
 pub struct Driver {
     pub fs: SimFs,
     pub world: World,
-    config: RuntimeConfig,
+    canaries: Canaries,
     tools: SimTools,
-    triggers: TriggerStore,
-    activities: ActivityStore,
-    checkpoints: CheckpointStore,
+    clock: SteppedClock,
     seed: u64,
-    rt: Option<Runtime>,
-    db: Option<Arc<Mutex<Db>>>,
+    system: Option<System>,
+    /// Triggers claimed since the last boot, by dedup key: an ack presents
+    /// its claim (the store checks it still holds the lease).
+    claims: BTreeMap<String, Trigger>,
     /// Every agent ever seen, so messages from terminated senders resolve.
     names: BTreeMap<AgentId, String>,
     msgs: BTreeMap<MessageId, Msg>,
@@ -119,16 +115,6 @@ pub struct Names {
     msgs: BTreeMap<MessageId, Msg>,
 }
 
-/// A panic mid-call leaves no half-applied SQL (each store step is its
-/// own transaction), so a poisoned lock is still usable.
-fn lock(db: &Mutex<Db>) -> MutexGuard<'_, Db> {
-    db.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn err(what: &str) -> impl FnOnce(String) -> String + '_ {
-    move |e| format!("{what}: {e}")
-}
-
 impl Driver {
     /// A fresh disk; nothing is open yet (see [`Driver::open`]).
     pub fn new(seed: u64, canaries: Canaries) -> Driver {
@@ -142,25 +128,15 @@ impl Driver {
     }
 
     fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
-        let world = World::without_dedup();
-        let tools = SimTools {
-            world: world.clone(),
-            ..SimTools::default()
-        };
-        let mut config = RuntimeConfig::new(seed).with_canaries(canaries.clone());
-        config.provider = Arc::new(ScriptedProvider);
-        config.tools = Arc::new(tools.clone());
         Driver {
             fs,
-            world,
-            config,
-            tools,
-            triggers: TriggerStore::new(TriggerPolicy::default(), canaries.clone()),
-            activities: ActivityStore::new(canaries.clone()),
-            checkpoints: CheckpointStore::new(canaries),
+            world: World::without_dedup(),
+            canaries,
+            tools: SimTools,
+            clock: SteppedClock::default(),
             seed,
-            rt: None,
-            db: None,
+            system: None,
+            claims: BTreeMap::new(),
             names: BTreeMap::new(),
             msgs: BTreeMap::new(),
             store_cache: None,
@@ -185,10 +161,8 @@ impl Driver {
             let sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
             sent_at.iter().copied().take_while(|p| *p < point).collect()
         };
-        let mut driver = Driver::with_fs(self.seed, self.config.canaries.clone(), fs);
+        let mut driver = Driver::with_fs(self.seed, self.canaries.clone(), fs);
         driver.world = self.world.fork_prefix(sent.len());
-        driver.tools.world = driver.world.clone();
-        driver.config.tools = Arc::new(driver.tools.clone());
         driver.sent_at = Arc::new(Mutex::new(sent));
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
@@ -198,71 +172,55 @@ impl Driver {
 
     /// The logical time of op number `step` (ms).
     pub fn set_step(&self, step: u64) {
-        self.tools.now_ms.store(step * OP_MS, Ordering::SeqCst);
+        self.clock.set(step * OP_MS);
     }
 
     fn now(&self) -> u64 {
-        self.tools.now_ms.load(Ordering::SeqCst)
+        self.clock.get()
     }
 
-    /// Boot: the stores (ledger recovery, lease reclaim), then the runtime
-    /// (its recovery). Any error leaves the driver closed.
+    /// Boot the system ([`System::boot`]), at the op's time plus
+    /// [`BOOT_MS`]; then start the checkpointed loop's run if it has no
+    /// checkpoint yet (a fresh install). Any error leaves the driver closed.
     pub fn open(&mut self) -> Result<(), String> {
         self.close();
-        let now = self.now() + BOOT_MS;
-        let fs: Arc<dyn Fs> = Arc::new(self.fs.clone());
-        fs.create_dir_all(Path::new(ROOT), "daemon root mkdir")
-            .map_err(|e| format!("mkdir {ROOT}: {e}"))?;
-        fs.sync_dir(Path::new("/"), "daemon root parent fsync")
-            .map_err(|e| format!("fsync /: {e}"))?;
-        let opts = SqliteOptions {
-            seed: self.seed,
-            ..SqliteOptions::default()
-        };
-        // One connection serves the ledger gate, the trigger store and the
-        // loop, under one lock (as a single-threaded daemon would run it):
-        // one schema read per boot instead of two. The concurrent daemon
-        // (`src/daemon`) keeps two connections; its crashes mid-I/O,
-        // second connection included, are the madsim simulation's
-        // (`crate::madsim_sim`), not this driver's.
-        let db = open_store(fs.clone(), Path::new(STORE_DB), &opts)
-            .map_err(|e| err("open the stores")(e.to_string()))?;
-        let db = Arc::new(Mutex::new(db));
-        let gate = ActivityGate::shared(
-            db.clone(),
-            Arc::new(ScriptedOutbox {
+        let mut config = SystemConfig::new(ROOT, self.seed);
+        config.canaries = self.canaries.clone();
+        let deps = Deps {
+            provider: Arc::new(ScriptedProvider),
+            tools: Arc::new(self.tools),
+            outbox: Arc::new(ScriptedOutbox {
                 world: self.world.clone(),
                 fs: self.fs.clone(),
                 sent_at: self.sent_at.clone(),
             }),
-            self.activities.clone(),
-        );
-        recover_stores(&gate, &self.triggers, &db, now).map_err(|e| err("store recovery")(e.to_string()))?;
+            clock: Arc::new(self.clock.clone()),
+        };
+        // The boot runs at boot time; ops after it at their own step.
+        let step_ms = self.now();
+        self.clock.set(step_ms + BOOT_MS);
+        let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
+        self.clock.set(step_ms);
+        let (system, _report) = booted.map_err(|e| format!("boot: {e}"))?;
+        let now = step_ms + BOOT_MS;
         {
-            // The loop resumes from its last checkpoint (rolling back a
-            // partial round); a fresh loop starts with an empty checkpoint.
-            let db = lock(&db);
-            let resumed = self
-                .checkpoints
-                .resume(db.conn(), LOOP_RUN, LOOP_SESSION)
-                .map_err(|e| err("loop resume")(e.to_string()))?;
-            if resumed.checkpoint.is_none() {
-                self.checkpoint(&db, 0, now)?;
+            let db = system.db();
+            let started = system
+                .checkpoints()
+                .latest_checkpoint(db.conn(), LOOP_RUN)
+                .map_err(|e| format!("loop start: {e}"))?;
+            if started.is_none() {
+                checkpoint(system.checkpoints(), &db, 0, now)?;
             }
         }
-        *self.tools.gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(gate);
-        let (rt, _report) = Runtime::open(fs, Path::new(ROOT), self.config.clone())
-            .map_err(|e| err("runtime recovery")(e.to_string()))?;
-        self.db = Some(db);
-        self.rt = Some(rt);
+        self.system = Some(system);
         Ok(())
     }
 
     fn close(&mut self) {
         self.store_cache = None;
-        self.rt = None;
-        self.db = None;
-        *self.tools.gate.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.claims.clear();
+        self.system = None;
     }
 
     /// kill -9: nothing after this instant reaches the disk (not even
@@ -291,43 +249,28 @@ impl Driver {
         hit
     }
 
-    fn rt(&mut self) -> Result<&mut Runtime, String> {
-        self.rt
-            .as_mut()
-            .ok_or_else(|| "harness: runtime not open".to_string())
+    fn system(&self) -> Result<&System, String> {
+        self.system
+            .as_ref()
+            .ok_or_else(|| "harness: system not open".to_string())
     }
 
-    /// The stores' connection (shared with the ledger gate: never hold it
-    /// across a runtime call, which may go through the gate).
-    fn db(&self) -> Result<MutexGuard<'_, Db>, String> {
-        self.db
-            .as_ref()
-            .map(|db| lock(db))
-            .ok_or_else(|| "harness: store not open".to_string())
+    fn rt(&mut self) -> Result<&mut Runtime, String> {
+        self.system
+            .as_mut()
+            .map(System::runtime_mut)
+            .ok_or_else(|| "harness: system not open".to_string())
     }
 
     fn id(&self, name: &str) -> Result<AgentId, String> {
-        let rt = self
-            .rt
-            .as_ref()
-            .ok_or_else(|| "harness: runtime not open".to_string())?;
-        rt.tree()
+        self.system()?
+            .runtime()
+            .tree()
             .nodes()
             .iter()
             .find(|(_, v)| v.name == name)
             .map(|(id, _)| id.clone())
             .ok_or_else(|| format!("harness: no live agent named {name}"))
-    }
-
-    fn trigger_id(&self, key: &str) -> Result<String, String> {
-        let all = self
-            .triggers
-            .all(self.db()?.conn(), self.now())
-            .map_err(|e| e.to_string())?;
-        all.into_iter()
-            .find(|t| t.dedup_key.as_deref() == Some(key))
-            .map(|t| t.id)
-            .ok_or_else(|| format!("no trigger with dedup key {key}"))
     }
 
     /// Run one action on the system.
@@ -396,32 +339,46 @@ impl Driver {
                     description: format!("trigger {key}"),
                     payload: serde_json::json!({ "key": key }),
                 };
-                self.triggers
-                    .emit(self.db()?.conn(), &spec, now)
+                let system = self.system()?;
+                system
+                    .triggers()
+                    .emit(system.db().conn(), &spec, now)
                     .map_err(|e| e.to_string())?;
             }
             Action::Claim { key } => {
-                let got = self
-                    .triggers
-                    .claim(self.db()?.conn(), now, LEASE_MS)
+                let system = self.system()?;
+                let got = system
+                    .triggers()
+                    .claim(system.db().conn(), now, LEASE_MS)
                     .map_err(|e| e.to_string())?;
                 let got_key = got.as_ref().and_then(|t| t.dedup_key.clone());
-                if got_key.as_deref() != Some(key.as_str()) {
-                    return Err(format!(
-                        "claim handed out {got_key:?}, the model expected {key:?}"
-                    ));
+                match got {
+                    Some(claim) if got_key.as_deref() == Some(key.as_str()) => {
+                        self.claims.insert(key.clone(), claim);
+                    }
+                    _ => {
+                        return Err(format!(
+                            "claim handed out {got_key:?}, the model expected {key:?}"
+                        ))
+                    }
                 }
             }
             Action::LoopRound { round, tools } => self.loop_round(*round, *tools, now)?,
             Action::Ack { key, ok } => {
-                let id = self.trigger_id(key)?;
-                let db = self.db()?;
+                let claim = self
+                    .claims
+                    .get(key)
+                    .cloned()
+                    .ok_or_else(|| format!("harness: no claim of {key} since the last boot"))?;
+                let system = self.system()?;
+                let db = system.db();
                 let conn = db.conn();
                 let r = if *ok {
-                    self.triggers.ack_done(conn, &id, now)
+                    system.triggers().ack_done(conn, &claim, now)
                 } else {
-                    self.triggers
-                        .ack_failed(conn, &id, now, "tool failed", true)
+                    system
+                        .triggers()
+                        .ack_failed(conn, &claim, now, "tool failed", true)
                         .map(|_| ())
                 };
                 r.map_err(|e| e.to_string())?;

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use durable_agent::runtime::{AgentId, ConversationItem};
 use durable_agent::sqlite::Db;
-use durable_agent::store::checkpoints::{CheckpointInput, Message, TokenUsage};
+use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
+use durable_agent::system::System;
 use durable_agent::store::session::SessionState;
 use durable_agent::store::triggers::TriggerStatus as StoreStatus;
 
@@ -18,44 +19,49 @@ use super::{Driver, LOOP_RUN, LOOP_SESSION};
 use crate::model::{round_messages, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
 use crate::op::ToolStep;
 
-impl Driver {
-    pub(super) fn checkpoint(&self, db: &Db, round: u64, now: u64) -> Result<(), String> {
-        let input = CheckpointInput {
-            run_id: LOOP_RUN.into(),
-            session_id: LOOP_SESSION.into(),
-            turn: round,
-            total_usage: TokenUsage::default(),
-            tool_calls_count: 0,
-        };
-        self.checkpoints
-            .write_checkpoint(db.conn(), &input, now)
-            .map(drop)
-            .map_err(|e| format!("loop checkpoint: {e}"))
-    }
+/// The loop's checkpoint after round `round`.
+pub(super) fn checkpoint(checkpoints: &CheckpointStore, db: &Db, round: u64, now: u64) -> Result<(), String> {
+    let input = CheckpointInput {
+        run_id: LOOP_RUN.into(),
+        session_id: LOOP_SESSION.into(),
+        turn: round,
+        total_usage: TokenUsage::default(),
+        tool_calls_count: 0,
+    };
+    checkpoints
+        .write_checkpoint(db.conn(), &input, now)
+        .map(drop)
+        .map_err(|e| format!("loop checkpoint: {e}"))
+}
 
+impl Driver {
     pub(super) fn loop_round(&self, round: u64, tools: u8, now: u64) -> Result<(), String> {
-        let db = self.db()?;
+        let system = self.system()?;
+        let db = system.db();
         for (i, content) in round_messages(round, tools).iter().enumerate() {
             let role = if i == 0 { "assistant" } else { "tool" };
-            self.checkpoints
+            system
+                .checkpoints()
                 .append_message(db.conn(), LOOP_SESSION, round, &Message::new(role, content), now)
                 .map_err(|e| format!("loop message: {e}"))?;
         }
-        self.checkpoint(&db, round, now)
+        checkpoint(system.checkpoints(), &db, round, now)
     }
 
     fn loop_messages(&self) -> Result<Vec<String>, String> {
-        let msgs = self
-            .checkpoints
-            .messages_up_to(self.db()?.conn(), LOOP_SESSION, i64::MAX)
+        let system = self.system()?;
+        let msgs = system
+            .checkpoints()
+            .messages_up_to(system.db().conn(), LOOP_SESSION, i64::MAX)
             .map_err(|e| e.to_string())?;
         Ok(msgs.into_iter().map(|m| m.message.content).collect())
     }
 
     fn trigger_rows(&self) -> Result<Vec<TriggerRow>, String> {
-        let all = self
-            .triggers
-            .all(self.db()?.conn(), self.now())
+        let system = self.system()?;
+        let all = system
+            .triggers()
+            .all(system.db().conn(), self.now())
             .map_err(|e| e.to_string())?;
         Ok(all
             .into_iter()
@@ -75,7 +81,7 @@ impl Driver {
     /// The runtime's observable state as a model [`State`] (empty when not
     /// open), plus its own in-memory invariant violations.
     pub fn state(&mut self) -> (State, Vec<String>) {
-        let Some(rt) = self.rt.as_ref() else {
+        let Some(rt) = self.system.as_ref().map(System::runtime) else {
             return (State::default(), Vec::new());
         };
         let rs = rt.state();
@@ -105,7 +111,18 @@ impl Driver {
                 }
             }
         };
-        let outbox = self.world.deliveries().into_iter().map(|d| d.idem_key).collect();
+        // The world counts effects per logical action (the scripted call's
+        // `key`), whatever idempotency key the runtime derived: an effect
+        // sent twice under two runtime keys is still a duplicate.
+        let outbox = self
+            .world
+            .deliveries()
+            .into_iter()
+            .map(|d| match d.payload.get("key").and_then(|k| k.as_str()) {
+                Some(k) => k.to_string(),
+                None => format!("?{} (no logical key)", d.idem_key),
+            })
+            .collect();
         let mut state = State {
             agents: BTreeMap::new(),
             outbox,

@@ -14,11 +14,11 @@ use std::time::Duration;
 use durable_agent::daemon::{Daemon, DaemonClock, DaemonConfig};
 use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
 use durable_agent::recovery;
-use durable_agent::runtime::{Runtime, RuntimeConfig};
-use durable_agent::sqlite::{Db, SqliteOptions};
+use durable_agent::runtime::{FakeProvider, PureTools};
+use durable_agent::sqlite::Db;
 use durable_agent::store::activities::{ActivityStatus, ActivityStore};
-use durable_agent::store::schema::open_store;
 use durable_agent::store::triggers::TriggerStore;
+use durable_agent::system::{Deps, System, SystemConfig};
 use durable_agent::world::World;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -77,7 +77,7 @@ async fn boot_and_run(ctx: NodeCtx) {
     let fs: Arc<dyn Fs> = Arc::new(ctx.fs.clone());
     match Daemon::boot(
         fs,
-        ctx.world.clone(),
+        Arc::new(ctx.world.clone()),
         config,
         ctx.clock,
         Arc::new(ctx.recorder.clone()),
@@ -235,9 +235,20 @@ fn final_view(ctx: &NodeCtx, end_ms: u64) -> FinalView {
         end_ms,
         ..FinalView::default()
     };
-    let rc = RuntimeConfig::new(config.seed).with_slots(config.slots);
-    match Runtime::open(fs.clone(), &config.root, rc) {
-        Ok((runtime, _)) => {
+    // The final look is one more boot: the same composition as every node
+    // boot (no second, read-only composition that could disagree with it).
+    let mut sc = SystemConfig::new(config.root.clone(), config.seed);
+    sc.slots = config.slots;
+    sc.trigger_policy = config.trigger_policy;
+    let deps = Deps {
+        provider: Arc::new(FakeProvider::new(config.seed)),
+        tools: Arc::new(PureTools),
+        outbox: Arc::new(ctx.world.clone()),
+        clock: Arc::new(ctx.clock),
+    };
+    match System::boot(fs.clone(), sc, deps) {
+        Ok((system, _)) => {
+            let runtime = system.runtime();
             let state = runtime.state();
             let name_of = |id| state.agents.get(id).map(|a| a.name.clone());
             for (id, agent) in &state.agents {
@@ -249,10 +260,11 @@ fn final_view(ctx: &NodeCtx, end_ms: u64) -> FinalView {
                 view.agents.insert(agent.name.clone(), msgs);
             }
             view.runtime_violations = runtime.check_invariants();
+            read_stores(&system.db(), config, end_ms, &mut view);
         }
         Err(e) => view
             .runtime_violations
-            .push(format!("final recovery failed: {e}")),
+            .push(format!("final boot failed: {e}")),
     }
     view.disk_violations = recovery::check_invariants(&*fs, &config.root)
         .err()
@@ -260,16 +272,6 @@ fn final_view(ctx: &NodeCtx, end_ms: u64) -> FinalView {
     // The fuzzer's I3 (every events.jsonl is complete JSON lines), reused.
     view.disk_violations
         .extend(crate::oracle::log_invariants(&ctx.fs.disk_image()));
-    let opts = SqliteOptions {
-        seed: config.seed,
-        ..SqliteOptions::default()
-    };
-    match open_store(fs, &config.db_path, &opts) {
-        Ok(db) => read_stores(&db, config, end_ms, &mut view),
-        Err(e) => view
-            .runtime_violations
-            .push(format!("final store open failed: {e}")),
-    }
     let mut deliveries = BTreeMap::new();
     for d in ctx.world.deliveries() {
         *deliveries.entry(d.idem_key).or_insert(0) += 1;

@@ -180,6 +180,12 @@ pub struct Model {
     /// most once, at any later time, or never (R4). Bookkeeping.
     #[serde(default)]
     pub maybe_effects: BTreeSet<String>,
+    /// Effect keys of every turn a crash rolled back, shown or not: the
+    /// ledger holds their INTENT (or nothing), never the world's answer,
+    /// so a resumed turn may report them as needing confirmation (R4).
+    /// Bookkeeping.
+    #[serde(default)]
+    pub lost_effects: BTreeSet<String>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {

@@ -176,6 +176,7 @@ impl CrashImage {
                 rng: self.rng,
                 captures: None,
             })),
+            locks: Default::default(),
         };
         fs.restart(mode);
         fs
@@ -203,6 +204,8 @@ impl SimSnapshot {
 pub struct SimFs {
     config: Arc<SimConfig>,
     state: Arc<Mutex<State>>,
+    /// Exclusive locks held by the simulated process (not disk state).
+    locks: super::lock::SimLocks,
 }
 
 fn crash_error() -> io::Error {
@@ -224,6 +227,7 @@ impl SimFs {
         SimFs {
             config: Arc::new(config),
             state: Arc::new(Mutex::new(state)),
+            locks: Default::default(),
         }
     }
 
@@ -286,6 +290,8 @@ impl SimFs {
         }
         s.crashed = false;
         s.fault = None;
+        // The process that held them is gone.
+        self.locks.clear();
         tracing::debug!(?mode, points = s.points, "simfs restart");
     }
 

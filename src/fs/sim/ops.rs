@@ -246,4 +246,9 @@ impl Fs for SimFs {
             Ok(image.is_dir(key.as_ref()) || image.entry(key.as_ref()).is_some())
         })
     }
+
+    fn lock_exclusive(&self, path: &Path, label: &str) -> io::Result<super::super::FsLock> {
+        // Not an I/O point: a lock is process state (see `fs::lock`).
+        self.locks.take(path, label)
+    }
 }

@@ -138,11 +138,14 @@ impl TriggerStore {
         Ok(Some(trigger))
     }
 
-    /// The claimed trigger ran: CLAIMED → DONE.
-    pub fn ack_done(&self, conn: &Connection, id: &str, now_ms: u64) -> Result<(), StoreError> {
+    /// The claimed trigger ran: CLAIMED → DONE. `claim` is what
+    /// [`TriggerStore::claim`] returned: the ack proves it still holds the
+    /// lease (same attempt), else [`StoreError::LeaseLost`] and nothing
+    /// changes.
+    pub fn ack_done(&self, conn: &Connection, claim: &Trigger, now_ms: u64) -> Result<(), StoreError> {
         self.transition(
             conn,
-            id,
+            claim,
             "ack_done",
             |_| (TriggerStatus::Done, None),
             None,
@@ -157,7 +160,7 @@ impl TriggerStore {
     pub fn ack_failed(
         &self,
         conn: &Connection,
-        id: &str,
+        claim: &Trigger,
         now_ms: u64,
         error: &str,
         retryable: bool,
@@ -165,7 +168,7 @@ impl TriggerStore {
         let policy = self.policy;
         self.transition(
             conn,
-            id,
+            claim,
             "ack_failed",
             |attempts| {
                 if !retryable {
@@ -185,12 +188,13 @@ impl TriggerStore {
     fn transition(
         &self,
         conn: &Connection,
-        id: &str,
+        claim: &Trigger,
         op: &'static str,
         next: impl FnOnce(u32) -> (TriggerStatus, Option<u64>),
         error: Option<&str>,
         now_ms: u64,
     ) -> Result<TriggerStatus, StoreError> {
+        let id = claim.id.as_str();
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(sql("trigger ack begin"))?;
         let row: Option<(String, u32)> = tx
@@ -205,13 +209,16 @@ impl TriggerStore {
                 id: id.to_string(),
             });
         };
-        if status != TriggerStatus::Claimed.as_str() {
-            return Err(StoreError::WrongState {
-                table: "triggers",
+        if status != TriggerStatus::Claimed.as_str() || attempts != claim.attempts {
+            // The lease was reclaimed (and maybe claimed again: a newer
+            // attempt owns the row now). Acking would settle someone
+            // else's claim.
+            return Err(StoreError::LeaseLost {
                 id: id.to_string(),
                 op,
-                expected: "CLAIMED",
-                actual: status,
+                attempt: claim.attempts,
+                status,
+                attempts,
             });
         }
         let (status, not_before) = next(attempts);
@@ -227,10 +234,22 @@ impl TriggerStore {
         Ok(status)
     }
 
-    /// Boot reclaim: CLAIMED triggers whose lease expired go back to
-    /// PENDING (or DEAD if they already used `max_attempts`: a trigger that
-    /// kills the process every time must not loop forever). Returns their ids.
+    /// Reclaim: CLAIMED triggers whose lease expired go back to PENDING
+    /// (or DEAD if they already used `max_attempts`: a trigger that kills
+    /// the process every time must not loop forever). Returns their ids.
     pub fn reclaim_expired(&self, conn: &Connection, now_ms: u64) -> Result<Vec<String>, StoreError> {
+        self.reclaim(conn, now_ms, now_ms)
+    }
+
+    /// Boot reclaim by the root's one writer (it holds the root lock): every
+    /// CLAIMED lease belongs to a process that died, expired or not, so all
+    /// are reclaimed at once instead of waiting out their leases.
+    pub fn reclaim_orphaned(&self, conn: &Connection, now_ms: u64) -> Result<Vec<String>, StoreError> {
+        // The largest time SQLite can hold (u64 binds are range-checked).
+        self.reclaim(conn, now_ms, i64::MAX.unsigned_abs())
+    }
+
+    fn reclaim(&self, conn: &Connection, now_ms: u64, expired_by: u64) -> Result<Vec<String>, StoreError> {
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(sql("trigger reclaim begin"))?;
         let ids = {
@@ -241,7 +260,7 @@ impl TriggerStore {
                 )
                 .map_err(sql("trigger reclaim select"))?;
             let rows = stmt
-                .query_map([now_ms], |r| r.get::<_, String>(0))
+                .query_map([expired_by], |r| r.get::<_, String>(0))
                 .map_err(sql("trigger reclaim select"))?;
             rows.collect::<Result<Vec<_>, _>>()
                 .map_err(sql("trigger reclaim select"))?
@@ -251,8 +270,8 @@ impl TriggerStore {
         if !ids.is_empty() {
             tx.execute(
                 "UPDATE triggers SET status = CASE WHEN attempts >= ?2 THEN 'DEAD' ELSE 'PENDING' END, \
-                 lease_until = NULL, updated_at = ?1 WHERE status = 'CLAIMED' AND lease_until <= ?1",
-                params![now_ms, self.policy.max_attempts],
+                 lease_until = NULL, updated_at = ?1 WHERE status = 'CLAIMED' AND lease_until <= ?3",
+                params![now_ms, self.policy.max_attempts, expired_by],
             )
             .map_err(sql("trigger reclaim update"))?;
         }

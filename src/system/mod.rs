@@ -1,0 +1,365 @@
+//! The system: the one composition of the runtime and its stores on one
+//! root, and [`System::boot`], the only way to get one.
+//!
+//! Every entry point boots through here — the daemon ([`crate::daemon`]),
+//! the harness's driver, the madsim simulation and the recovery fuzz
+//! target — so what the harness proves is what production runs. Provider,
+//! reversible tools, the outside world (irreversible side effects) and the
+//! clock come in as trait objects ([`Deps`]); nothing here is a fake.
+//!
+//! Boot, in order (each step's failure is a typed [`SystemError`], and the
+//! whole boot is idempotent: a crash during it is recovered by booting
+//! again):
+//! 1. make the root durable: create it, fsync every directory up the chain;
+//! 2. take the root's exclusive lock ([`crate::fs::Fs::lock_exclusive`] on
+//!    `{root}/LOCK`): a second process, or a second boot in this one, gets
+//!    [`SystemError::Locked`] — never a second writer;
+//! 3. open the stores' database (`{root}/store.db`, one connection shared
+//!    by every store under one lock, so their transactions never
+//!    interleave);
+//! 4. the one recovery procedure ([`crate::recovery`]): the stores first
+//!    (INTENTs decided, every lease reclaimed — the lock proves their
+//!    holders dead), then the runtime (logs, records, tree, inboxes), then
+//!    loop resume (every checkpointed run rolled back to its last completed
+//!    round); the runtime's invariants must hold afterwards.
+//!
+//! Invariant: while a [`System`] lives it is the root's only writer, and
+//! every irreversible tool call of its agent loop goes through the activity
+//! ledger ([`tools::SystemTools`]) with the idempotency key the runtime
+//! derives.
+
+mod tools;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use serde::Serialize;
+
+use crate::canary::Canaries;
+use crate::fs::{Fs, FsLock};
+use crate::recovery::{recover_stores, RecoveryReport, StoreRecovery, StoreRecoveryError};
+use crate::runtime::{AgentId, Provider, Runtime, RuntimeConfig, RuntimeError, ToolExecutor, WorkTurn};
+use crate::sqlite::{Db, SqliteOptions};
+use crate::store::activities::{ActivityGate, ActivityStore};
+use crate::store::checkpoints::CheckpointStore;
+use crate::store::schema::open_store;
+use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore};
+use crate::store::StoreError;
+use crate::world::Outbox;
+
+pub use tools::SystemTools;
+
+/// The stores' database, inside the root.
+pub const STORE_DB_FILE: &str = "store.db";
+/// The root's lock file (its content is never read).
+pub const LOCK_FILE: &str = "LOCK";
+
+/// A clock in logical milliseconds: the only time the stores see (trigger
+/// fire times, leases, backoff, ledger timestamps). Production reads the
+/// host clock once at the edge; simulations supply their own.
+pub trait LogicalClock: Send + Sync + std::fmt::Debug {
+    fn now_ms(&self) -> u64;
+}
+
+/// What the system is made of, apart from the disk: everything the
+/// system's behaviour depends on, with the disk and [`Deps`].
+#[derive(Debug, Clone)]
+pub struct SystemConfig {
+    /// The root: sessions under it, the stores' database and the lock in it.
+    pub root: PathBuf,
+    /// Seed of ids and of SQLite's PRNG (determinism under simulation).
+    pub seed: u64,
+    /// Provider slots (LRU eviction beyond them).
+    pub slots: usize,
+    /// Bound on tool rounds per turn.
+    pub max_tool_rounds: u32,
+    pub trigger_policy: TriggerPolicy,
+    /// Known bugs to re-introduce; only the harness's `canaries` build can
+    /// set any (see [`crate::canary`]).
+    pub canaries: Canaries,
+}
+
+impl SystemConfig {
+    /// Defaults under `root`: 3 slots, 4 tool rounds, the default trigger
+    /// policy, no canaries.
+    pub fn new(root: impl Into<PathBuf>, seed: u64) -> Self {
+        SystemConfig {
+            root: root.into(),
+            seed,
+            slots: 3,
+            max_tool_rounds: 4,
+            trigger_policy: TriggerPolicy::default(),
+            canaries: Canaries::none(),
+        }
+    }
+
+    /// The stores' database.
+    pub fn db_path(&self) -> PathBuf {
+        self.root.join(STORE_DB_FILE)
+    }
+}
+
+/// The outside world, handed in: production gets the real ones, the
+/// harness its stand-ins.
+#[derive(Debug, Clone)]
+pub struct Deps {
+    /// The LLM.
+    pub provider: Arc<dyn Provider>,
+    /// Reversible tools (called directly; replay is harmless).
+    pub tools: Arc<dyn ToolExecutor>,
+    /// Where irreversible side effects go, through the activity ledger.
+    pub outbox: Arc<dyn Outbox>,
+    pub clock: Arc<dyn LogicalClock>,
+}
+
+/// What boot found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BootReport {
+    /// Step 0: INTENT decisions and reclaimed leases.
+    pub stores: StoreRecovery,
+    /// The runtime's recovery.
+    pub runtime: RecoveryReport,
+    /// Checkpointed runs resumed: (run id, messages rolled back).
+    pub loops_resumed: Vec<(String, usize)>,
+}
+
+/// Boot failed, or a system operation did. Every variant but `Locked`,
+/// `LeaseLost` and `Invariants` means "outcome unknown: boot again".
+#[derive(Debug, thiserror::Error)]
+pub enum SystemError {
+    #[error("cannot make the root {root} durable: {source}")]
+    Root {
+        root: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "root {root} is in use by another durable-agent (its lock {lock} is held); \
+         stop it or use its API — two writers would corrupt the root"
+    )]
+    Locked {
+        root: PathBuf,
+        lock: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("stores: {0}")]
+    Store(#[from] StoreError),
+    #[error("store recovery: {0}")]
+    StoreRecovery(#[from] StoreRecoveryError),
+    #[error("runtime: {0}")]
+    Runtime(#[from] RuntimeError),
+    #[error("loop resume: {0}")]
+    LoopResume(StoreError),
+    #[error("after recovery the runtime breaks its invariants: {0:?}")]
+    Invariants(Vec<String>),
+}
+
+/// The result of [`System::fire`]: what the trigger's turn did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fired {
+    /// The turn ran now and the trigger is DONE.
+    Ran { tool_calls: usize },
+    /// The turn had completed before (a crash fell between it and the ack,
+    /// or a lost lease's holder finished it): only the ack ran now.
+    AlreadyDone,
+}
+
+/// The booted system: the root's one writer.
+#[derive(Debug)]
+pub struct System {
+    runtime: Runtime,
+    db: Arc<Mutex<Db>>,
+    triggers: TriggerStore,
+    gate: ActivityGate,
+    checkpoints: CheckpointStore,
+    clock: Arc<dyn LogicalClock>,
+    config: SystemConfig,
+    /// Declared last: released only after every store and log is closed.
+    _lock: FsLock,
+}
+
+fn lock_db(db: &Mutex<Db>) -> MutexGuard<'_, Db> {
+    // Each store call is one transaction: a panic elsewhere cannot leave
+    // the connection mid-transaction, so a poisoned lock is usable.
+    db.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl System {
+    /// The one boot (see the module docs for its steps).
+    pub fn boot(fs: Arc<dyn Fs>, config: SystemConfig, deps: Deps) -> Result<(System, BootReport), SystemError> {
+        let root = config.root.clone();
+        let lock = durable_root_locked(&*fs, &root)?;
+        let now = deps.clock.now_ms();
+        let opts = SqliteOptions {
+            seed: config.seed,
+            ..SqliteOptions::default()
+        };
+        let db = Arc::new(Mutex::new(open_store(fs.clone(), &config.db_path(), &opts)?));
+        let gate = ActivityGate::shared(
+            db.clone(),
+            deps.outbox.clone(),
+            ActivityStore::new(config.canaries.clone()),
+        );
+        let triggers = TriggerStore::new(config.trigger_policy, config.canaries.clone());
+        let checkpoints = CheckpointStore::new(config.canaries.clone());
+        // Step 0: the stores, before any turn can run.
+        let stores = recover_stores(&gate, &triggers, &db, now)?;
+        let mut rc = RuntimeConfig::new(config.seed)
+            .with_slots(config.slots)
+            .with_canaries(config.canaries.clone());
+        rc.max_tool_rounds = config.max_tool_rounds;
+        rc.provider = deps.provider.clone();
+        rc.tools = Arc::new(SystemTools {
+            gate: gate.clone(),
+            reversible: deps.tools.clone(),
+            clock: deps.clock.clone(),
+        });
+        // Steps 1-7: the runtime.
+        let (runtime, runtime_report) = Runtime::open(fs, &root, rc)?;
+        let violations = runtime.check_invariants();
+        if !violations.is_empty() {
+            return Err(SystemError::Invariants(violations));
+        }
+        // Last: loop resume, every checkpointed run back to its last round.
+        let loops_resumed = {
+            let db = lock_db(&db);
+            checkpoints
+                .resume_all(db.conn())
+                .map_err(SystemError::LoopResume)?
+                .into_iter()
+                .map(|(run, resume)| (run, resume.rolled_back))
+                .collect()
+        };
+        let report = BootReport {
+            stores,
+            runtime: runtime_report,
+            loops_resumed,
+        };
+        tracing::info!(
+            root = %root.display(),
+            agents = report.runtime.agents_recovered,
+            leases_reclaimed = report.stores.reclaimed_triggers.len(),
+            intents_settled = report.stores.activities.len(),
+            "system booted"
+        );
+        let system = System {
+            runtime,
+            db,
+            triggers,
+            gate,
+            checkpoints,
+            clock: deps.clock,
+            config,
+            _lock: lock,
+        };
+        Ok((system, report))
+    }
+
+    /// The agent runtime (sessions, tree, messages, turns).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    pub fn runtime_mut(&mut self) -> &mut Runtime {
+        &mut self.runtime
+    }
+
+    /// The stores' connection. Never hold it across a runtime call or a
+    /// gate call: the activity ledger takes it for every irreversible tool.
+    pub fn db(&self) -> MutexGuard<'_, Db> {
+        lock_db(&self.db)
+    }
+
+    /// Watches the stores' connection: once it cannot be upgraded, this
+    /// system's database is closed (a simulated crash must see that before
+    /// the disk reboots).
+    pub fn db_watch(&self) -> Weak<Mutex<Db>> {
+        Arc::downgrade(&self.db)
+    }
+
+    pub fn triggers(&self) -> &TriggerStore {
+        &self.triggers
+    }
+
+    /// The activity ledger, with the outbox it guards.
+    pub fn gate(&self) -> &ActivityGate {
+        &self.gate
+    }
+
+    pub fn checkpoints(&self) -> &CheckpointStore {
+        &self.checkpoints
+    }
+
+    pub fn config(&self) -> &SystemConfig {
+        &self.config
+    }
+
+    /// Logical now (ms).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The work id of the turn a trigger starts: its dedup key (else its
+    /// id), stable across every crash and re-claim.
+    pub fn trigger_work(trigger: &Trigger) -> String {
+        format!("trigger:{}", trigger.dedup_key.as_deref().unwrap_or(&trigger.id))
+    }
+
+    /// Run the turn `claim` (a trigger this process claimed) starts, on
+    /// `agent` with `prompt`, then ack it DONE — the chain seed 001 makes
+    /// exactly-once for effects: the turn's identity ([`Self::trigger_work`])
+    /// and so every idempotency key inside it survive any crash and
+    /// re-claim, a turn that completed is never run again, and the ack
+    /// proves the claim still holds the lease ([`StoreError::LeaseLost`]
+    /// otherwise, with nothing changed).
+    ///
+    /// A provider failure is returned as is, the trigger still CLAIMED:
+    /// the caller acks it failed ([`TriggerStore::ack_failed`]) to retry
+    /// with backoff.
+    pub fn fire(&mut self, claim: &Trigger, agent: &AgentId, prompt: &str) -> Result<Fired, SystemError> {
+        if claim.status != TriggerStatus::Claimed {
+            return Err(SystemError::Store(StoreError::WrongState {
+                table: "triggers",
+                id: claim.id.clone(),
+                op: "fire",
+                expected: "CLAIMED",
+                actual: claim.status.as_str().to_string(),
+            }));
+        }
+        let work = Self::trigger_work(claim);
+        let fired = match self.runtime.run_work_turn(agent, prompt, &work)? {
+            WorkTurn::Ran(outcome) => Fired::Ran {
+                tool_calls: outcome.tool_calls.len(),
+            },
+            WorkTurn::AlreadyDone => Fired::AlreadyDone,
+        };
+        let now = self.now_ms();
+        self.triggers.ack_done(self.db().conn(), claim, now)?;
+        Ok(fired)
+    }
+}
+
+/// Boot steps 1-2: the root exists, its entry is durable up the chain, and
+/// this process holds its lock. The lock is taken before the fsyncs so
+/// that a second process fails before touching anything.
+fn durable_root_locked(fs: &dyn Fs, root: &Path) -> Result<FsLock, SystemError> {
+    let io = |source| SystemError::Root {
+        root: root.to_path_buf(),
+        source,
+    };
+    fs.create_dir_all(root, "root mkdir").map_err(io)?;
+    let lock_path = root.join(LOCK_FILE);
+    let lock = fs
+        .lock_exclusive(&lock_path, "root lock")
+        .map_err(|source| SystemError::Locked {
+            root: root.to_path_buf(),
+            lock: lock_path.clone(),
+            source,
+        })?;
+    for dir in root.ancestors().skip(1).filter(|d| !d.as_os_str().is_empty()) {
+        fs.sync_dir(dir, "root parent chain fsync").map_err(io)?;
+    }
+    Ok(lock)
+}
