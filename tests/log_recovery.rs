@@ -25,7 +25,15 @@ fn log_with_three() -> (SimFs, PathBuf, Vec<String>) {
     let mut log = EventLog::create(fs, &dir, sid(), Canaries::none()).unwrap();
     let mut lines = Vec::new();
     for (ts, p) in [(1, "a"), (2, "b"), (3, "c")] {
-        let e = log.append(ts, Event::TurnStart { prompt: p.into(), work: None }).unwrap();
+        let e = log
+            .append(
+                ts,
+                Event::TurnStart {
+                    prompt: p.into(),
+                    work: None,
+                },
+            )
+            .unwrap();
         lines.push(e.to_line().unwrap());
     }
     (sim, dir, lines)
@@ -156,7 +164,13 @@ fn entries_without_schema_version_from_before_versioning_still_load() {
     let (entries, _) = repair(&sim, &dir).unwrap();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].schema_version, 0);
-    assert_eq!(entries[0].event, Event::TurnStart { prompt: "hi".into(), work: None });
+    assert_eq!(
+        entries[0].event,
+        Event::TurnStart {
+            prompt: "hi".into(),
+            work: None
+        }
+    );
 }
 
 #[test]

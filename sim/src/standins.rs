@@ -8,7 +8,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-
 use durable_agent::fs::SimFs;
 use durable_agent::runtime::{
     ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, ToolContext, ToolError,

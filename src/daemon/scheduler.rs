@@ -21,9 +21,9 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::runtime::RuntimeError;
-use crate::system::SystemError;
 use crate::store::activities::{ActivityOutcome, IrreversibleCall};
 use crate::store::triggers::{Trigger, TriggerSource, TriggerSpec, TriggerStatus};
+use crate::system::SystemError;
 
 use super::agents::{draw_ms, sleep_ms};
 use super::core::{emit, Core, Shared};
@@ -85,7 +85,9 @@ fn step(
     }
     loop {
         let system = &core.system;
-        let claimed = system.triggers().claim(system.db().conn(), now, sh.config.lease_ms)?;
+        let claimed = system
+            .triggers()
+            .claim(system.db().conn(), now, sh.config.lease_ms)?;
         let Some(trigger) = claimed else { break };
         sh.record(DaemonEvent::TriggerClaimed {
             key: key_of(&trigger),

@@ -161,7 +161,11 @@ impl Fs for RealFs {
         // when the process dies (kill -9 included). The file's content is
         // never read.
         let file = ctx(
-            OpenOptions::new().create(true).truncate(false).write(true).open(path),
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path),
             label,
             path,
         )?;

@@ -43,7 +43,9 @@ pub use inbox::Message;
 pub use orchestrator::Runtime;
 pub use provider::{FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
 pub use state::{AgentView, RuntimeState};
-pub use tools::{idempotency_key, work_idempotency_key, PureTools, ToolContext, ToolError, ToolExecutor, ToolOutput};
+pub use tools::{
+    idempotency_key, work_idempotency_key, PureTools, ToolContext, ToolError, ToolExecutor, ToolOutput,
+};
 pub use tree::{AgentTree, TreeError};
 pub use turn::{ConversationItem, TurnOutcome, WorkTurn};
 

@@ -140,7 +140,12 @@ impl Runtime {
     /// `work` ([`work_idempotency_key`]), not from the turn number, so a
     /// turn re-run after a crash (same work, same calls) presents the same
     /// keys to the activity ledger whatever else the agent did meanwhile.
-    pub fn run_work_turn(&mut self, agent: &AgentId, prompt: &str, work: &str) -> Result<WorkTurn, RuntimeError> {
+    pub fn run_work_turn(
+        &mut self,
+        agent: &AgentId,
+        prompt: &str,
+        work: &str,
+    ) -> Result<WorkTurn, RuntimeError> {
         self.live()?;
         if self.work_done(agent, work)? {
             return Ok(WorkTurn::AlreadyDone);

@@ -293,7 +293,8 @@ impl CheckpointStore {
             let rows = stmt
                 .query_map([], |r| r.get::<_, String>(0))
                 .map_err(sql("checkpoint runs"))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(sql("checkpoint runs"))?
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql("checkpoint runs"))?
         };
         let mut out = Vec::with_capacity(runs.len());
         for run in runs {

@@ -188,7 +188,11 @@ fn lock_db(db: &Mutex<Db>) -> MutexGuard<'_, Db> {
 
 impl System {
     /// The one boot (see the module docs for its steps).
-    pub fn boot(fs: Arc<dyn Fs>, config: SystemConfig, deps: Deps) -> Result<(System, BootReport), SystemError> {
+    pub fn boot(
+        fs: Arc<dyn Fs>,
+        config: SystemConfig,
+        deps: Deps,
+    ) -> Result<(System, BootReport), SystemError> {
         let root = config.root.clone();
         let lock = durable_root_locked(&*fs, &root)?;
         let now = deps.clock.now_ms();

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use durable_agent::runtime::{AgentId, ConversationItem};
 use durable_agent::sqlite::Db;
 use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
-use durable_agent::system::System;
 use durable_agent::store::session::SessionState;
 use durable_agent::store::triggers::TriggerStatus as StoreStatus;
+use durable_agent::system::System;
 
 use super::{Driver, LOOP_RUN, LOOP_SESSION};
 use crate::model::{round_messages, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};

@@ -262,9 +262,7 @@ fn final_view(ctx: &NodeCtx, end_ms: u64) -> FinalView {
             view.runtime_violations = runtime.check_invariants();
             read_stores(&system.db(), config, end_ms, &mut view);
         }
-        Err(e) => view
-            .runtime_violations
-            .push(format!("final boot failed: {e}")),
+        Err(e) => view.runtime_violations.push(format!("final boot failed: {e}")),
     }
     view.disk_violations = recovery::check_invariants(&*fs, &config.root)
         .err()
