@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::mock_llm::{MockLlm, Script};
+use durable_agent_cli::openai::OpenAiProvider;
 use durable_agent_cli::telemetry;
 
 #[derive(Debug, Parser)]
@@ -93,9 +94,9 @@ fn mock_llm(script: Option<PathBuf>, listen: SocketAddr) -> Result<(), String> {
 fn check_config(file: &std::path::Path) -> Result<(), String> {
     let config = Config::load(file).map_err(|e| e.to_string())?;
     print!("{}", config.summary());
-    if let Err(warning) = config.api_key() {
+    if let Err(e) = OpenAiProvider::from_config(&config) {
         // Not an error: the file is valid; the key is needed at run time.
-        eprintln!("warning: {warning}");
+        eprintln!("warning: {e}");
     }
     println!("{}: ok", file.display());
     Ok(())

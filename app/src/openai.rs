@@ -182,58 +182,55 @@ impl OpenAiProvider {
         let max_attempts = self.policy.max_attempts();
         let mut number = 1;
         loop {
+            debug_assert!(number <= max_attempts, "retry loop overran its bound");
             let started = Instant::now();
             let result = self.attempt(&body);
             let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let (outcome, ret) = match result {
-                Ok((reply, usage)) => (
-                    AttemptOutcome::Success { usage },
-                    Some(Ok(Completion {
+            let report = |outcome| {
+                self.observer.on_attempt(&Attempt {
+                    agent: request.agent.to_string(),
+                    model: self.model.clone(),
+                    number,
+                    elapsed_ms,
+                    outcome,
+                })
+            };
+            let error = match result {
+                Ok((reply, usage)) => {
+                    report(AttemptOutcome::Success { usage });
+                    return Ok(Completion {
                         reply,
                         usage,
                         attempts: number,
-                    })),
-                ),
-                Err(error) => {
-                    let retry = error.is_transient() && number < max_attempts;
-                    let retry_in_ms = retry.then(|| self.policy.delay_ms(number + 1, error.retry_after_ms()));
-                    let ret = match (retry, error.is_transient()) {
-                        (true, _) => None,
-                        (false, true) => Some(Err(OpenAiError::RetriesExhausted {
-                            attempts: number,
-                            last: Box::new(error.clone()),
-                        })),
-                        (false, false) => Some(Err(error.clone())),
-                    };
-                    (AttemptOutcome::Failure { error, retry_in_ms }, ret)
+                    });
                 }
+                Err(error) => error,
             };
-            self.observer.on_attempt(&Attempt {
-                agent: request.agent.to_string(),
-                model: self.model.clone(),
-                number,
-                elapsed_ms,
-                outcome: outcome.clone(),
+            let retry_in_ms = (error.is_transient() && number < max_attempts)
+                .then(|| self.policy.delay_ms(number + 1, error.retry_after_ms()));
+            report(AttemptOutcome::Failure {
+                error: error.clone(),
+                retry_in_ms,
             });
-            if let Some(ret) = ret {
-                return ret;
-            }
-            if let AttemptOutcome::Failure {
-                error,
-                retry_in_ms: Some(wait_ms),
-            } = &outcome
-            {
-                tracing::warn!(
-                    agent = %request.agent,
-                    attempt = number,
-                    wait_ms,
-                    error = %error,
-                    "provider call failed; retrying"
-                );
-                self.sleeper.sleep(Duration::from_millis(*wait_ms));
-            }
+            let Some(wait_ms) = retry_in_ms else {
+                return Err(if error.is_transient() {
+                    OpenAiError::RetriesExhausted {
+                        attempts: number,
+                        last: Box::new(error),
+                    }
+                } else {
+                    error
+                });
+            };
+            tracing::warn!(
+                agent = %request.agent,
+                attempt = number,
+                wait_ms,
+                error = %error,
+                "provider call failed; retrying"
+            );
+            self.sleeper.sleep(Duration::from_millis(wait_ms));
             number += 1;
-            debug_assert!(number <= max_attempts, "retry loop overran its bound");
         }
     }
 

@@ -70,3 +70,13 @@ fn mock_llm_subcommand_prints_its_url_and_answers() -> Result<(), Box<dyn std::e
     child.wait()?;
     result
 }
+
+#[test]
+fn shipped_examples_are_valid() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let config = durable_agent_cli::config::Config::load(&dir.join("agent.toml"))?;
+    assert_eq!(config.tools.len(), 3);
+    let script = durable_agent_cli::mock_llm::Script::load(&dir.join("mock-script.toml"))?;
+    assert_eq!(script.replies.len(), 3);
+    Ok(())
+}

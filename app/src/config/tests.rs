@@ -2,6 +2,7 @@
 //! the key.
 
 use super::*;
+use locate::line_col;
 
 const GOOD: &str = r#"
 [provider]

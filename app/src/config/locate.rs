@@ -1,0 +1,111 @@
+//! Where in a config file a key is: byte offsets to line/column, a toml
+//! error's span to the key path it falls in, and a key path back to its
+//! line — so every config error can say `file:line: key`.
+//!
+//! Invariant: total functions — any text and any offset or path give an
+//! answer (the document start when nothing better is known), never a
+//! panic: they run while reporting an error and must not cause another.
+
+use toml::de::{DeTable, DeValue};
+
+/// 1-based (line, column) of byte `offset` in `text`.
+pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text.as_bytes()[..offset];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    (line, offset - line_start + 1)
+}
+
+/// The dotted key path (`tools[1].method`) whose key or value contains byte
+/// `offset`: the innermost one. toml's errors carry a span but not (in
+/// their public API) the key, so we find it in the spanned document.
+pub(super) fn key_at(text: &str, offset: usize) -> String {
+    let Ok(doc) = DeTable::parse(text) else {
+        return "<document>".to_string();
+    };
+    let mut path = String::new();
+    if !walk_table(doc.get_ref(), offset, &mut path) || path.is_empty() {
+        "<document>".to_string()
+    } else {
+        path
+    }
+}
+
+/// Depth-first: a header table's span (`[provider]`) does not cover its
+/// body, so every child is searched, not only those whose span contains
+/// `offset`.
+fn walk_table(table: &DeTable<'_>, offset: usize, path: &mut String) -> bool {
+    for (key, value) in table.iter() {
+        let len = path.len();
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(key.get_ref());
+        // A failed walk_value leaves `path` as it found it (ending in `key`).
+        if key.span().contains(&offset)
+            || walk_value(value.get_ref(), offset, path)
+            || value.span().contains(&offset)
+        {
+            return true;
+        }
+        path.truncate(len);
+    }
+    false
+}
+
+fn walk_value(value: &DeValue<'_>, offset: usize, path: &mut String) -> bool {
+    match value {
+        DeValue::Table(t) => walk_table(t, offset, path),
+        DeValue::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                if walk_value(item.get_ref(), offset, path) || item.span().contains(&offset) {
+                    return true;
+                }
+                path.truncate(len);
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+/// The 1-based line of `key_path` (`tools[1].method`) in `text`: of the
+/// deepest part of the path present in the file (a defaulted key is not in
+/// the file, so its table's line is the best place to point at).
+pub(super) fn line_of_key(text: &str, key_path: &str) -> usize {
+    let Ok(doc) = DeTable::parse(text) else {
+        return 1;
+    };
+    let mut span = doc.span();
+    let mut current: Option<&DeValue<'_>> = None;
+    let mut table: &DeTable<'_> = doc.get_ref();
+    for part in key_path.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if let Some(DeValue::Table(t)) = current {
+            table = t;
+        } else if current.is_some() {
+            break;
+        }
+        let Some((key, value)) = table.iter().find(|(k, _)| k.get_ref() == name) else {
+            break;
+        };
+        span = key.span();
+        current = Some(value.get_ref());
+        if let (Some(i), DeValue::Array(items)) = (index, value.get_ref()) {
+            match items.get(i) {
+                Some(item) => {
+                    span = item.span();
+                    current = Some(item.get_ref());
+                }
+                None => break,
+            }
+        }
+    }
+    line_col(text, span.start).0
+}
