@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// An external provider of irreversible actions (email, payment, post).
 pub trait Outbox: Send + Sync + std::fmt::Debug {
-    /// Whether the provider deduplicates by idempotency key (an email
-    /// Message-ID, a payment idempotency header).
-    fn supports_dedup(&self) -> bool;
+    /// Whether the provider of `action` deduplicates by idempotency key
+    /// (an email Message-ID, a payment idempotency header). Per action: one
+    /// outbox may route several irreversible tools to different endpoints.
+    fn supports_dedup(&self, action: &str) -> bool;
 
     /// Perform `action` with `payload`, carrying `idem_key` to the provider.
     /// Returns the provider's reference for the effect.
@@ -157,7 +158,7 @@ impl World {
 }
 
 impl Outbox for World {
-    fn supports_dedup(&self) -> bool {
+    fn supports_dedup(&self, _action: &str) -> bool {
         self.lock().dedup
     }
 

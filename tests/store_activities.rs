@@ -72,7 +72,7 @@ struct Spy {
     saw: std::sync::Mutex<Option<Option<ActivityStatus>>>,
 }
 impl Outbox for Spy {
-    fn supports_dedup(&self) -> bool {
+    fn supports_dedup(&self, _action: &str) -> bool {
         false
     }
     fn send(

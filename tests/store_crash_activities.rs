@@ -81,7 +81,7 @@ fn check(db: &Db, m: &Model, store: &ActivityStore) -> Vec<String> {
         let status = store.get(c, &key).ok().flatten().map(|r| r.status);
         let ok = match status {
             Some(ActivityStatus::Done) => delivered == 1,
-            Some(ActivityStatus::NeedsConfirmation) => delivered <= 1 && !m.world.supports_dedup(),
+            Some(ActivityStatus::NeedsConfirmation) => delivered <= 1 && !m.world.supports_dedup("send"),
             Some(ActivityStatus::Failed) => delivered == 0,
             Some(ActivityStatus::Intent) | None => false,
         };

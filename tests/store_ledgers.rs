@@ -298,3 +298,48 @@ fn retry_backs_off_base_times_two_to_the_attempt_and_persists_each_failure() {
     );
     assert_eq!((ok.unwrap(), clock.now_ms), (2, 1_500));
 }
+
+#[test]
+fn a_job_run_records_its_job_and_parent_and_create_is_idempotent() {
+    let conn = db();
+    let store = ToolCallStore::default();
+    let parent = RunRecord {
+        run_id: "run-a".into(),
+        session_id: "s1".into(),
+        status: RunStatus::Running,
+        parent_run_id: None,
+        job_json: Some(r#"{"prompt":"p"}"#.into()),
+    };
+    store.create_job_run(&conn, &parent, 1).unwrap();
+    let fork = RunRecord {
+        run_id: "run-b".into(),
+        parent_run_id: Some("run-a".into()),
+        ..parent.clone()
+    };
+    store.create_job_run(&conn, &fork, 2).unwrap();
+    // A second create (a crash after the first one's commit) changes nothing.
+    let changed = RunRecord {
+        job_json: Some("{}".into()),
+        ..fork.clone()
+    };
+    store.create_job_run(&conn, &changed, 3).unwrap();
+    assert_eq!(store.get_run(&conn, "run-b").unwrap(), Some(fork));
+    assert_eq!(store.get_run(&conn, "run-a").unwrap(), Some(parent));
+    assert_eq!(store.get_run(&conn, "run-zz").unwrap(), None);
+    assert_eq!(store.run_ids(&conn).unwrap(), ["run-a", "run-b"]);
+}
+
+#[test]
+fn a_version_1_database_migrates_to_version_2_keeping_its_runs() {
+    let conn = Connection::open_in_memory().unwrap();
+    // A version-1 database as the previous build left it.
+    conn.execute_batch(
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, \
+         status TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
+         INSERT INTO runs VALUES ('old', 's0', 'running', 1, 1); PRAGMA user_version = 1;",
+    )
+    .unwrap();
+    assert_eq!(migrate(&conn, "mem").unwrap(), 1);
+    let old = ToolCallStore::default().get_run(&conn, "old").unwrap().unwrap();
+    assert_eq!((old.parent_run_id, old.job_json), (None, None));
+}

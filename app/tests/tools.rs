@@ -33,7 +33,7 @@ fn tool(name: &str, url: String, irreversible: bool, dedup: bool) -> HttpToolCon
 fn outbox_sends_payload_with_idempotency_key() {
     let sink = WebhookSink::start(loopback(), false).expect("sink");
     let outbox = HttpOutbox::new(&tool("send_email", sink.url("/send"), true, false));
-    assert!(!outbox.supports_dedup());
+    assert!(!outbox.supports_dedup("notify"));
     let payload = json!({"to": "a@example.com", "body": "hi"});
     let provider_ref = outbox
         .send("sess-t0-r0-c0-abc", "send_email", &payload)
@@ -55,7 +55,7 @@ fn outbox_sends_payload_with_idempotency_key() {
 fn dedup_endpoint_delivers_a_resend_once() {
     let sink = WebhookSink::start(loopback(), true).expect("sink");
     let outbox = HttpOutbox::new(&tool("pay", sink.url("/pay"), true, true));
-    assert!(outbox.supports_dedup());
+    assert!(outbox.supports_dedup("notify"));
     let payload = json!({"amount": 5});
     let first = outbox.send("key-1", "pay", &payload).expect("first");
     let again = outbox.send("key-1", "pay", &payload).expect("re-send");

@@ -4,9 +4,12 @@
 //! any file (event logs, pending entries, session records, the SQLite
 //! store), or plant a whole new file.
 //!
-//! Must hold for every input: no panic; an error names the file it is
-//! about; a recovered runtime passes its invariant checks. The SQLite store
-//! is opened too and must fail with a typed error, never a panic.
+//! Recovery is the product's one boot ([`System::boot`]: root lock,
+//! stores, the whole recovery procedure, loop resume), with the harness's
+//! stand-ins for the outside world. Must hold for every input: no panic;
+//! an error names the file it is about (a corrupt database names the
+//! database); a booted system passes its invariant checks (boot checks
+//! them itself and refuses otherwise).
 #![no_main]
 
 use std::path::{Path, PathBuf};
@@ -14,9 +17,10 @@ use std::sync::{Arc, OnceLock};
 
 use arbitrary::Arbitrary;
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
-use durable_agent::runtime::{Runtime, RuntimeConfig};
-use durable_agent::sqlite::SqliteOptions;
-use durable_agent::store::schema::open_store;
+use durable_agent::store::triggers::{TriggerSource, TriggerSpec};
+use durable_agent::system::{Deps, System, SystemConfig};
+use durable_agent::world::World;
+use durable_agent_sim::standins::{ScriptedProvider, SimTools, SteppedClock};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
@@ -33,31 +37,45 @@ struct Input {
 }
 
 const ROOT: &str = "/data";
-const DB: &str = "/data/store.db";
 
-/// The files of a healthy image: a small agent tree with turns, messages
-/// and an eviction, plus a migrated store — built once per process.
+fn deps() -> Deps {
+    Deps {
+        provider: Arc::new(ScriptedProvider),
+        tools: Arc::new(SimTools),
+        outbox: Arc::new(World::without_dedup()),
+        clock: Arc::new(SteppedClock::default()),
+    }
+}
+
+/// The files of a healthy image: a small agent tree with turns (one with
+/// an irreversible effect through the ledger), messages, an eviction and a
+/// pending trigger — built once per process by the system itself.
 fn base_image() -> &'static Vec<(PathBuf, Vec<u8>)> {
     static BASE: OnceLock<Vec<(PathBuf, Vec<u8>)>> = OnceLock::new();
     BASE.get_or_init(|| {
         let fs = SimFs::new(SimConfig::new(1));
         let shared: Arc<dyn Fs> = Arc::new(fs.clone());
         let built = (|| -> Result<(), Box<dyn std::error::Error>> {
-            let (mut rt, _) = Runtime::open(shared.clone(), Path::new(ROOT), RuntimeConfig::new(1))?;
+            let (mut system, _) = System::boot(shared.clone(), SystemConfig::new(ROOT, 1), deps())?;
+            let spec = TriggerSpec {
+                source: TriggerSource::System,
+                dedup_key: Some("nightly".into()),
+                session_id: None,
+                fire_at_ms: 0,
+                priority: 0,
+                description: "nightly report".into(),
+                payload: serde_json::json!({ "key": "nightly" }),
+            };
+            system.triggers().emit(system.db().conn(), &spec, 0)?;
+            let rt = system.runtime_mut();
             let root = rt.create_root("alpha", "coordinate")?;
             let child = rt.spawn_child(&root, "worker", "work")?;
-            rt.run_turn(&root, "plan the work")?;
+            rt.run_turn(&root, "p1:Ir")?;
             rt.send_message(&root, &child, "do it")?;
-            rt.run_turn(&child, "working")?;
+            rt.run_turn(&child, "p2:r")?;
             rt.send_message(&child, &root, "done")?;
             rt.deliver(&child)?;
             rt.evict(&root)?;
-            drop(rt);
-            drop(open_store(
-                shared.clone(),
-                Path::new(DB),
-                &SqliteOptions::default(),
-            )?);
             Ok(())
         })();
         // The base image is a fixture: if building it fails the target is
@@ -129,21 +147,17 @@ fuzz_target!(|input: Input| {
         let _ = fs.write_at(path, 0, data, "fuzz image write");
     }
     let shared: Arc<dyn Fs> = Arc::new(fs.clone());
-    match Runtime::open(shared.clone(), Path::new(ROOT), RuntimeConfig::new(3)) {
-        Ok((runtime, _report)) => {
-            let violations = runtime.check_invariants();
+    match System::boot(shared, SystemConfig::new(ROOT, 3), deps()) {
+        Ok((system, _report)) => {
+            let violations = system.runtime().check_invariants();
             assert!(
                 violations.is_empty(),
-                "recovered runtime breaks invariants: {violations:?}"
+                "booted system breaks invariants: {violations:?}"
             );
         }
         Err(e) => {
             let msg = e.to_string();
-            assert!(msg.contains('/'), "recovery error names no file: {msg}");
+            assert!(msg.contains('/'), "boot error names no file: {msg}");
         }
-    }
-    if let Err(e) = open_store(shared, Path::new(DB), &SqliteOptions::default()) {
-        let msg = e.to_string();
-        assert!(msg.contains(DB), "store error names no database: {msg}");
     }
 });

@@ -132,8 +132,8 @@ pub struct ScriptedOutbox {
 }
 
 impl Outbox for ScriptedOutbox {
-    fn supports_dedup(&self) -> bool {
-        self.world.supports_dedup()
+    fn supports_dedup(&self, action: &str) -> bool {
+        self.world.supports_dedup(action)
     }
 
     fn send(

@@ -15,7 +15,7 @@
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Every store's error: what failed, on which database/table/row, and what
 /// to do about it.
@@ -141,6 +141,9 @@ pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
     if locked < 1 {
         tx.execute_batch(V1).map_err(classify)?;
     }
+    if locked < 2 {
+        tx.execute_batch(V2).map_err(classify)?;
+    }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(classify)?;
     tx.commit().map_err(classify)?;
@@ -224,6 +227,13 @@ CREATE TABLE errors (
     turn INTEGER NOT NULL, context TEXT NOT NULL, message TEXT NOT NULL,
     attempt INTEGER NOT NULL, created_at INTEGER NOT NULL
 );
+"#;
+
+/// Version 2: a run records the job it runs and the run it was forked
+/// from (seed 004's `--job` / `--fork`).
+const V2: &str = r#"
+ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
+ALTER TABLE runs ADD COLUMN job_json TEXT;
 "#;
 
 /// A closed set of values stored as TEXT: `as_str` for writing, `parse`

@@ -28,6 +28,7 @@
 //! ledger ([`tools::SystemTools`]) with the idempotency key the runtime
 //! derives.
 
+mod outbox;
 mod tools;
 
 use std::io;
@@ -48,6 +49,7 @@ use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore
 use crate::store::StoreError;
 use crate::world::Outbox;
 
+pub use outbox::OutboxRoutes;
 pub use tools::SystemTools;
 
 /// The stores' database, inside the root.

@@ -32,7 +32,7 @@ impl HttpOutbox {
 }
 
 impl Outbox for HttpOutbox {
-    fn supports_dedup(&self) -> bool {
+    fn supports_dedup(&self, _action: &str) -> bool {
         self.dedup
     }
 

@@ -227,7 +227,7 @@ impl ActivityStore {
                 error: rec.error.unwrap_or_default(),
             }),
             ActivityStatus::NeedsConfirmation => Ok(ActivityOutcome::NeedsConfirmation { idem_key }),
-            ActivityStatus::Intent if outbox.supports_dedup() => {
+            ActivityStatus::Intent if outbox.supports_dedup(&rec.action) => {
                 tracing::info!(idem_key, "re-sending INTENT with its key to a dedup provider");
                 let sent = outbox.send(&idem_key, &rec.action, &rec.payload);
                 self.finish(conn, &idem_key, sent, now_ms)

@@ -16,6 +16,19 @@ mod model;
 
 pub use model::{NewToolCall, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus};
 
+/// A job run (seed 004): what it runs and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    pub run_id: String,
+    /// The session of the agent that runs it.
+    pub session_id: String,
+    pub status: RunStatus,
+    /// The run this one was forked from (`--fork`).
+    pub parent_run_id: Option<String>,
+    /// The job, as the caller's JSON (absent on runs not made by a job).
+    pub job_json: Option<String>,
+}
+
 /// The run/tool-call ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ToolCallStore {
@@ -48,6 +61,63 @@ impl ToolCallStore {
         )
         .map_err(sql("run create"))?;
         Ok(())
+    }
+
+    /// Create a job run (idempotent in `run_id`): the job it runs, as
+    /// JSON, and the run it was forked from, if any.
+    pub fn create_job_run(
+        &self,
+        conn: &Connection,
+        run: &RunRecord,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        conn.execute(
+            "INSERT INTO runs (run_id, session_id, status, parent_run_id, job_json, created_at, \
+             updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT(run_id) DO NOTHING",
+            params![
+                run.run_id,
+                run.session_id,
+                run.status.as_str(),
+                run.parent_run_id,
+                run.job_json,
+                now_ms
+            ],
+        )
+        .map_err(sql("run create"))?;
+        Ok(())
+    }
+
+    /// One run, with its job and parent.
+    pub fn get_run(&self, conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let raw: Option<(String, String, Option<String>, Option<String>)> = conn
+            .query_row(
+                "SELECT session_id, status, parent_run_id, job_json FROM runs WHERE run_id = ?1",
+                [run_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()
+            .map_err(sql("run get"))?;
+        raw.map(|(session_id, status, parent_run_id, job_json)| {
+            Ok(RunRecord {
+                run_id: run_id.to_string(),
+                session_id,
+                status: RunStatus::parse(&status)?,
+                parent_run_id,
+                job_json,
+            })
+        })
+        .transpose()
+    }
+
+    /// Every run id, oldest first.
+    pub fn run_ids(&self, conn: &Connection) -> Result<Vec<String>, StoreError> {
+        let mut stmt = conn
+            .prepare("SELECT run_id FROM runs ORDER BY created_at, run_id")
+            .map_err(sql("run list"))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(sql("run list"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(sql("run list"))
     }
 
     pub fn run_status(&self, conn: &Connection, run_id: &str) -> Result<RunStatus, StoreError> {
