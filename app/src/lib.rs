@@ -9,12 +9,16 @@
 //! Nothing here persists runtime state: that crosses the system crate's
 //! `Fs` seam only.
 
+pub mod boot;
 pub mod config;
 mod http;
+pub mod interrupt;
+pub mod job;
 pub mod mock_llm;
 pub mod observe;
 pub mod openai;
 pub mod retry;
+pub mod run;
 pub mod server;
 pub mod telemetry;
 pub mod tools;

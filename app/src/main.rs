@@ -9,10 +9,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use durable_agent_cli::boot::boot;
 use durable_agent_cli::config::Config;
+use durable_agent_cli::interrupt::Stop;
 use durable_agent_cli::mock_llm::{MockLlm, Script};
 use durable_agent_cli::openai::OpenAiProvider;
+use durable_agent_cli::run::{run, RunMode};
 use durable_agent_cli::telemetry;
+use durable_agent_cli::webhook_sink::WebhookSink;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -37,28 +41,64 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
     },
+    /// Serve a webhook sink (a stand-in for an email or payment API) on
+    /// loopback and print each delivery, until interrupted.
+    WebhookSink {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Deduplicate by Idempotency-Key (answer a repeat with the
+        /// original id, deliver nothing).
+        #[arg(long)]
+        dedup: bool,
+    },
     /// Parse and validate a config file, then print a summary.
     CheckConfig {
         /// The config file (TOML).
         file: PathBuf,
     },
-    // ---------------------------------------------------------------
-    // TO BE ADDED (issue 13), once `durable_agent::system::System::boot`
-    // lands in the system crate: `serve`, `run`, `status`, `emit`,
-    // `confirm`. They need the one boot of the system (runtime + ledger +
-    // stores) and are deliberately absent, not stubbed.
-    // ---------------------------------------------------------------
+    /// Run a job (one work turn on its own root agent), or resume or fork
+    /// a run. Prints a JSON summary; SIGINT/SIGTERM stop it at the next
+    /// provider call (exit 0, resume later).
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["job", "resume", "fork"])))]
+    Run {
+        /// The job file (TOML: agent, instructions, prompt, run_id?).
+        job: Option<PathBuf>,
+        #[arg(long)]
+        config: PathBuf,
+        /// Boot (recovery runs) and finish this run.
+        #[arg(long, value_name = "RUN")]
+        resume: Option<String>,
+        /// Start a new run with this run's job and conversation.
+        #[arg(long, value_name = "RUN")]
+        fork: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
     telemetry::init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::MockLlm { script, listen } => mock_llm(script, listen),
-        Command::CheckConfig { file } => check_config(&file),
+        Command::MockLlm { script, listen } => mock_llm(script, listen).map(|()| ExitCode::SUCCESS),
+        Command::WebhookSink { listen, dedup } => webhook_sink(listen, dedup).map(|()| ExitCode::SUCCESS),
+        Command::CheckConfig { file } => check_config(&file).map(|()| ExitCode::SUCCESS),
+        Command::Run {
+            job,
+            config,
+            resume,
+            fork,
+        } => {
+            let mode = match (&job, &resume, &fork) {
+                (Some(job_file), _, _) => RunMode::New { job_file },
+                (_, Some(run_id), _) => RunMode::Resume { run_id },
+                (_, _, Some(run_id)) => RunMode::Fork { run_id },
+                // clap's required group makes this unreachable.
+                (None, None, None) => return ExitCode::from(2),
+            };
+            run_command(&config, mode)
+        }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::FAILURE
@@ -91,6 +131,32 @@ fn mock_llm(script: Option<PathBuf>, listen: SocketAddr) -> Result<(), String> {
     }
 }
 
+fn webhook_sink(listen: SocketAddr, dedup: bool) -> Result<(), String> {
+    let sink = WebhookSink::start(listen, dedup).map_err(|e| e.to_string())?;
+    println!("{}", sink.url(""));
+    eprintln!(
+        "webhook sink{}: Ctrl-C stops it",
+        if dedup { " (dedup by Idempotency-Key)" } else { "" }
+    );
+    // Print deliveries as they land; polling keeps the sink's API small.
+    let mut shown = 0;
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let deliveries = sink.deliveries();
+        for d in deliveries.iter().skip(shown) {
+            println!(
+                "{} {} {} key={} {}",
+                d.id,
+                d.request.method,
+                d.request.path,
+                d.idempotency_key().unwrap_or("-"),
+                d.request.body
+            );
+        }
+        shown = deliveries.len();
+    }
+}
+
 fn check_config(file: &std::path::Path) -> Result<(), String> {
     let config = Config::load(file).map_err(|e| e.to_string())?;
     print!("{}", config.summary());
@@ -100,4 +166,23 @@ fn check_config(file: &std::path::Path) -> Result<(), String> {
     }
     println!("{}: ok", file.display());
     Ok(())
+}
+
+fn run_command(config: &std::path::Path, mode: RunMode<'_>) -> Result<ExitCode, String> {
+    let config = Config::load(config).map_err(|e| e.to_string())?;
+    let stop = Stop::new();
+    stop.on_signals("the run")
+        .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    let (mut system, _report) = boot(&config, &stop).map_err(|e| e.to_string())?;
+    let summary = run(&mut system, mode, &stop).map_err(|e| e.to_string())?;
+    let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
+    println!("{json}");
+    if let Some(error) = &summary.error {
+        eprintln!("run {}: {error}", summary.run_id);
+    }
+    Ok(if summary.is_failure() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -6,7 +6,8 @@
 //! a request whose `Idempotency-Key` was already delivered gets the
 //! original id with 200 and is not a new delivery — so "no side effect
 //! twice" is checked by counting deliveries per key. A scripted status
-//! (see [`WebhookSink::script`]) answers without delivering.
+//! (see [`WebhookSink::script`]) answers without delivering; a reply delay
+//! ([`WebhookSink::delay_replies`]) delivers first and answers late.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -37,6 +38,8 @@ struct State {
     deliveries: Vec<Delivery>,
     by_key: BTreeMap<String, String>,
     script: VecDeque<u16>,
+    /// Wait this long after a delivery before answering it.
+    reply_delay_ms: u64,
 }
 
 #[derive(Debug)]
@@ -62,6 +65,12 @@ impl WebhookSink {
         let server = LoopbackServer::start(listen, "webhook-sink", move |mut request| {
             let recorded = Recorded::read(&mut request);
             let (status, body) = accept(&handler_state, recorded);
+            let delay_ms = lock(&handler_state).reply_delay_ms;
+            if delay_ms > 0 {
+                // On the accept thread: later requests wait too, as they
+                // would behind a stalled upstream.
+                std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            }
             respond(request, json_response(status, &body.to_string()));
         })?;
         Ok(WebhookSink { state, server })
@@ -80,6 +89,12 @@ impl WebhookSink {
     /// (e.g. 400 to reject, 500 to fail) — one status per request.
     pub fn script(&self, statuses: impl IntoIterator<Item = u16>) {
         lock(&self.state).script.extend(statuses);
+    }
+
+    /// Take effect at once but answer `delay_ms` later: the window in
+    /// which a caller that dies has sent an effect it never heard about.
+    pub fn delay_replies(&self, delay_ms: u64) {
+        lock(&self.state).reply_delay_ms = delay_ms;
     }
 
     /// Requests received (deduplicated repeats and scripted answers

@@ -93,19 +93,20 @@ fn client_errors_are_rejected_and_server_errors_unknown() {
 }
 
 #[test]
-fn sink_down_is_unknown() {
+fn sink_down_is_rejected_because_a_refused_connection_sent_nothing() {
     let url = {
         let sink = WebhookSink::start(loopback(), false).expect("sink");
         sink.url("/send")
-        // Dropped: stopped.
+        // Dropped: stopped, so the port refuses connections.
     };
     let outbox = HttpOutbox::new(&tool("send", url, true, false));
-    assert_eq!(
-        outbox.send("k9", "send", &json!({})),
-        Err(DeliveryError::Unknown {
-            idem_key: "k9".into()
-        })
-    );
+    match outbox.send("k9", "send", &json!({})) {
+        Err(DeliveryError::Rejected { idem_key, reason }) => {
+            assert_eq!(idem_key, "k9");
+            assert!(reason.contains("connection failed"), "{reason}");
+        }
+        other => panic!("a refused connection should be Rejected, got {other:?}"),
+    }
 }
 
 #[test]

@@ -76,9 +76,7 @@ impl Endpoint {
         })?;
         let mut response = self.agent.run(request).map_err(|e| Failed {
             failure: http::classify(&e),
-            // ureq reports URL problems before connecting; anything else
-            // may have happened after the request left.
-            sent: !matches!(e, ureq::Error::BadUri(_) | ureq::Error::Http(_)),
+            sent: may_have_been_sent(&e),
         })?;
         let status = response.status();
         let body = http::read_body(&mut response, http::MAX_BODY_BYTES)
@@ -88,6 +86,21 @@ impl Endpoint {
             reason: status.canonical_reason().unwrap_or("").to_string(),
             body,
         })
+    }
+}
+
+/// Whether the request may have reached the server before `e`. Only
+/// failures before a connection existed say "no": a bad URL, a name that
+/// did not resolve, a refused connection. Anything after connecting (a
+/// reset, a timeout) may have happened after the request left.
+fn may_have_been_sent(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::BadUri(_)
+        | ureq::Error::Http(_)
+        | ureq::Error::HostNotFound
+        | ureq::Error::ConnectionFailed => false,
+        ureq::Error::Io(io) => io.kind() != std::io::ErrorKind::ConnectionRefused,
+        _ => true,
     }
 }
 

@@ -3,7 +3,8 @@
 //! call's idempotency key.
 //!
 //! Invariant: `Rejected` is returned only when the effect certainly did
-//! not happen (a 4xx answer other than 409); every other failure — a 5xx,
+//! not happen (a 4xx answer other than 409, or no connection was ever made:
+//! refused, name not resolved); every other failure — a 5xx,
 //! a timeout, a reset, a 2xx whose body was lost — is `Unknown`, because
 //! calling it `Rejected` would let the ledger forget an effect that may
 //! have happened (and a later retry would then do it twice).

@@ -1,0 +1,105 @@
+//! Booting the system from a [`Config`]: the product's one wiring of the
+//! system crate's [`System::boot`] with real dependencies — [`RealFs`],
+//! the OpenAI-compatible provider (interruptible, see [`crate::interrupt`]),
+//! the configured tools (irreversible ones routed by name through the
+//! activity ledger) and the host clock.
+//!
+//! Invariant: every command that touches a root (`run`, `serve`, and
+//! `status`/`emit`/`confirm` when no daemon holds it) boots through
+//! [`boot`], so each one runs the whole recovery under the root lock before
+//! it reads or writes anything, and nothing here persists a byte itself.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use durable_agent::fs::RealFs;
+use durable_agent::system::{
+    BootReport, Deps, LogicalClock, OutboxRoutes, System, SystemConfig, SystemError,
+};
+
+use crate::config::Config;
+use crate::interrupt::{InterruptibleProvider, Stop};
+use crate::observe::{CallObserver, NoopObserver};
+use crate::openai::{OpenAiError, OpenAiProvider};
+use crate::telemetry::{JsonlExporter, TelemetryError};
+use crate::tools::ToolSet;
+
+/// Seed of the runtime's id prefix and SQLite's PRNG. Fixed: ids stay in
+/// one family across boots of a root (recovery restarts the counter past
+/// every id seen), and nothing in production needs them unpredictable.
+pub const SYSTEM_SEED: u64 = 0xda_0013;
+
+/// The host's clock as the stores' logical clock: the wall clock read once
+/// at start (trigger times must mean the same thing across restarts), then
+/// advanced by a monotonic clock so it never runs backwards within a
+/// process even if the wall clock is stepped.
+#[derive(Debug, Clone, Copy)]
+pub struct HostClock {
+    origin: Instant,
+    origin_ms: u64,
+}
+
+impl HostClock {
+    /// Read the wall clock now (the one wall-clock read, at the edge).
+    pub fn start() -> HostClock {
+        let origin_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        HostClock {
+            origin: Instant::now(),
+            origin_ms,
+        }
+    }
+}
+
+impl LogicalClock for HostClock {
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.origin_ms.saturating_add(elapsed)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("provider: {0}")]
+    Provider(#[from] OpenAiError),
+    #[error("telemetry: {0}")]
+    Telemetry(#[from] TelemetryError),
+    #[error("{0}")]
+    System(#[from] SystemError),
+}
+
+impl BootError {
+    /// Another process (a `serve` daemon, a `run`) holds the root.
+    pub fn is_locked(&self) -> bool {
+        matches!(self, BootError::System(SystemError::Locked { .. }))
+    }
+}
+
+/// Boot the system on `config.runtime.root`. Provider calls give up at the
+/// next safe point once `stop` is requested.
+pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport), BootError> {
+    let observer: Arc<dyn CallObserver> = match &config.telemetry.events_jsonl {
+        Some(path) => Arc::new(JsonlExporter::open(path)?),
+        None => Arc::new(NoopObserver),
+    };
+    let provider = OpenAiProvider::from_config(config)?.with_observer(observer);
+    let tools = ToolSet::from_config(&config.tools);
+    let mut system_config = SystemConfig::new(config.runtime.root.clone(), SYSTEM_SEED);
+    system_config.slots = config.runtime.slots;
+    system_config.max_tool_rounds = config.runtime.max_tool_rounds;
+    let deps = Deps {
+        provider: Arc::new(InterruptibleProvider::new(Arc::new(provider), stop.clone())),
+        tools: tools.executor,
+        outbox: Arc::new(OutboxRoutes::new(tools.outboxes)),
+        clock: Arc::new(HostClock::start()),
+    };
+    let (system, report) = System::boot(Arc::new(RealFs::new()), system_config, deps)?;
+    tracing::info!(
+        root = %config.runtime.root.display(),
+        intents_settled = report.stores.activities.len(),
+        leases_reclaimed = report.stores.reclaimed_triggers.len(),
+        "booted"
+    );
+    Ok((system, report))
+}

@@ -1,0 +1,377 @@
+//! `durable-agent run`: a job as ONE work turn `run:{run_id}` on its own
+//! root agent, recorded in the runs table; `--resume` and `--fork`.
+//!
+//! Order of a new run: the root agent is created (durable), then the run
+//! is recorded (`create_job_run`, status `running`, with the job as JSON),
+//! then the work turn runs, then the status becomes `succeeded` or
+//! `failed`. A crash between the first two leaves an agent with no run
+//! (harmless: nothing refers to it); after the second, `--resume` finds
+//! everything it needs in the runs table.
+//!
+//! Invariant: a run's turn is only ever run through
+//! `run_work_turn(agent, prompt, "run:{run_id}")`, so a resumed run either
+//! finds the turn done (`AlreadyDone`, nothing sent) or re-runs it with the
+//! same idempotency keys, and every irreversible call it repeats is decided
+//! by the activity ledger (DONE: not re-sent; INTENT: re-sent with its key
+//! only to a deduplicating endpoint, else needs confirmation).
+//!
+//! The completion summary is printed, not written to a file: the run's
+//! outcome is already durable twice (its status in the runs table, its
+//! response in the agent's session log), and a third copy would be one
+//! more file to keep consistent through the `Fs` seam for no reader.
+
+use std::path::Path;
+
+use durable_agent::runtime::{AgentId, ConversationItem, RuntimeError, WorkTurn};
+use durable_agent::store::activities::{ActivityStatus, ActivityStore};
+use durable_agent::store::tool_calls::{RunRecord, RunStatus, ToolCallStore};
+use durable_agent::store::StoreError;
+use durable_agent::system::System;
+use serde::Serialize;
+
+use crate::interrupt::{Stop, INTERRUPTED};
+use crate::job::{next_run_id, Job, JobError};
+
+/// Largest rendering of a parent run's conversation handed to a fork.
+const MAX_FORK_CONTEXT_BYTES: usize = 16 * 1024;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub enum RunMode<'a> {
+    /// A new run of a job file.
+    New { job_file: &'a Path },
+    /// Boot (recovery runs) and finish run `run_id`.
+    Resume { run_id: &'a str },
+    /// A new run of the job of `run_id`, with its conversation as context.
+    Fork { run_id: &'a str },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Job(#[from] JobError),
+    #[error("run {run_id} already exists; continue it with `run --resume {run_id}` or start another with `run --fork {run_id}`")]
+    Exists { run_id: String },
+    #[error("no run {run_id} in this root (runs: {known})")]
+    NoSuchRun { run_id: String, known: String },
+    #[error("run {run_id}: its agent (session {session_id}) is gone (terminated?); start it again with `run --fork {run_id}`")]
+    AgentGone { run_id: String, session_id: String },
+    #[error("stores: {0}")]
+    Store(#[from] StoreError),
+    /// The outcome of the last step is unknown (an I/O error, a lost
+    /// delivery answer): the root must be booted again.
+    #[error("run {run_id}: {source}; its outcome is unknown — `run --resume {run_id}` boots, recovers and finishes it")]
+    UnknownOutcome {
+        run_id: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("runtime: {0}")]
+    Runtime(RuntimeError),
+}
+
+/// How a run ended this time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcome {
+    /// The turn ran now and completed.
+    Succeeded,
+    /// The turn had completed before (`--resume` of a finished run).
+    AlreadyDone,
+    /// A stop signal arrived; the run is still `running`: `--resume` it.
+    Interrupted,
+    /// The turn failed (provider error, too many tool rounds); the run is
+    /// `failed` and can be resumed.
+    Failed,
+}
+
+/// One tool call of the turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallSummary {
+    pub tool: String,
+    pub irreversible: bool,
+    pub ok: bool,
+    pub output: String,
+}
+
+/// The completion summary (printed as JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub parent_run_id: Option<String>,
+    pub agent: String,
+    pub agent_id: String,
+    pub outcome: RunOutcome,
+    pub response: Option<String>,
+    pub tool_calls: Vec<CallSummary>,
+    pub error: Option<String>,
+    /// Irreversible calls of this agent whose fate a human must confirm
+    /// (`durable-agent confirm`).
+    pub needs_confirmation: Vec<String>,
+}
+
+impl RunSummary {
+    /// Exit status: only a failed turn is a failure.
+    pub fn is_failure(&self) -> bool {
+        self.outcome == RunOutcome::Failed
+    }
+}
+
+/// Run `mode` on a booted system.
+pub fn run(system: &mut System, mode: RunMode<'_>, stop: &Stop) -> Result<RunSummary, RunError> {
+    let store = ToolCallStore::default();
+    let (run, job, agent) = match mode {
+        RunMode::New { job_file } => {
+            let job = Job::load(job_file)?;
+            let run_id = match &job.run_id {
+                Some(id) => id.clone(),
+                None => {
+                    let stem = job_file.file_stem().map(|s| s.to_string_lossy().into_owned());
+                    next_run_id(
+                        stem.as_deref().unwrap_or("run"),
+                        &store.run_ids(system.db().conn())?,
+                    )
+                }
+            };
+            let instructions = job.instructions.clone();
+            start(system, run_id, job, None, &instructions)?
+        }
+        RunMode::Resume { run_id } => {
+            let run = stored_run(system, run_id)?;
+            let job = Job::from_stored(run_id, run.job_json.as_deref())?;
+            let agent = agent_of(system, &run)?;
+            if run.status != RunStatus::Running {
+                let now = system.now_ms();
+                store.set_run_status(system.db().conn(), run_id, RunStatus::Running, now)?;
+            }
+            tracing::info!(run_id, agent = %agent, was = run.status.as_str(), "resuming run");
+            (run, job, agent)
+        }
+        RunMode::Fork { run_id: parent } => {
+            let parent_run = stored_run(system, parent)?;
+            let mut job = Job::from_stored(parent, parent_run.job_json.as_deref())?;
+            let context = agent_of(system, &parent_run)
+                .ok()
+                .map(|agent| render_conversation(system, &agent))
+                .unwrap_or_default();
+            let run_id = next_run_id(&format!("{parent}-fork"), &store.run_ids(system.db().conn())?);
+            job.run_id = None;
+            let mut instructions = job.instructions.clone();
+            if !context.is_empty() {
+                instructions.push_str(&format!(
+                    "\n\nThis run is a fork of run {parent}, which went like this:\n{context}"
+                ));
+            }
+            start(system, run_id, job, Some(parent.to_string()), &instructions)?
+        }
+    };
+    execute(system, &run, &job, &agent, stop)
+}
+
+/// Create the run's root agent, then record the run.
+fn start(
+    system: &mut System,
+    run_id: String,
+    job: Job,
+    parent_run_id: Option<String>,
+    instructions: &str,
+) -> Result<(RunRecord, Job, AgentId), RunError> {
+    let store = ToolCallStore::default();
+    if store.get_run(system.db().conn(), &run_id)?.is_some() {
+        return Err(RunError::Exists { run_id });
+    }
+    let agent = system
+        .runtime_mut()
+        .create_root(&job.agent, instructions)
+        .map_err(|source| unknown_or_runtime(&run_id, source))?;
+    let session_id = system
+        .runtime()
+        .state()
+        .agents
+        .get(&agent)
+        .map(|a| a.session_id.to_string())
+        .unwrap_or_default();
+    let run = RunRecord {
+        run_id,
+        session_id,
+        status: RunStatus::Running,
+        parent_run_id,
+        job_json: Some(job.to_json()),
+    };
+    let now = system.now_ms();
+    store.create_job_run(system.db().conn(), &run, now)?;
+    eprintln!(
+        "run {}: agent {} ({agent}){}",
+        run.run_id,
+        job.agent,
+        run.parent_run_id
+            .as_ref()
+            .map_or(String::new(), |p| format!(", forked from {p}"))
+    );
+    Ok((run, job, agent))
+}
+
+/// The work turn, then the run's final status.
+fn execute(
+    system: &mut System,
+    run: &RunRecord,
+    job: &Job,
+    agent: &AgentId,
+    stop: &Stop,
+) -> Result<RunSummary, RunError> {
+    let mut summary = RunSummary {
+        run_id: run.run_id.clone(),
+        parent_run_id: run.parent_run_id.clone(),
+        agent: job.agent.clone(),
+        agent_id: agent.to_string(),
+        outcome: RunOutcome::Interrupted,
+        response: None,
+        tool_calls: Vec::new(),
+        error: None,
+        needs_confirmation: Vec::new(),
+    };
+    let work = format!("run:{}", run.run_id);
+    let result = system.runtime_mut().run_work_turn(agent, &job.prompt, &work);
+    let status = match result {
+        Ok(WorkTurn::Ran(outcome)) => {
+            summary.outcome = RunOutcome::Succeeded;
+            summary.response = Some(outcome.response);
+            summary.tool_calls = outcome
+                .tool_calls
+                .into_iter()
+                .map(|(_, call, output)| CallSummary {
+                    tool: call.tool,
+                    irreversible: call.irreversible,
+                    ok: output.ok,
+                    output: output.output,
+                })
+                .collect();
+            Some(RunStatus::Succeeded)
+        }
+        Ok(WorkTurn::AlreadyDone) => {
+            summary.outcome = RunOutcome::AlreadyDone;
+            summary.response = last_response(system, agent);
+            Some(RunStatus::Succeeded)
+        }
+        Err(RuntimeError::Provider { source, .. }) if source.0 == INTERRUPTED || stop.requested() => {
+            summary.outcome = RunOutcome::Interrupted;
+            summary.error = Some(format!(
+                "stopped before the turn completed; `durable-agent run --resume {}` finishes it",
+                run.run_id
+            ));
+            None
+        }
+        Err(e) if e.is_unknown_outcome() || matches!(e, RuntimeError::Poisoned { .. }) => {
+            return Err(RunError::UnknownOutcome {
+                run_id: run.run_id.clone(),
+                source: e,
+            })
+        }
+        Err(e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. })) => {
+            summary.outcome = RunOutcome::Failed;
+            summary.error = Some(e.to_string());
+            Some(RunStatus::Failed)
+        }
+        Err(e) => return Err(RunError::Runtime(e)),
+    };
+    if let Some(status) = status {
+        let now = system.now_ms();
+        ToolCallStore::default().set_run_status(system.db().conn(), &run.run_id, status, now)?;
+    }
+    summary.needs_confirmation = ActivityStore::default()
+        .with_status(system.db().conn(), ActivityStatus::NeedsConfirmation)?
+        .into_iter()
+        .filter(|a| a.task_id == agent.as_str())
+        .map(|a| a.idem_key)
+        .collect();
+    tracing::info!(run_id = %run.run_id, outcome = ?summary.outcome, "run ended");
+    Ok(summary)
+}
+
+fn unknown_or_runtime(run_id: &str, e: RuntimeError) -> RunError {
+    if e.is_unknown_outcome() || matches!(e, RuntimeError::Poisoned { .. }) {
+        RunError::UnknownOutcome {
+            run_id: run_id.to_string(),
+            source: e,
+        }
+    } else {
+        RunError::Runtime(e)
+    }
+}
+
+fn stored_run(system: &System, run_id: &str) -> Result<RunRecord, RunError> {
+    let store = ToolCallStore::default();
+    let conn = system.db();
+    match store.get_run(conn.conn(), run_id)? {
+        Some(run) => Ok(run),
+        None => {
+            let known = store.run_ids(conn.conn())?;
+            Err(RunError::NoSuchRun {
+                run_id: run_id.to_string(),
+                known: if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                },
+            })
+        }
+    }
+}
+
+/// The live agent whose session the run records.
+fn agent_of(system: &System, run: &RunRecord) -> Result<AgentId, RunError> {
+    system
+        .runtime()
+        .state()
+        .agents
+        .into_iter()
+        .find(|(_, view)| view.session_id.as_str() == run.session_id)
+        .map(|(id, _)| id)
+        .ok_or_else(|| RunError::AgentGone {
+            run_id: run.run_id.clone(),
+            session_id: run.session_id.clone(),
+        })
+}
+
+fn last_response(system: &System, agent: &AgentId) -> Option<String> {
+    let state = system.runtime().state();
+    state
+        .conversations
+        .get(agent)?
+        .iter()
+        .rev()
+        .find_map(|item| match item {
+            ConversationItem::Response { text } => Some(text.clone()),
+            _ => None,
+        })
+}
+
+/// The agent's completed turns as plain text, capped.
+fn render_conversation(system: &System, agent: &AgentId) -> String {
+    let state = system.runtime().state();
+    let Some(items) = state.conversations.get(agent) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for item in items {
+        let line = match item {
+            ConversationItem::Prompt { text } => format!("user: {text}"),
+            ConversationItem::ToolCall { tool, args, .. } => format!("tool call {tool} {args}"),
+            ConversationItem::ToolResult { ok, output, .. } => {
+                format!("tool result ({}): {output}", if *ok { "ok" } else { "failed" })
+            }
+            ConversationItem::Response { text } => format!("assistant: {text}"),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if out.len() > MAX_FORK_CONTEXT_BYTES {
+        let mut end = MAX_FORK_CONTEXT_BYTES;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push_str("\n[truncated]\n");
+    }
+    out
+}
