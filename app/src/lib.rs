@@ -9,14 +9,17 @@
 //! Nothing here persists runtime state: that crosses the system crate's
 //! `Fs` seam only.
 
+pub mod api;
 pub mod boot;
 pub mod config;
+pub mod daemon;
 mod http;
 pub mod interrupt;
 pub mod job;
 pub mod mock_llm;
 pub mod observe;
 pub mod openai;
+pub mod ops;
 pub mod retry;
 pub mod run;
 pub mod server;

@@ -9,11 +9,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use durable_agent_cli::api::{self, Client};
 use durable_agent_cli::boot::boot;
 use durable_agent_cli::config::Config;
+use durable_agent_cli::daemon::{Daemon, ServeSettings};
 use durable_agent_cli::interrupt::Stop;
 use durable_agent_cli::mock_llm::{MockLlm, Script};
 use durable_agent_cli::openai::OpenAiProvider;
+use durable_agent_cli::ops;
 use durable_agent_cli::run::{run, RunMode};
 use durable_agent_cli::telemetry;
 use durable_agent_cli::webhook_sink::WebhookSink;
@@ -72,6 +75,54 @@ enum Command {
         #[arg(long, value_name = "RUN")]
         fork: Option<String>,
     },
+    /// The daemon: boot the root, serve the control API on [api] listen,
+    /// fire due triggers; SIGINT/SIGTERM stop it gracefully.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Agents, triggers, irreversible calls needing confirmation, runs (JSON).
+    Status {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Schedule a prompt for an agent, once per dedup key.
+    Emit {
+        #[arg(long)]
+        config: PathBuf,
+        /// The trigger's identity: a second emit with it is a no-op.
+        #[arg(long)]
+        dedup_key: String,
+        /// Agent name or id.
+        #[arg(long)]
+        agent: String,
+        #[arg(long)]
+        prompt: String,
+        /// Fire this many ms from now (default: now).
+        #[arg(long, conflicts_with = "fire_at_ms")]
+        delay_ms: Option<u64>,
+        /// Fire at this host time (ms since the UNIX epoch).
+        #[arg(long)]
+        fire_at_ms: Option<u64>,
+    },
+    /// Tell the ledger whether an irreversible call that needs confirmation
+    /// happened (look it up with `status`, at the receiving service).
+    #[command(group(clap::ArgGroup::new("answer").required(true).args(["delivered", "not_delivered"])))]
+    Confirm {
+        #[arg(long)]
+        config: PathBuf,
+        /// The call's idempotency key.
+        idem_key: String,
+        /// It happened.
+        #[arg(long)]
+        delivered: bool,
+        /// It did not happen.
+        #[arg(long)]
+        not_delivered: bool,
+        /// The service's reference for the effect (with --delivered).
+        #[arg(long, requires = "delivered")]
+        provider_ref: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -95,6 +146,34 @@ fn main() -> ExitCode {
                 (None, None, None) => return ExitCode::from(2),
             };
             run_command(&config, mode)
+        }
+        Command::Serve { config } => serve(&config).map(|()| ExitCode::SUCCESS),
+        Command::Status { config } => control(&config, "GET", "/status", None),
+        Command::Emit {
+            config,
+            dedup_key,
+            agent,
+            prompt,
+            delay_ms,
+            fire_at_ms,
+        } => {
+            let body = serde_json::json!({
+                "dedup_key": dedup_key, "agent": agent, "prompt": prompt,
+                "delay_ms": delay_ms, "fire_at_ms": fire_at_ms,
+            });
+            control(&config, "POST", "/triggers", Some(body))
+        }
+        Command::Confirm {
+            config,
+            idem_key,
+            delivered,
+            not_delivered: _,
+            provider_ref,
+        } => {
+            let body = serde_json::json!({
+                "idem_key": idem_key, "delivered": delivered, "provider_ref": provider_ref,
+            });
+            control(&config, "POST", "/confirm", Some(body))
         }
     };
     match result {
@@ -185,4 +264,53 @@ fn run_command(config: &std::path::Path, mode: RunMode<'_>) -> Result<ExitCode, 
     } else {
         ExitCode::SUCCESS
     })
+}
+
+fn serve(config: &std::path::Path) -> Result<(), String> {
+    let config = Config::load(config).map_err(|e| e.to_string())?;
+    let stop = Stop::new();
+    stop.on_signals("the daemon")
+        .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    let daemon = Daemon::start(&config, &stop, ServeSettings::default()).map_err(|e| e.to_string())?;
+    let report = &daemon.report;
+    eprintln!(
+        "serving root {}: {} agents recovered, {} leases reclaimed, {} INTENTs settled",
+        config.runtime.root.display(),
+        report.runtime.agents_recovered,
+        report.stores.reclaimed_triggers.len(),
+        report.stores.activities.len()
+    );
+    // The URL alone on stdout, so scripts can capture it.
+    println!("{}", daemon.url());
+    daemon.run().map_err(|e| e.to_string())?;
+    eprintln!("stopped");
+    Ok(())
+}
+
+/// One API operation: directly under the root lock when no daemon holds
+/// the root, else through the daemon's API (the lock says which).
+fn control(
+    config: &std::path::Path,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Result<ExitCode, String> {
+    let config = Config::load(config).map_err(|e| e.to_string())?;
+    let text = body.as_ref().map_or(String::new(), ToString::to_string);
+    let value = match boot(&config, &Stop::new()) {
+        Ok((mut system, _report)) => {
+            let request = api::route(method, path, &text).map_err(|r| r.message)?;
+            ops::apply(&mut system, request).map_err(|e| e.to_string())?
+        }
+        Err(e) if e.is_locked() => {
+            tracing::info!(addr = %config.api.listen, "the root is held (a daemon?): asking its API");
+            Client::new(config.api.listen, std::time::Duration::from_secs(60))
+                .call(method, path, body.as_ref())
+                .map_err(|api_error| format!("{e}\nand its API did not answer: {api_error}"))?
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let json = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+    println!("{json}");
+    Ok(ExitCode::SUCCESS)
 }

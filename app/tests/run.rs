@@ -172,6 +172,22 @@ fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resendi
     assert!(key.starts_with("run:killed-"), "{key}");
     assert_eq!(w.sink.requests(), 1, "re-sent to an endpoint that cannot dedup");
     assert_eq!(w.sink.deliveries_len(), 1);
+    // `status` lists it; a human answers with `confirm` (no daemon: direct).
+    let status = run(&["status", "--config", path_str(&w.config)])?.json()?;
+    assert_eq!(status["needs_confirmation"][0]["idem_key"], key, "{status}");
+    assert_eq!(status["runs"][0]["status"], "succeeded");
+    let confirmed = run(&[
+        "confirm",
+        key,
+        "--delivered",
+        "--provider-ref",
+        "dlv-1",
+        "--config",
+        path_str(&w.config),
+    ])?;
+    assert!(confirmed.status.success(), "{confirmed:?}");
+    let status = run(&["status", "--config", path_str(&w.config)])?.json()?;
+    assert_eq!(status["needs_confirmation"], json!([]), "{status}");
     Ok(())
 }
 

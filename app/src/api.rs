@@ -1,0 +1,198 @@
+//! The control API's wire: HTTP method + path + JSON body to an
+//! [`ops::Request`](crate::ops::Request) (the daemon's side), and the thin
+//! client the `status`/`emit`/`confirm` commands use when a daemon holds
+//! the root.
+//!
+//! | method | path                  | body                                             |
+//! |--------|-----------------------|--------------------------------------------------|
+//! | POST   | `/agents`             | `{name, instructions?, parent?}`                 |
+//! | DELETE | `/agents/{name}`      |                                                  |
+//! | POST   | `/agents/{name}/turn` | `{prompt, work_id?}`                             |
+//! | POST   | `/messages`           | `{from, to, payload}`                            |
+//! | POST   | `/triggers`           | `{dedup_key, fire_at_ms? \| delay_ms?, agent, prompt}` |
+//! | GET    | `/status`             |                                                  |
+//! | POST   | `/confirm`            | `{idem_key, delivered, provider_ref?}`           |
+//!
+//! Answers are JSON: the result with 200, or `{"error": "..."}` with the
+//! status of [`OpError::http_status`](crate::ops::OpError::http_status).
+//!
+//! Invariant: routing is total — any method, path and body give a
+//! `Request` or a 4xx with a message naming what is wrong; nothing here
+//! touches the system.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::http;
+use crate::ops::Request;
+
+/// A request the API refuses before it reaches the worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub status: u16,
+    pub message: String,
+}
+
+fn refused(status: u16, message: impl Into<String>) -> Refused {
+    Refused {
+        status,
+        message: message.into(),
+    }
+}
+
+/// The operation `method path` with `body` asks for.
+pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
+    let path = path.split('?').next().unwrap_or("");
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (method, parts.as_slice()) {
+        ("POST", ["agents"]) => parse(body).map(Request::CreateAgent),
+        ("DELETE", ["agents", name]) => Ok(Request::DeleteAgent(decode(name)?)),
+        ("POST", ["agents", name, "turn"]) => Ok(Request::Turn(decode(name)?, parse(body)?)),
+        ("POST", ["messages"]) => parse(body).map(Request::Message),
+        ("POST", ["triggers"]) => parse(body).map(Request::Emit),
+        ("GET", ["status"]) => Ok(Request::Status),
+        ("POST", ["confirm"]) => parse(body).map(Request::Confirm),
+        (
+            _,
+            ["agents"]
+            | ["agents", _]
+            | ["agents", _, "turn"]
+            | ["messages"]
+            | ["triggers"]
+            | ["status"]
+            | ["confirm"],
+        ) => Err(refused(405, format!("{method} is not allowed on {path}"))),
+        _ => Err(refused(
+            404,
+            format!("no endpoint {path} (see the API table in app/README.md)"),
+        )),
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &str) -> Result<T, Refused> {
+    serde_json::from_str(body).map_err(|e| refused(400, format!("bad JSON body: {e}")))
+}
+
+/// Percent-decoding of a path segment (agent names may hold spaces).
+fn decode(segment: &str) -> Result<String, Refused> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = segment
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| refused(400, format!("bad percent-escape in {segment:?}")))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| refused(400, format!("{segment:?} is not UTF-8")))
+}
+
+/// Percent-encode a path segment.
+pub fn encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the daemon at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("daemon answered HTTP {status}: {message}")]
+    Api { status: u16, message: String },
+    #[error("daemon sent a non-JSON answer: {0}")]
+    Malformed(String),
+}
+
+/// A client of a running daemon's API.
+#[derive(Debug)]
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// Calls give up after `timeout` (a turn can take a while).
+    pub fn new(addr: SocketAddr, timeout: Duration) -> Client {
+        let base = format!("http://{addr}");
+        Client {
+            agent: http::agent(&base, timeout, 0),
+            base,
+        }
+    }
+
+    /// `method path` with `body`; the answer's JSON.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let request = ureq::http::Request::builder()
+            .method(method)
+            .uri(url.as_str())
+            .header("Content-Type", "application/json")
+            .body(body.map_or_else(Vec::new, |b| b.to_string().into_bytes()))
+            .map_err(|e| ClientError::Unreachable {
+                url: url.clone(),
+                detail: e.to_string(),
+            })?;
+        let mut response = self.agent.run(request).map_err(|e| ClientError::Unreachable {
+            url: url.clone(),
+            detail: http::classify(&e).to_string(),
+        })?;
+        let status = response.status().as_u16();
+        let text =
+            http::read_body(&mut response, http::MAX_BODY_BYTES).map_err(|f| ClientError::Unreachable {
+                url: url.clone(),
+                detail: f.to_string(),
+            })?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|_| ClientError::Malformed(http::excerpt(&text, 200)))?;
+        if (200..300).contains(&status) {
+            Ok(value)
+        } else {
+            Err(ClientError::Api {
+                status,
+                message: value
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no message)")
+                    .to_string(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_and_refusals() {
+        assert!(matches!(route("GET", "/status", ""), Ok(Request::Status)));
+        assert!(matches!(
+            route("POST", "/agents/my%20bot/turn", r#"{"prompt":"hi"}"#),
+            Ok(Request::Turn(name, _)) if name == "my bot"
+        ));
+        assert!(matches!(route("DELETE", "/agents/a", ""), Ok(Request::DeleteAgent(n)) if n == "a"));
+        assert_eq!(route("GET", "/agents", "").map(|_| ()).unwrap_err().status, 405);
+        assert_eq!(route("GET", "/nope", "").map(|_| ()).unwrap_err().status, 404);
+        let bad = route("POST", "/triggers", r#"{"dedup_key":"k"}"#)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(bad.status, 400);
+        assert!(bad.message.contains("missing field"), "{}", bad.message);
+        assert_eq!(encode("my bot/1"), "my%20bot%2F1");
+    }
+}

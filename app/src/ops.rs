@@ -1,0 +1,480 @@
+//! The operations of the control API, on a booted [`System`]: one
+//! implementation, called by the `serve` worker for HTTP requests and by
+//! `status`/`emit`/`confirm` directly when no daemon holds the root.
+//!
+//! Invariant: every operation is a sequence of acknowledged runtime/store
+//! calls on the caller's thread (the root's one writer); an error that
+//! leaves the outcome unknown is reported as [`OpError::UnknownOutcome`]
+//! and the caller must stop using the system (boot again: recovery decides).
+//! The database guard is never held across a runtime call.
+
+use durable_agent::runtime::{AgentId, RuntimeError, TreeError};
+use durable_agent::store::activities::{ActivityStatus, ActivityStore};
+use durable_agent::store::tool_calls::ToolCallStore;
+use durable_agent::store::triggers::{EmitOutcome, TriggerSource, TriggerSpec};
+use durable_agent::store::StoreError;
+use durable_agent::system::{Fired, System, SystemError};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::interrupt::{Stop, INTERRUPTED};
+
+/// Largest delay or future fire time accepted for a trigger (a year).
+pub const MAX_TRIGGER_DELAY_MS: u64 = 365 * 24 * 3_600_000;
+
+/// `POST /agents`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAgent {
+    pub name: String,
+    #[serde(default)]
+    pub instructions: String,
+    /// Name or id of the parent; absent for a root agent.
+    #[serde(default)]
+    pub parent: Option<String>,
+}
+
+/// `POST /agents/{name}/turn`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnRequest {
+    pub prompt: String,
+    /// Makes the turn exactly-once: a retried request with the same work
+    /// id finds it done instead of running it again.
+    #[serde(default)]
+    pub work_id: Option<String>,
+}
+
+/// `POST /messages`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageRequest {
+    pub from: String,
+    pub to: String,
+    pub payload: String,
+}
+
+/// `POST /triggers`: fire `prompt` on `agent` once, at `fire_at_ms`
+/// (host-clock ms since the UNIX epoch) or `delay_ms` from now.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmitRequest {
+    pub dedup_key: String,
+    #[serde(default)]
+    pub fire_at_ms: Option<u64>,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    pub agent: String,
+    pub prompt: String,
+}
+
+/// `POST /confirm`: a human's answer for an irreversible call whose fate
+/// the ledger could not know.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmRequest {
+    pub idem_key: String,
+    pub delivered: bool,
+    #[serde(default)]
+    pub provider_ref: Option<String>,
+}
+
+/// One API operation.
+#[derive(Debug, Clone)]
+pub enum Request {
+    CreateAgent(CreateAgent),
+    DeleteAgent(String),
+    Turn(String, TurnRequest),
+    Message(MessageRequest),
+    Emit(EmitRequest),
+    Status,
+    Confirm(ConfirmRequest),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// The turn failed and nothing of it was acknowledged (provider error,
+    /// too many tool rounds); it can be asked again.
+    #[error("{0}")]
+    TurnFailed(String),
+    #[error("stores: {0}")]
+    Store(StoreError),
+    /// Unknown outcome: stop and boot again.
+    #[error("{0}; outcome unknown — restart to recover")]
+    UnknownOutcome(String),
+}
+
+impl OpError {
+    /// The HTTP status that carries it.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            OpError::BadRequest(_) => 400,
+            OpError::NotFound(_) => 404,
+            OpError::Conflict(_) => 409,
+            OpError::TurnFailed(_) => 502,
+            OpError::Store(_) => 500,
+            OpError::UnknownOutcome(_) => 503,
+        }
+    }
+
+    /// The system must not be used any more.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, OpError::UnknownOutcome(_))
+    }
+}
+
+impl From<StoreError> for OpError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            // A failed SQLite call may have committed: unknown.
+            StoreError::Sqlite { .. } => OpError::UnknownOutcome(e.to_string()),
+            other => OpError::Store(other),
+        }
+    }
+}
+
+impl From<RuntimeError> for OpError {
+    fn from(e: RuntimeError) -> Self {
+        match e {
+            e if e.is_unknown_outcome() || matches!(e, RuntimeError::Poisoned { .. }) => {
+                OpError::UnknownOutcome(e.to_string())
+            }
+            RuntimeError::UnknownAgent(_) => OpError::NotFound(e.to_string()),
+            RuntimeError::Tree(TreeError::HasChildren { .. }) => OpError::Conflict(e.to_string()),
+            RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. } => {
+                OpError::TurnFailed(e.to_string())
+            }
+            other => OpError::UnknownOutcome(other.to_string()),
+        }
+    }
+}
+
+/// Perform `request`.
+pub fn apply(system: &mut System, request: Request) -> Result<Value, OpError> {
+    match request {
+        Request::CreateAgent(r) => create_agent(system, r),
+        Request::DeleteAgent(name) => delete_agent(system, &name),
+        Request::Turn(name, r) => turn(system, &name, r),
+        Request::Message(r) => message(system, r),
+        Request::Emit(r) => emit(system, r),
+        Request::Status => status(system),
+        Request::Confirm(r) => confirm(system, r),
+    }
+}
+
+/// The live agent `name_or_id` names: an id, or a name only one live
+/// agent has.
+pub fn resolve(system: &System, name_or_id: &str) -> Result<AgentId, OpError> {
+    let tree = system.runtime().tree();
+    if let Ok(id) = AgentId::from_hex(name_or_id) {
+        if tree.contains(&id) {
+            return Ok(id);
+        }
+    }
+    let matches: Vec<&AgentId> = tree
+        .nodes()
+        .iter()
+        .filter(|(_, node)| node.name == name_or_id)
+        .map(|(id, _)| id)
+        .collect();
+    match matches.as_slice() {
+        [id] => Ok((*id).clone()),
+        [] => Err(OpError::NotFound(format!("no live agent named {name_or_id:?}"))),
+        many => Err(OpError::Conflict(format!(
+            "{} live agents are named {name_or_id:?} ({}); use an id",
+            many.len(),
+            many.iter().map(|id| id.as_str()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+fn create_agent(system: &mut System, r: CreateAgent) -> Result<Value, OpError> {
+    if r.name.trim().is_empty() || r.name.len() > 128 {
+        return Err(OpError::BadRequest("`name` must be 1-128 characters".into()));
+    }
+    if resolve(system, &r.name).is_ok() || AgentId::from_hex(&r.name).is_ok() {
+        return Err(OpError::Conflict(format!(
+            "an agent named {:?} exists (or the name looks like an id); names address agents, so they are unique",
+            r.name
+        )));
+    }
+    let id = match &r.parent {
+        None => system.runtime_mut().create_root(&r.name, &r.instructions)?,
+        Some(parent) => {
+            let parent = resolve(system, parent)?;
+            system
+                .runtime_mut()
+                .spawn_child(&parent, &r.name, &r.instructions)?
+        }
+    };
+    Ok(json!({"id": id, "name": r.name, "parent": r.parent}))
+}
+
+fn delete_agent(system: &mut System, name: &str) -> Result<Value, OpError> {
+    let id = resolve(system, name)?;
+    system.runtime_mut().terminate(&id)?;
+    Ok(json!({"terminated": id}))
+}
+
+fn turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Value, OpError> {
+    if r.prompt.trim().is_empty() {
+        return Err(OpError::BadRequest("`prompt` must not be empty".into()));
+    }
+    let id = resolve(system, name)?;
+    // Messages waiting for the agent are handed to it with this turn.
+    let messages = system.runtime_mut().deliver(&id)?;
+    let mut prompt = String::new();
+    if !messages.is_empty() {
+        prompt.push_str("Messages for you:\n");
+        for m in &messages {
+            prompt.push_str(&format!("- from {}: {}\n", m.from, m.payload));
+        }
+        prompt.push('\n');
+    }
+    prompt.push_str(&r.prompt);
+    let outcome = match &r.work_id {
+        None => Some(system.runtime_mut().run_turn(&id, &prompt)?),
+        Some(work) => match system
+            .runtime_mut()
+            .run_work_turn(&id, &prompt, &format!("api:{work}"))?
+        {
+            durable_agent::runtime::WorkTurn::Ran(outcome) => Some(outcome),
+            durable_agent::runtime::WorkTurn::AlreadyDone => None,
+        },
+    };
+    Ok(match outcome {
+        Some(o) => json!({
+            "agent": id,
+            "response": o.response,
+            "messages_delivered": messages.len(),
+            "tool_calls": o.tool_calls.iter().map(|(call_id, call, out)| json!({
+                "call_id": call_id, "tool": call.tool, "irreversible": call.irreversible,
+                "ok": out.ok, "output": out.output,
+            })).collect::<Vec<_>>(),
+        }),
+        None => json!({"agent": id, "already_done": true}),
+    })
+}
+
+fn message(system: &mut System, r: MessageRequest) -> Result<Value, OpError> {
+    let from = resolve(system, &r.from)?;
+    let to = resolve(system, &r.to)?;
+    let id = system.runtime_mut().send_message(&from, &to, &r.payload)?;
+    Ok(json!({"message_id": id}))
+}
+
+fn emit(system: &mut System, r: EmitRequest) -> Result<Value, OpError> {
+    if r.dedup_key.trim().is_empty() {
+        return Err(OpError::BadRequest("`dedup_key` must not be empty".into()));
+    }
+    if r.prompt.trim().is_empty() {
+        return Err(OpError::BadRequest("`prompt` must not be empty".into()));
+    }
+    let now = system.now_ms();
+    let fire_at_ms = match (r.fire_at_ms, r.delay_ms) {
+        (Some(at), None) => at,
+        (None, Some(delay)) if delay <= MAX_TRIGGER_DELAY_MS => now.saturating_add(delay),
+        (None, None) => now,
+        (None, Some(_)) => {
+            return Err(OpError::BadRequest(format!(
+                "`delay_ms` is above the limit of {MAX_TRIGGER_DELAY_MS}"
+            )))
+        }
+        (Some(_), Some(_)) => {
+            return Err(OpError::BadRequest(
+                "give `fire_at_ms` or `delay_ms`, not both".into(),
+            ))
+        }
+    };
+    if fire_at_ms > now.saturating_add(MAX_TRIGGER_DELAY_MS) {
+        return Err(OpError::BadRequest(
+            "`fire_at_ms` is more than a year ahead".into(),
+        ));
+    }
+    // The agent must exist now; it is looked up again when the trigger fires.
+    resolve(system, &r.agent)?;
+    let spec = TriggerSpec {
+        source: TriggerSource::Scheduled,
+        dedup_key: Some(r.dedup_key.clone()),
+        session_id: None,
+        fire_at_ms,
+        priority: 0,
+        description: format!("prompt for {}", r.agent),
+        payload: json!({"agent": r.agent, "prompt": r.prompt}),
+    };
+    let outcome = system.triggers().emit(system.db().conn(), &spec, now)?;
+    let (id, duplicate) = match &outcome {
+        EmitOutcome::Inserted(id) => (id, false),
+        EmitOutcome::Duplicate(id) => (id, true),
+    };
+    Ok(json!({"id": id, "duplicate": duplicate, "dedup_key": r.dedup_key, "fire_at_ms": fire_at_ms}))
+}
+
+fn confirm(system: &mut System, r: ConfirmRequest) -> Result<Value, OpError> {
+    let now = system.now_ms();
+    let provider_ref = r
+        .provider_ref
+        .clone()
+        .unwrap_or_else(|| "confirmed delivered by a human".to_string());
+    let happened = r.delivered.then_some(provider_ref.as_str());
+    match ActivityStore::default().resolve(system.db().conn(), &r.idem_key, happened, now) {
+        Ok(()) => Ok(json!({"idem_key": r.idem_key, "status": if r.delivered { "DONE" } else { "FAILED" }})),
+        Err(StoreError::WrongState { actual, .. }) if actual == "missing" => Err(OpError::NotFound(format!(
+            "no activity with key {:?}",
+            r.idem_key
+        ))),
+        Err(e @ StoreError::WrongState { .. }) => Err(OpError::Conflict(e.to_string())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Agents, triggers by status, activities needing confirmation, runs.
+pub fn status(system: &mut System) -> Result<Value, OpError> {
+    let state = system.runtime().state();
+    let agents: Vec<Value> = state
+        .agents
+        .iter()
+        .map(|(id, view)| {
+            json!({
+                "id": id, "name": view.name, "parent": view.parent,
+                "session_id": view.session_id, "session_state": format!("{:?}", view.session_state),
+                "pending_messages": state.pending.get(id).map_or(0, Vec::len),
+                "turns": state.conversations.get(id).map_or(0, |c| c.iter().filter(|i| matches!(i, durable_agent::runtime::ConversationItem::Prompt { .. })).count()),
+            })
+        })
+        .collect();
+    let now = system.now_ms();
+    let conn = system.db();
+    let mut triggers = serde_json::Map::new();
+    for t in system.triggers().all(conn.conn(), now)? {
+        let entry = triggers
+            .entry(t.status.as_str().to_string())
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(list) = entry {
+            list.push(json!({
+                "id": t.id, "dedup_key": t.dedup_key, "fire_at_ms": t.fire_at_ms,
+                "attempts": t.attempts, "last_error": t.last_error, "payload": t.payload,
+            }));
+        }
+    }
+    let needs_confirmation: Vec<Value> = ActivityStore::default()
+        .with_status(conn.conn(), ActivityStatus::NeedsConfirmation)?
+        .into_iter()
+        .map(
+            |a| json!({"idem_key": a.idem_key, "agent": a.task_id, "action": a.action, "payload": a.payload}),
+        )
+        .collect();
+    let store = ToolCallStore::default();
+    let mut runs = Vec::new();
+    for run_id in store.run_ids(conn.conn())? {
+        if let Some(run) = store.get_run(conn.conn(), &run_id)? {
+            runs.push(json!({"run_id": run.run_id, "status": run.status.as_str(), "parent_run_id": run.parent_run_id}));
+        }
+    }
+    Ok(json!({
+        "now_ms": now,
+        "agents": agents,
+        "triggers": triggers,
+        "needs_confirmation": needs_confirmation,
+        "runs": runs,
+    }))
+}
+
+/// What the scheduler did with one claimed trigger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FireResult {
+    Fired {
+        id: String,
+        fired: Fired,
+    },
+    /// Acked failed (retried later with backoff, or given up).
+    Failed {
+        id: String,
+        error: String,
+    },
+    /// A stop arrived mid-turn: the claim is left for the next boot to
+    /// reclaim (the turn re-runs under the same work id).
+    Interrupted {
+        id: String,
+    },
+}
+
+/// Claim and fire every due trigger, one at a time, until none is due or a
+/// stop is requested.
+pub fn fire_due(system: &mut System, lease_ms: u64, stop: &Stop) -> Result<Vec<FireResult>, OpError> {
+    let mut results = Vec::new();
+    while !stop.requested() {
+        let now = system.now_ms();
+        let claimed = system.triggers().claim(system.db().conn(), now, lease_ms)?;
+        let Some(claim) = claimed else { break };
+        let target = claim
+            .payload
+            .get("agent")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let prompt = claim
+            .payload
+            .get("prompt")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let (Some(target), Some(mut prompt)) = (target, prompt) else {
+            let error = "payload has no `agent` and `prompt` strings".to_string();
+            let now = system.now_ms();
+            system
+                .triggers()
+                .ack_failed(system.db().conn(), &claim, now, &error, false)?;
+            results.push(FireResult::Failed { id: claim.id, error });
+            continue;
+        };
+        let agent = match resolve(system, &target) {
+            Ok(agent) => agent,
+            Err(e) => {
+                let error = e.to_string();
+                let now = system.now_ms();
+                system
+                    .triggers()
+                    .ack_failed(system.db().conn(), &claim, now, &error, false)?;
+                results.push(FireResult::Failed { id: claim.id, error });
+                continue;
+            }
+        };
+        if let Some(note) = claim.overdue_note() {
+            prompt.push_str(&format!("\n\n[{note}]"));
+        }
+        tracing::info!(id = %claim.id, key = ?claim.dedup_key, agent = %agent, attempt = claim.attempts, "firing trigger");
+        let outcome = system.fire(&claim, &agent, &prompt);
+        let (error, retryable) = match outcome {
+            Ok(fired) => {
+                tracing::info!(id = %claim.id, ?fired, "trigger done");
+                results.push(FireResult::Fired { id: claim.id, fired });
+                continue;
+            }
+            Err(SystemError::Runtime(RuntimeError::Provider { source, .. })) if source.0 == INTERRUPTED => {
+                tracing::info!(id = %claim.id, "trigger turn interrupted by stop; boot reclaims it");
+                results.push(FireResult::Interrupted { id: claim.id });
+                break;
+            }
+            Err(SystemError::Runtime(e @ RuntimeError::Provider { .. })) => (e.to_string(), true),
+            Err(SystemError::Runtime(e @ RuntimeError::TooManyToolRounds { .. })) => (e.to_string(), false),
+            Err(SystemError::Runtime(e @ RuntimeError::UnknownAgent(_))) => (e.to_string(), false),
+            Err(SystemError::Store(e @ StoreError::LeaseLost { .. })) => {
+                tracing::warn!(id = %claim.id, error = %e, "lease lost; the newer claim owns the trigger");
+                continue;
+            }
+            Err(e) => return Err(OpError::UnknownOutcome(format!("trigger {}: {e}", claim.id))),
+        };
+        let now = system.now_ms();
+        let status = system
+            .triggers()
+            .ack_failed(system.db().conn(), &claim, now, &error, retryable)?;
+        tracing::warn!(id = %claim.id, error, next = status.as_str(), "trigger failed");
+        results.push(FireResult::Failed { id: claim.id, error });
+    }
+    Ok(results)
+}

@@ -1,0 +1,181 @@
+//! `durable-agent serve` end to end, with `emit`, `status` and `confirm`
+//! as its clients: a one-time trigger fires exactly once across a kill -9
+//! of the daemon, a second daemon on the same root is refused, and the
+//! commands work both through the API and directly on an idle root.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Child;
+use std::time::Duration;
+
+use common::*;
+use durable_agent_cli::api::Client;
+use durable_agent_cli::mock_llm::MockLlm;
+use durable_agent_cli::webhook_sink::WebhookSink;
+use serde_json::{json, Value};
+
+/// Start `serve` and wait for the URL it prints once listening.
+fn start_serve(config: &std::path::Path) -> Result<(Child, String), Box<dyn std::error::Error>> {
+    let mut child = spawn(&["serve", "--config", path_str(config)])?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim().is_empty() {
+        let out = finish(child)?;
+        return Err(format!("serve printed no URL: {out:?}").into());
+    }
+    Ok((child, line.trim().to_string()))
+}
+
+fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
+    let addr = url.trim_start_matches("http://").parse()?;
+    Ok(Client::new(addr, Duration::from_secs(10)))
+}
+
+fn trigger_statuses(status: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(map) = status["triggers"].as_object() {
+        for (state, list) in map {
+            for t in list.as_array().into_iter().flatten() {
+                out.push((t["dedup_key"].as_str().unwrap_or("").to_string(), state.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn one_time_trigger_fires_exactly_once_across_a_kill_9_restart_of_serve() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mock = MockLlm::echo(loopback())?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let (mut first, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    let created = api.call(
+        "POST",
+        "/agents",
+        Some(&json!({"name": "mailer", "instructions": "Send mail."})),
+    )?;
+    assert!(created["id"].is_string(), "{created}");
+    // Through the CLI: the root is locked by the daemon, so `emit` asks it.
+    let emitted = run(&[
+        "emit",
+        "--config",
+        path_str(&config),
+        "--dedup-key",
+        "remind-ada",
+        "--agent",
+        "mailer",
+        "--prompt",
+        "remind ada",
+        "--delay-ms",
+        "700",
+    ])?;
+    assert!(emitted.status.success(), "{emitted:?}");
+    assert_eq!(emitted.json()?["duplicate"], false);
+    // The daemon dies before the trigger is due.
+    signal(&first, "KILL")?;
+    first.wait()?;
+    assert_eq!(sink.requests(), 0);
+
+    let (second, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    wait_for("the trigger to fire", || sink.deliveries_len() == 1)?;
+    wait_for("the trigger to be DONE", || {
+        api.call("GET", "/status", None)
+            .is_ok_and(|s| trigger_statuses(&s) == vec![("remind-ada".to_string(), "DONE".to_string())])
+    })?;
+    // Emitting the same key again is a no-op, and nothing fires twice.
+    let again = api.call(
+        "POST",
+        "/triggers",
+        Some(&json!({"dedup_key": "remind-ada", "agent": "mailer", "prompt": "remind ada"})),
+    )?;
+    assert_eq!(again["duplicate"], true);
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(sink.requests(), 1);
+    let key = sink.deliveries()[0].idempotency_key().unwrap_or("").to_string();
+    assert!(key.starts_with("trigger:remind-ada-"), "{key}");
+
+    // A turn over the API, then a graceful stop.
+    let turn = api.call("POST", "/agents/mailer/turn", Some(&json!({"prompt": "hello"})))?;
+    assert_eq!(turn["tool_calls"][0]["tool"], "send_email", "{turn}");
+    signal(&second, "TERM")?;
+    let out = finish(second)?;
+    assert!(out.status.success(), "{out:?}");
+
+    // No daemon now: `status` boots the root itself.
+    let status = run(&["status", "--config", path_str(&config)])?;
+    assert!(status.status.success(), "{status:?}");
+    let status = status.json()?;
+    assert_eq!(
+        trigger_statuses(&status),
+        vec![("remind-ada".to_string(), "DONE".to_string())]
+    );
+    assert_eq!(status["agents"][0]["name"], "mailer");
+    assert_eq!(status["agents"][0]["turns"], 2);
+    Ok(())
+}
+
+#[test]
+fn a_second_serve_on_the_same_root_is_refused_with_the_locked_error() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mock = MockLlm::echo(loopback())?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        "http://127.0.0.1:9/send",
+        false,
+        free_addr()?,
+    )?;
+    let (first, url) = start_serve(&config)?;
+    let second = run(&["serve", "--config", path_str(&config)])?;
+    assert_eq!(second.status.code(), Some(1), "{second:?}");
+    assert!(
+        second.stderr.contains("is in use by another durable-agent"),
+        "{second:?}"
+    );
+    // A bad request names its problem; an unknown key is a 404.
+    let api = client(&url)?;
+    let err = api
+        .call(
+            "POST",
+            "/confirm",
+            Some(&json!({"idem_key": "nope", "delivered": true})),
+        )
+        .expect_err("unknown key");
+    assert!(
+        err.to_string().contains("404") && err.to_string().contains("nope"),
+        "{err}"
+    );
+    let err = api
+        .call("POST", "/triggers", Some(&json!({"agent": "x"})))
+        .expect_err("bad body");
+    assert!(
+        err.to_string().contains("400") && err.to_string().contains("dedup_key"),
+        "{err}"
+    );
+    let err = api
+        .call(
+            "POST",
+            "/triggers",
+            Some(&json!({"dedup_key": "k", "agent": "ghost", "prompt": "p"})),
+        )
+        .expect_err("unknown agent");
+    assert!(
+        err.to_string().contains("404") && err.to_string().contains("ghost"),
+        "{err}"
+    );
+    signal(&first, "INT")?;
+    let out = finish(first)?;
+    assert!(out.status.success(), "{out:?}");
+    Ok(())
+}
