@@ -78,5 +78,7 @@ fn shipped_examples_are_valid() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(config.tools.len(), 3);
     let script = durable_agent_cli::mock_llm::Script::load(&dir.join("mock-script.toml"))?;
     assert_eq!(script.replies.len(), 3);
+    let job = durable_agent_cli::job::Job::load(&dir.join("job.toml"))?;
+    assert_eq!(job.agent, "assistant");
     Ok(())
 }
