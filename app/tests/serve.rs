@@ -77,7 +77,7 @@ fn one_time_trigger_fires_exactly_once_across_a_kill_9_restart_of_serve() -> Tes
         "--prompt",
         "remind ada",
         "--delay-ms",
-        "700",
+        "1500",
     ])?;
     assert!(emitted.status.success(), "{emitted:?}");
     assert_eq!(emitted.json()?["duplicate"], false);
