@@ -5,7 +5,10 @@
 //! Invariant: with [`Canaries::none`] (the default, and the only value
 //! production code ever builds) every branch guarded by a canary behaves
 //! correctly; each canary flips exactly one well-known mistake, in the
-//! component named in its doc.
+//! component named in its doc. Without the `canaries` cargo feature (which
+//! only the harness and the tests enable) no canary can be switched on at
+//! all: [`Canaries::only`] does not exist and [`Canaries::has`] is `false`
+//! whatever a set holds, so the guarded branches compile away.
 
 use std::collections::BTreeSet;
 
@@ -30,11 +33,21 @@ pub enum Canary {
     SideEffectBeforeIntent,
     /// Resume from a checkpoint skips rolling back messages past it.
     CheckpointRollbackSkipped,
+    /// A trigger's turn derives its idempotency keys from the agent's turn
+    /// count, not from the trigger (the work): re-run after a crash, once
+    /// the agent did anything else, its calls carry new keys.
+    TriggerTurnKeyedByTurn,
+    /// A re-claimed trigger runs its turn again although the turn had
+    /// completed before the crash (only the ack was lost).
+    TriggerTurnRerun,
+    /// A trigger ack checks only that the row is CLAIMED, not that the
+    /// acking claim still holds the lease.
+    AckIgnoresLease,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 8] = [
+    pub const ALL: [Canary; 11] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -43,6 +56,9 @@ impl Canary {
         Canary::TriggerWithoutDedup,
         Canary::SideEffectBeforeIntent,
         Canary::CheckpointRollbackSkipped,
+        Canary::TriggerTurnKeyedByTurn,
+        Canary::TriggerTurnRerun,
+        Canary::AckIgnoresLease,
     ];
 }
 
@@ -56,13 +72,14 @@ impl Canaries {
         Canaries(BTreeSet::new())
     }
 
-    /// Exactly one bug re-introduced.
+    /// Exactly one bug re-introduced (harness and test builds only).
+    #[cfg(feature = "canaries")]
     pub fn only(canary: Canary) -> Self {
         Canaries(BTreeSet::from([canary]))
     }
 
-    /// Whether `canary` is enabled.
+    /// Whether `canary` is enabled: never without the `canaries` feature.
     pub fn has(&self, canary: Canary) -> bool {
-        self.0.contains(&canary)
+        cfg!(feature = "canaries") && self.0.contains(&canary)
     }
 }

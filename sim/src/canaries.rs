@@ -14,7 +14,7 @@ use crate::search::search;
 
 /// Canaries the system can re-introduce today (every one of `Canary::ALL`;
 /// the list stays explicit so a new canary shows up UNPROVEN, not skipped).
-pub const IMPLEMENTED: [Canary; 8] = [
+pub const IMPLEMENTED: [Canary; 11] = [
     Canary::NoFsyncBeforeRename,
     Canary::NoDirFsync,
     Canary::AckBeforeLog,
@@ -23,6 +23,9 @@ pub const IMPLEMENTED: [Canary; 8] = [
     Canary::TriggerWithoutDedup,
     Canary::SideEffectBeforeIntent,
     Canary::CheckpointRollbackSkipped,
+    Canary::TriggerTurnKeyedByTurn,
+    Canary::TriggerTurnRerun,
+    Canary::AckIgnoresLease,
 ];
 
 /// What the search did with one canary on.

@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 
 use crate::exec::Exec;
-use crate::model::{Action, Model};
-use crate::op::{op_strategy, Op};
+use crate::model::{Action, Model, TriggerStatus};
+use crate::op::{op_strategy, AgentRef, Op};
 
 /// The reference state: the seed of the run and the optimistic model.
 #[derive(Debug, Clone)]
@@ -49,6 +49,8 @@ impl ReferenceStateMachine for RefMachine {
         if state.model.state.agents.is_empty() {
             // Nothing to act on yet: build, or crash an empty runtime.
             prop_oneof![4 => Just(Op::CreateRoot), 1 => op_strategy()].boxed()
+        } else if let Some(steer) = trigger_steer(&state.model) {
+            prop_oneof![1 => steer, 2 => op_strategy()].boxed()
         } else if !state.model.lost_turns.is_empty() {
             // A turn may have been rolled back: resuming it is what checks
             // that the ledger never repeats its effects.
@@ -63,7 +65,20 @@ impl ReferenceStateMachine for RefMachine {
     }
 
     fn apply(mut state: RefState, op: &Op) -> RefState {
+        if matches!(op, Op::Recover) {
+            // A clean restart reclaims every lease (the optimistic model
+            // has no crashes, but clean restarts leave zombies too).
+            state.model = state.model.restarted();
+        }
         if let Some(action) = state.model.resolve(op) {
+            if let (true, Action::Fire { key, .. }) = (state.crash_armed, &action) {
+                // The fire may be cut between its commits: assume it left
+                // the trigger due, and steer towards its re-fire (and a
+                // turn of its agent in between; see `trigger_steer`).
+                state.model.fire_work.insert(key.clone(), action.clone());
+                state.crash_armed = false;
+                return state;
+            }
             state.model.apply(&action);
             if let (true, Action::RunTurn { agent, .. }) = (state.crash_armed, &action) {
                 state.model.lost_turns.insert(agent.clone(), action.clone());
@@ -74,6 +89,8 @@ impl ReferenceStateMachine for RefMachine {
     }
 
     fn preconditions(state: &RefState, op: &Op) -> bool {
+        // (The steering ops below may not resolve in the optimistic model;
+        // the authoritative model skips them then, which is harmless.)
         op.is_control() || state.model.resolve(op).is_some()
     }
 }
@@ -97,4 +114,59 @@ impl StateMachineTest for SimTest {
         }
         exec
     }
+}
+
+/// Ops that exercise the trigger chain's crash windows, when the state
+/// makes them meaningful: after a fire ran with a crash armed, a turn of
+/// its agent (so its turn count moves on) and a re-fire; with zombie
+/// claims around (a restart reclaimed leases), a fresh claim and a stale
+/// ack.
+fn trigger_steer(model: &Model) -> Option<BoxedStrategy<Op>> {
+    let agents = model.state.agents.len().max(1);
+    let index_of = |name: &str| model.state.agents.keys().position(|n| n == name).unwrap_or(0);
+    let mut arms: Vec<BoxedStrategy<Op>> = Vec::new();
+    if let Some(Action::Fire { agent, .. }) = model
+        .fire_work
+        .values()
+        .find(|w| matches!(w, Action::Fire { key, .. } if !model.done_work.contains(key)))
+    {
+        let i = u8::try_from(index_of(agent) % agents).unwrap_or(0);
+        arms.push(
+            Just(Op::RunTurn {
+                agent: AgentRef(i),
+                tools: Vec::new(),
+            })
+            .boxed(),
+        );
+        arms.push(
+            Just(Op::FireTrigger {
+                agent: AgentRef(i),
+                tools: Vec::new(),
+            })
+            .boxed(),
+        );
+    }
+    let due = model
+        .state
+        .triggers
+        .iter()
+        .any(|t| t.status == TriggerStatus::Pending);
+    if due && !model.state.agents.is_empty() {
+        // A fire crosses ~45-60 I/O points and the generic crash offsets
+        // (0..40) stop short of its last commits (turn.complete, the ack):
+        // arm late crashes, and fire.
+        arms.push(
+            ((40u16..64), crate::op::crash_kind())
+                .prop_map(|(offset, kind)| Op::Crash { offset, kind })
+                .boxed(),
+        );
+    }
+    if !model.stale_claims.is_empty() {
+        arms.push(Just(Op::ClaimTrigger).boxed());
+        arms.push(any::<u8>().prop_map(|trigger| Op::StaleAck { trigger }).boxed());
+    }
+    if arms.is_empty() {
+        return None;
+    }
+    Some(proptest::strategy::Union::new(arms).boxed())
 }

@@ -112,6 +112,14 @@ pub enum Op {
     ClaimTrigger,
     /// Acknowledge a claimed trigger (done, or failed and retryable).
     AckTrigger { trigger: u8, ok: bool },
+    /// Fire the next due trigger (seed 001's chain): claim it, run the turn
+    /// it starts on an agent (the provider asks for `tools`), ack it DONE —
+    /// one `System::fire`. A trigger re-fired after a crash runs the work
+    /// it was first given (same agent, prompt, tools).
+    FireTrigger { agent: AgentRef, tools: Vec<ToolStep> },
+    /// A zombie ack: a process that claimed a trigger before a restart (its
+    /// lease long reclaimed) acks it now. It must be refused.
+    StaleAck { trigger: u8 },
     /// One tool round of a checkpointed agent loop (seed 003): an assistant
     /// message and `tools % 3` tool messages, then the loop checkpoint.
     LoopRound { tools: u8 },
@@ -140,7 +148,7 @@ fn agent_ref() -> impl Strategy<Value = AgentRef> {
     (0u8..8).prop_map(AgentRef)
 }
 
-fn crash_kind() -> impl Strategy<Value = CrashKind> {
+pub(crate) fn crash_kind() -> impl Strategy<Value = CrashKind> {
     prop_oneof![
         Just(CrashKind::Process),
         Just(CrashKind::PowerStrict),
@@ -176,8 +184,23 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => Just(Op::ClaimTrigger),
         2 => (0u8..3).prop_map(|tools| Op::LoopRound { tools }),
         2 => (any::<u8>(), prop::bool::weighted(0.7)).prop_map(|(trigger, ok)| Op::AckTrigger { trigger, ok }),
+        3 => (agent_ref(), prop::collection::vec(tool_step(), 0..3))
+            .prop_map(|(agent, tools)| Op::FireTrigger { agent, tools }),
+        1 => any::<u8>().prop_map(|trigger| Op::StaleAck { trigger }),
     ]
     .boxed()
+}
+
+fn render_tools(tools: &[ToolStep]) -> String {
+    let tools: Vec<String> = tools
+        .iter()
+        .map(|t| {
+            let kind = if t.irreversible { "irrev" } else { "rev" };
+            let ok = if t.ok { "" } else { "!fail" };
+            format!("{kind}{ok}")
+        })
+        .collect();
+    format!("[{}]", tools.join(","))
 }
 
 /// A compact one-line rendering for reports (`spawn_child(parent=#1)`).
@@ -185,17 +208,7 @@ pub fn render(op: &Op) -> String {
     match op {
         Op::CreateRoot => "create_root".into(),
         Op::SpawnChild { parent } => format!("spawn_child(parent=#{})", parent.0),
-        Op::RunTurn { agent, tools } => {
-            let tools: Vec<String> = tools
-                .iter()
-                .map(|t| {
-                    let kind = if t.irreversible { "irrev" } else { "rev" };
-                    let ok = if t.ok { "" } else { "!fail" };
-                    format!("{kind}{ok}")
-                })
-                .collect();
-            format!("run_turn(#{}, tools=[{}])", agent.0, tools.join(","))
-        }
+        Op::RunTurn { agent, tools } => format!("run_turn(#{}, tools={})", agent.0, render_tools(tools)),
         Op::SendMessage { from, to } => format!("send_message(#{} -> #{})", from.0, to.0),
         Op::Deliver { agent } => format!("deliver(#{})", agent.0),
         Op::Evict { agent } => format!("evict(#{})", agent.0),
@@ -211,5 +224,9 @@ pub fn render(op: &Op) -> String {
         Op::AckTrigger { trigger, ok } => {
             format!("ack_trigger(#{trigger}, {})", if *ok { "done" } else { "failed" })
         }
+        Op::FireTrigger { agent, tools } => {
+            format!("fire_trigger(#{}, tools={})", agent.0, render_tools(tools))
+        }
+        Op::StaleAck { trigger } => format!("stale_ack(#{trigger})"),
     }
 }

@@ -37,6 +37,12 @@
 //!   false`) when the lost turn's INTENT survived, or its scripted result
 //!   when it did not ([`relax_unknown_steps`]).
 //!
+//! - **R5 A fire's inner states.** A fire (claim → the trigger's turn →
+//!   ack) commits three times; a crash between them leaves the trigger
+//!   claimed (PENDING again after R1, one attempt more) with its turn
+//!   either absent (R4 applies to the turn's effects) or complete. Its
+//!   re-fire runs the same work; a completed turn only gets its ack.
+//!
 //! Invariants (checked after every step; after recovery also I2):
 //!
 //! - **I1 No orphans.** Every agent's parent is a live agent.
@@ -200,7 +206,7 @@ fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>
 /// The irreversible effects `action` would cause (R4).
 pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
     match action {
-        Some(Action::RunTurn { prompt, tools, .. }) => tools
+        Some(Action::RunTurn { prompt, tools, .. } | Action::Fire { prompt, tools, .. }) => tools
             .iter()
             .enumerate()
             .filter(|(_, t)| t.irreversible && t.ok)
@@ -233,6 +239,23 @@ pub fn judge(
         None => None,
     };
     let lost = if after.is_some() { effects_of(action) } else { none };
+    // R5: a fire is three commits (claim, the turn, the ack); the two
+    // states between them are candidates too.
+    if let (Some(after), Some(fire @ Action::Fire { .. })) = (after, action) {
+        let (turned, claimed) = fire_midpoints(before, after, fire);
+        if let Ok(adopted) = against(&turned, recovered, &BTreeSet::new()) {
+            return Ok(Accepted {
+                side: Side::After,
+                adopted,
+            });
+        }
+        if let Ok(adopted) = against(&claimed, recovered, &lost) {
+            return Ok(Accepted {
+                side: Side::Before,
+                adopted,
+            });
+        }
+    }
     match against(before, recovered, &lost) {
         Ok(adopted) => Ok(Accepted {
             side: if after.is_some() {
@@ -264,6 +287,31 @@ pub fn judge(
             }))
         }
     }
+}
+
+/// The two durable states inside a fire (R5): `turned` — the claim and the
+/// turn committed, the ack not (the trigger is still CLAIMED, its work
+/// done); `claimed` — only the claim committed (CLAIMED, one more attempt,
+/// no turn). Both remember the work the trigger was given, so its re-fire
+/// runs the same work (or, once done, only acks).
+fn fire_midpoints(before: &Model, after: &Model, fire: &Action) -> (Model, Model) {
+    let Action::Fire { key, .. } = fire else {
+        return (after.clone(), before.clone());
+    };
+    let claimed_row = |m: &mut Model| {
+        if let Some(t) = m.state.triggers.iter_mut().find(|t| &t.key == key) {
+            t.status = crate::model::TriggerStatus::Claimed;
+        }
+    };
+    let mut turned = after.clone();
+    claimed_row(&mut turned);
+    let mut claimed = before.clone();
+    if let Some(t) = claimed.state.triggers.iter_mut().find(|t| &t.key == key) {
+        t.attempts += 1;
+    }
+    claimed_row(&mut claimed);
+    claimed.fire_work.insert(key.clone(), fire.clone());
+    (turned, claimed)
 }
 
 /// I1 and I4 on a state (any step). Returns the violations.

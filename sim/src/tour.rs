@@ -1,4 +1,4 @@
-//! A fixed 30-op sequence that touches every op kind (the sweep's and the
+//! A fixed 38-op sequence that touches every op kind (the sweep's and the
 //! benchmark's workload, and a readable example of a case).
 //!
 //! Invariant: every op resolves to an action on the model it is applied to
@@ -22,7 +22,9 @@ const FAILING: ToolStep = ToolStep {
 
 /// The tour: a tree of four agents, turns with every tool kind, messages
 /// delivered and pending, eviction, restore, termination and a clean
-/// restart in the middle.
+/// restart in the middle; then durable triggers (a deduplicated re-emit,
+/// fires whose turns have effects, a failed ack retried by a fire) and a
+/// checkpointed loop round.
 pub fn tour() -> Vec<Op> {
     vec![
         Op::CreateRoot,
@@ -76,5 +78,22 @@ pub fn tour() -> Vec<Op> {
             tools: vec![],
         },
         Op::CreateRoot,
+        Op::EmitTrigger { key: 0 },
+        Op::FireTrigger {
+            agent: A(1),
+            tools: vec![IRREV, REV],
+        },
+        Op::EmitTrigger { key: 1 },
+        Op::EmitTrigger { key: 1 },
+        Op::ClaimTrigger,
+        Op::AckTrigger {
+            trigger: 0,
+            ok: false,
+        },
+        Op::FireTrigger {
+            agent: A(0),
+            tools: vec![IRREV],
+        },
+        Op::LoopRound { tools: 2 },
     ]
 }

@@ -118,7 +118,10 @@ fn spec(key: &str) -> TriggerSpec {
 
 fn worker(system: &System) -> AgentId {
     let nodes = system.runtime().tree().nodes();
-    let found = nodes.iter().find(|(_, n)| n.name == "worker").map(|(id, _)| id.clone());
+    let found = nodes
+        .iter()
+        .find(|(_, n)| n.name == "worker")
+        .map(|(id, _)| id.clone());
     found.expect("the worker survived")
 }
 
@@ -252,7 +255,11 @@ fn a_trigger_whose_turn_completed_before_a_crash_is_acked_without_running_again(
     clock.set(10_000_000);
     let mut system = boot(&fs, &world, &clock).expect("reboot");
     assert_eq!(fire(&mut system).expect("re-fire"), Some(Fired::AlreadyDone));
-    assert_eq!(world.deliveries_len(), sent, "the completed turn's effects were sent again");
+    assert_eq!(
+        world.deliveries_len(),
+        sent,
+        "the completed turn's effects were sent again"
+    );
     // The ack proved the re-claim's lease: the row is DONE at attempt 2.
     let rows = system.triggers().all(system.db().conn(), 0).expect("rows");
     assert_eq!((rows[0].status, rows[0].attempts), (TriggerStatus::Done, 2));

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::canary::Canary;
 use crate::log::{Event, LogEntry};
 
 use super::ids::AgentId;
@@ -147,7 +148,9 @@ impl Runtime {
         work: &str,
     ) -> Result<WorkTurn, RuntimeError> {
         self.live()?;
-        if self.work_done(agent, work)? {
+        // Canary: forget which work completed, so a lost ack re-runs it.
+        let rerun = self.config.canaries.has(Canary::TriggerTurnRerun);
+        if self.work_done(agent, work)? && !rerun {
             return Ok(WorkTurn::AlreadyDone);
         }
         let r = self.run_turn_inner(agent, prompt, Some(work));
@@ -221,9 +224,11 @@ impl Runtime {
                         irreversible: call.irreversible,
                     },
                 )?;
+                // Canary: key the work's calls by the turn count instead.
+                let by_turn = self.config.canaries.has(Canary::TriggerTurnKeyedByTurn);
                 let key = match work {
-                    Some(work) => work_idempotency_key(work, round, index, &call),
-                    None => idempotency_key(&session, turn_no, round, index, &call),
+                    Some(work) if !by_turn => work_idempotency_key(work, round, index, &call),
+                    _ => idempotency_key(&session, turn_no, round, index, &call),
                 };
                 let ctx = ToolContext {
                     agent,

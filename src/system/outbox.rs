@@ -35,7 +35,12 @@ impl Outbox for OutboxRoutes {
         self.routes.get(action).is_some_and(|o| o.supports_dedup(action))
     }
 
-    fn send(&self, idem_key: &str, action: &str, payload: &serde_json::Value) -> Result<String, DeliveryError> {
+    fn send(
+        &self,
+        idem_key: &str,
+        action: &str,
+        payload: &serde_json::Value,
+    ) -> Result<String, DeliveryError> {
         match self.routes.get(action) {
             Some(outbox) => outbox.send(idem_key, action, payload),
             None => Err(DeliveryError::Rejected {

@@ -19,6 +19,7 @@ use durable_agent::canary::Canaries;
 use durable_agent::fs::{CrashMode, Fault, SimConfig, SimFs, SimSnapshot};
 use durable_agent::runtime::{AgentId, MessageId, Runtime};
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
+use durable_agent::store::StoreError;
 use durable_agent::system::{Deps, System, SystemConfig};
 use durable_agent::world::World;
 
@@ -97,6 +98,9 @@ pub struct Driver {
     /// Triggers claimed since the last boot, by dedup key: an ack presents
     /// its claim (the store checks it still holds the lease).
     claims: BTreeMap<String, Trigger>,
+    /// Claims made before a restart (their leases reclaimed at boot): what
+    /// a zombie process would present.
+    stale: BTreeMap<String, Trigger>,
     /// Every agent ever seen, so messages from terminated senders resolve.
     names: BTreeMap<AgentId, String>,
     msgs: BTreeMap<MessageId, Msg>,
@@ -113,6 +117,8 @@ pub struct Driver {
 pub struct Names {
     names: BTreeMap<AgentId, String>,
     msgs: BTreeMap<MessageId, Msg>,
+    /// Every claim the process held or had held (a forked run's zombies).
+    claims: BTreeMap<String, Trigger>,
 }
 
 impl Driver {
@@ -137,6 +143,7 @@ impl Driver {
             seed,
             system: None,
             claims: BTreeMap::new(),
+            stale: BTreeMap::new(),
             names: BTreeMap::new(),
             msgs: BTreeMap::new(),
             store_cache: None,
@@ -146,9 +153,12 @@ impl Driver {
 
     /// The bookkeeping [`Driver::fork`] needs (cheap: a few names).
     pub fn names(&self) -> Names {
+        let mut claims = self.stale.clone();
+        claims.extend(self.claims.iter().map(|(k, c)| (k.clone(), c.clone())));
         Names {
             names: self.names.clone(),
             msgs: self.msgs.clone(),
+            claims,
         }
     }
 
@@ -167,6 +177,7 @@ impl Driver {
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
         driver.msgs = names.msgs;
+        driver.stale = names.claims;
         driver
     }
 
@@ -219,7 +230,7 @@ impl Driver {
 
     fn close(&mut self) {
         self.store_cache = None;
-        self.claims.clear();
+        self.stale.append(&mut self.claims);
         self.system = None;
     }
 
@@ -278,7 +289,12 @@ impl Driver {
         let now = self.now();
         if matches!(
             action,
-            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } | Action::LoopRound { .. }
+            Action::Emit { .. }
+                | Action::Claim { .. }
+                | Action::Ack { .. }
+                | Action::LoopRound { .. }
+                | Action::Fire { .. }
+                | Action::StaleAck { .. }
         ) {
             self.store_cache = None;
         }
@@ -364,6 +380,34 @@ impl Driver {
                 }
             }
             Action::LoopRound { round, tools } => self.loop_round(*round, *tools, now)?,
+            Action::Fire {
+                key, agent, prompt, ..
+            } => {
+                let id = self.id(agent)?;
+                let system = self.system()?;
+                let got = system
+                    .triggers()
+                    .claim(system.db().conn(), now, LEASE_MS)
+                    .map_err(|e| e.to_string())?;
+                let Some(claim) = got.filter(|t| t.dedup_key.as_deref() == Some(key.as_str())) else {
+                    return Err(format!("fire: the model expected {key:?} to be due"));
+                };
+                let system = self.system.as_mut().ok_or("harness: system not open")?;
+                system.fire(&claim, &id, prompt).map_err(|e| e.to_string())?;
+            }
+            Action::StaleAck { key } => {
+                // A zombie's ack: the system must refuse it (the lease is
+                // gone). Refused is the op's success; an accepted stale ack
+                // shows in the triggers the projection reads.
+                if let Some(claim) = self.stale.remove(key) {
+                    let system = self.system()?;
+                    let r = system.triggers().ack_done(system.db().conn(), &claim, now);
+                    match r {
+                        Ok(()) | Err(StoreError::LeaseLost { .. }) => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+            }
             Action::Ack { key, ok } => {
                 let claim = self
                     .claims

@@ -123,6 +123,21 @@ pub enum Action {
         key: String,
         ok: bool,
     },
+    /// Fire trigger `key` (the next due one): its turn on `agent`, then
+    /// the ack. When the model knows the turn already completed (a crash
+    /// lost only the ack) no turn runs.
+    Fire {
+        key: String,
+        agent: String,
+        prompt: String,
+        tools: Vec<ToolStep>,
+        response: String,
+    },
+    /// A zombie ack of `key` with a claim from before a restart: refused,
+    /// nothing changes.
+    StaleAck {
+        key: String,
+    },
     /// Loop round `round` with `tools` tool messages.
     LoopRound {
         round: u64,
@@ -186,6 +201,17 @@ pub struct Model {
     /// Bookkeeping.
     #[serde(default)]
     pub lost_effects: BTreeSet<String>,
+    /// The work each fired trigger was given (its first `Fire`), by key: a
+    /// re-fire after a crash runs the same work. Bookkeeping.
+    #[serde(default)]
+    pub fire_work: BTreeMap<String, Action>,
+    /// Triggers whose turn completed (durably), by key. Bookkeeping.
+    #[serde(default)]
+    pub done_work: BTreeSet<String>,
+    /// Keys a process claimed before a restart (a zombie may ack them).
+    /// Bookkeeping.
+    #[serde(default)]
+    pub stale_claims: BTreeSet<String>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -211,6 +237,30 @@ impl Model {
             .agents
             .values()
             .any(|a| a.parent.as_deref() == Some(name))
+    }
+
+    /// A completed turn of `agent` and its irreversible effects.
+    fn add_turn(&mut self, agent: &str, prompt: &str, tools: &[ToolStep], response: &str) {
+        if let Some(a) = self.state.agents.get_mut(agent) {
+            a.status = Status::Resident;
+            a.turns.push(Turn {
+                prompt: prompt.to_string(),
+                tools: tools.to_vec(),
+                response: response.to_string(),
+            });
+        }
+        for (i, t) in tools.iter().enumerate() {
+            let key = effect_key(prompt, i);
+            // A resumed turn reuses its keys: the ledger never sends a
+            // key twice, and one of unknown fate stays unknown.
+            if t.irreversible
+                && t.ok
+                && !self.maybe_effects.contains(&key)
+                && !self.state.outbox.contains(&key)
+            {
+                self.state.outbox.push(key);
+            }
+        }
     }
 
     /// Turn an abstract op into a concrete action against this state, or
@@ -264,9 +314,11 @@ impl Model {
                     .collect();
                 return self.lost_turns.get(pick(&lost, agent.0)?).cloned();
             }
-            Op::EmitTrigger { .. } | Op::ClaimTrigger | Op::AckTrigger { .. } => {
-                return self.resolve_trigger(op)
-            }
+            Op::EmitTrigger { .. }
+            | Op::ClaimTrigger
+            | Op::AckTrigger { .. }
+            | Op::FireTrigger { .. }
+            | Op::StaleAck { .. } => return self.resolve_trigger(op),
             Op::LoopRound { tools } => Action::LoopRound {
                 round: n,
                 tools: tools % 3,
@@ -300,27 +352,21 @@ impl Model {
                 tools,
                 response,
             } => {
-                if let Some(a) = agents.get_mut(agent) {
-                    a.status = Status::Resident;
-                    a.turns.push(Turn {
-                        prompt: prompt.clone(),
-                        tools: tools.clone(),
-                        response: response.clone(),
-                    });
-                }
                 self.lost_turns.remove(agent);
-                for (i, t) in tools.iter().enumerate() {
-                    let key = effect_key(prompt, i);
-                    // A resumed turn reuses its keys: the ledger never sends a
-                    // key twice, and one of unknown fate stays unknown.
-                    if t.irreversible
-                        && t.ok
-                        && !self.maybe_effects.contains(&key)
-                        && !self.state.outbox.contains(&key)
-                    {
-                        self.state.outbox.push(key);
-                    }
+                self.add_turn(agent, prompt, tools, response);
+            }
+            Action::Fire {
+                key,
+                agent,
+                prompt,
+                tools,
+                response,
+            } => {
+                if self.done_work.insert(key.clone()) {
+                    self.add_turn(agent, prompt, tools, response);
                 }
+                self.fire_work.insert(key.clone(), action.clone());
+                self.apply_trigger(action);
             }
             Action::SendMessage { from, to, payload } => {
                 if let Some(a) = agents.get_mut(to) {
@@ -349,7 +395,9 @@ impl Model {
             Action::Terminate { agent } => {
                 agents.remove(agent);
             }
-            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } => self.apply_trigger(action),
+            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } | Action::StaleAck { .. } => {
+                self.apply_trigger(action)
+            }
             Action::LoopRound { round, tools } => {
                 self.state.loop_messages.extend(round_messages(*round, *tools))
             }
@@ -363,9 +411,11 @@ impl Model {
         for a in m.state.agents.values_mut() {
             a.status = Status::Suspended;
         }
-        // Boot reclaims every lease: a reboot outlasts any lease.
+        // Boot reclaims every lease (the root lock proves their holders
+        // dead); a zombie holder may still try to ack.
         for t in &mut m.state.triggers {
             if t.status == TriggerStatus::Claimed {
+                m.stale_claims.insert(t.key.clone());
                 t.status = if t.attempts >= MAX_ATTEMPTS {
                     TriggerStatus::Dead
                 } else {

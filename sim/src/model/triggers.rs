@@ -61,6 +61,39 @@ impl Model {
                     ok: *ok,
                 })
             }
+            Op::FireTrigger { agent, tools } => {
+                let key = &rows.iter().find(|t| t.status == TriggerStatus::Pending)?.key;
+                if let Some(work) = self.fire_work.get(key) {
+                    // The work a trigger was first given: its agent must
+                    // still be live (else the op is skipped).
+                    let Action::Fire { agent, .. } = work else {
+                        return None;
+                    };
+                    return self.state.agents.contains_key(agent).then(|| work.clone());
+                }
+                let names: Vec<&String> = self.state.agents.keys().collect();
+                if names.is_empty() {
+                    return None;
+                }
+                let n = self.counter;
+                let tools = &tools[..tools.len().min(super::MAX_TOOLS_PER_TURN)];
+                Some(Action::Fire {
+                    key: key.clone(),
+                    agent: names[agent.0 as usize % names.len()].clone(),
+                    prompt: super::script_prompt(n, tools),
+                    tools: tools.to_vec(),
+                    response: format!("r{n}"),
+                })
+            }
+            Op::StaleAck { trigger } => {
+                let stale: Vec<&String> = self.stale_claims.iter().collect();
+                if stale.is_empty() {
+                    return None;
+                }
+                Some(Action::StaleAck {
+                    key: stale[*trigger as usize % stale.len()].clone(),
+                })
+            }
             _ => None,
         }
     }
@@ -80,6 +113,16 @@ impl Model {
                     t.status = TriggerStatus::Claimed;
                     t.attempts += 1;
                 }
+            }
+            Action::Fire { key, .. } => {
+                if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
+                    t.status = TriggerStatus::Done;
+                    t.attempts += 1;
+                }
+            }
+            Action::StaleAck { key } => {
+                // Refused; the zombie acks once.
+                self.stale_claims.remove(key);
             }
             Action::Ack { key, ok } => {
                 if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {

@@ -65,12 +65,7 @@ impl ToolCallStore {
 
     /// Create a job run (idempotent in `run_id`): the job it runs, as
     /// JSON, and the run it was forked from, if any.
-    pub fn create_job_run(
-        &self,
-        conn: &Connection,
-        run: &RunRecord,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
+    pub fn create_job_run(&self, conn: &Connection, run: &RunRecord, now_ms: u64) -> Result<(), StoreError> {
         conn.execute(
             "INSERT INTO runs (run_id, session_id, status, parent_run_id, job_json, created_at, \
              updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT(run_id) DO NOTHING",

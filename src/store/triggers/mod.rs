@@ -209,7 +209,9 @@ impl TriggerStore {
                 id: id.to_string(),
             });
         };
-        if status != TriggerStatus::Claimed.as_str() || attempts != claim.attempts {
+        // Canary: accept any claim of a CLAIMED row, stale or not.
+        let lease_checked = !self.canaries.has(Canary::AckIgnoresLease);
+        if status != TriggerStatus::Claimed.as_str() || (lease_checked && attempts != claim.attempts) {
             // The lease was reclaimed (and maybe claimed again: a newer
             // attempt owns the row now). Acking would settle someone
             // else's claim.
