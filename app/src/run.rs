@@ -60,11 +60,13 @@ pub enum RunError {
     Store(#[from] StoreError),
     /// The outcome of the last step is unknown (an I/O error, a lost
     /// delivery answer): the root must be booted again.
-    #[error("run {run_id}: {source}; its outcome is unknown — `run --resume {run_id}` boots, recovers and finishes it")]
+    #[error("run {run_id}: {source}; its outcome is unknown — {hint}`run --resume {run_id}` boots, recovers and finishes it")]
     UnknownOutcome {
         run_id: String,
         #[source]
         source: RuntimeError,
+        /// What to do first, when the cause is known (a full disk).
+        hint: &'static str,
     },
     #[error("runtime: {0}")]
     Runtime(RuntimeError),
@@ -262,10 +264,7 @@ fn execute(
             None
         }
         Err(e) if e.is_unknown_outcome() || matches!(e, RuntimeError::Poisoned { .. }) => {
-            return Err(RunError::UnknownOutcome {
-                run_id: run.run_id.clone(),
-                source: e,
-            })
+            return Err(unknown_or_runtime(&run.run_id, e))
         }
         Err(e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. })) => {
             summary.outcome = RunOutcome::Failed;
@@ -290,13 +289,34 @@ fn execute(
 
 fn unknown_or_runtime(run_id: &str, e: RuntimeError) -> RunError {
     if e.is_unknown_outcome() || matches!(e, RuntimeError::Poisoned { .. }) {
+        let hint = if disk_full(&e) {
+            "the disk is full: free space on it, then "
+        } else {
+            ""
+        };
         RunError::UnknownOutcome {
             run_id: run_id.to_string(),
             source: e,
+            hint,
         }
     } else {
         RunError::Runtime(e)
     }
+}
+
+/// Whether an `ENOSPC` is somewhere in `e`'s chain of causes.
+fn disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(err) = cause {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
+        {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }
 
 fn stored_run(system: &System, run_id: &str) -> Result<RunRecord, RunError> {

@@ -97,7 +97,8 @@ fn sigint_mid_job_stops_cleanly_and_resume_sends_nothing_twice() -> TestResult {
             Reply::tool_call("send_email", email()),
             // Slow: the stop arrives while this completion is awaited.
             Reply::text("never seen").delayed(15_000),
-            Reply::tool_call("send_email", email()),
+            // The resumed turn continues after its completed round 0 (the
+            // round's checkpoint): only round 1 is asked for again.
             Reply::text("done after resume"),
         ],
         false,
@@ -127,8 +128,9 @@ fn sigint_mid_job_stops_cleanly_and_resume_sends_nothing_twice() -> TestResult {
     let summary = resumed.json()?;
     assert_eq!(summary["outcome"], "succeeded", "{summary}");
     assert_eq!(summary["response"], "done after resume");
-    // The repeated call was answered from the ledger (DONE), not re-sent.
+    // Round 0's call comes from the log: neither asked for nor re-sent.
     assert_eq!(summary["tool_calls"][0]["ok"], true, "{summary}");
+    assert_eq!(w.mock.requests().len(), 3, "round 0 was asked for again");
     assert_eq!(
         w.sink.requests(),
         1,

@@ -102,8 +102,21 @@ pub fn spawn(args: &[&str]) -> std::io::Result<Child> {
 }
 
 /// Wait for `child` at most [`DEADLINE`] (killing it if it overruns) and
-/// collect its output.
+/// collect its output. The pipes are drained on threads while it runs: a
+/// child printing more than a pipe buffer (64 KiB) would otherwise block
+/// on its write and never exit.
 pub fn finish(mut child: Child) -> Result<Output, Box<dyn std::error::Error>> {
+    fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -112,22 +125,15 @@ pub fn finish(mut child: Child) -> Result<Output, Box<dyn std::error::Error>> {
         if started.elapsed() > DEADLINE {
             child.kill()?;
             child.wait()?;
-            return Err("command overran the deadline".into());
+            let stderr = stderr.join().unwrap_or_default();
+            return Err(format!("command overran the deadline; its stderr:\n{stderr}").into());
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut s) = child.stdout.take() {
-        s.read_to_string(&mut stdout)?;
-    }
-    if let Some(mut s) = child.stderr.take() {
-        s.read_to_string(&mut stderr)?;
-    }
     Ok(Output {
         status,
-        stdout,
-        stderr,
+        stdout: stdout.join().map_err(|_| "stdout reader panicked")?,
+        stderr: stderr.join().map_err(|_| "stderr reader panicked")?,
     })
 }
 
