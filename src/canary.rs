@@ -33,9 +33,10 @@ pub enum Canary {
     SideEffectBeforeIntent,
     /// Resume from a checkpoint skips rolling back messages past it.
     CheckpointRollbackSkipped,
-    /// A trigger's turn derives its idempotency keys from the agent's turn
-    /// count, not from the trigger (the work): re-run after a crash, once
-    /// the agent did anything else, its calls carry new keys.
+    /// A turn derives its idempotency keys from the agent's turn count,
+    /// not from the work it performs (the trigger, or the prompt): re-run
+    /// after a crash, once the agent did any other turn, its calls carry
+    /// new keys.
     TriggerTurnKeyedByTurn,
     /// A re-claimed trigger runs its turn again although the turn had
     /// completed before the crash (only the ack was lost).

@@ -23,7 +23,9 @@
 //! 6. pending messages (enqueued minus delivered) are re-injected into the
 //!    inboxes without logging anything;
 //! 7. roots are listed as resumable: a bare-LLM provider gets the
-//!    conversation rebuilt from the log on its next turn.
+//!    conversation rebuilt from the log on its next turn; an interrupted
+//!    turn is kept as the agent's open turn up to its last durable
+//!    `round.complete` (running it again resumes there).
 
 mod invariants;
 mod stores;
@@ -41,7 +43,7 @@ use crate::fs::Fs;
 use crate::log::{self, Event, EventLog, LogEntry, LogRepair};
 use crate::runtime::inbox::{Inboxes, Message};
 use crate::runtime::tree::AgentTree;
-use crate::runtime::turn::{conversation_from_log, done_work_from_log};
+use crate::runtime::turn::{conversation_from_log, done_work_from_log, open_turn_from_log};
 use crate::runtime::{AgentId, AgentSlot, MessageId, RuntimeConfig, RuntimeError, SessionId};
 use crate::store::session::{ScannedSession, SessionRecord, SessionState, SessionStore};
 
@@ -70,6 +72,9 @@ pub struct RecoveryReport {
     pub agents_recovered: u64,
     /// Root agents, resumable (conversation rebuilt from the log).
     pub roots_resumable: Vec<AgentId>,
+    /// Agents whose last turn was interrupted, with the round it resumes
+    /// at when run again (after its last durable `round.complete`).
+    pub turns_interrupted: BTreeMap<AgentId, u32>,
 }
 
 impl RecoveryReport {
@@ -266,6 +271,9 @@ fn rebuild(
             by_session.insert(c.record.session_id.clone(), c.agent_id.clone());
             let c_agent = c.agent_id.clone();
             let slot = rebuild_slot(fs, store, config, c, parent, &mut inbox, report);
+            if let Some(open) = &slot.open {
+                report.turns_interrupted.insert(c_agent.clone(), open.round);
+            }
             agents.insert(c_agent, slot);
         }
         todo = rest;
@@ -355,6 +363,7 @@ fn rebuild_slot(
         parent,
         conversation: conversation_from_log(&c.entries),
         done_work: done_work_from_log(&c.entries),
+        open: open_turn_from_log(&c.entries),
         delivered,
         log,
         record: c.record,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
-use durable_agent::log::{self, Event, EventLog, LogError, EVENTS_FILE, PENDING_FILE};
+use durable_agent::log::{self, Event, EventLog, LogError, EVENTS_FILE, PENDING_FILE, SCHEMA_VERSION};
 use durable_agent::runtime::SessionId;
 
 fn sid() -> SessionId {
@@ -141,7 +141,10 @@ fn newer_schema_version_is_refused_naming_file_line_offset_and_versions() {
             found,
             supported,
         } => {
-            assert_eq!((p, *line, *o, *found, *supported), (&path, 4, offset, 9, 1));
+            assert_eq!(
+                (p, *line, *o, *found, *supported),
+                (&path, 4, offset, 9, SCHEMA_VERSION)
+            );
         }
         other => panic!("expected NewerSchema, got {other}"),
     }

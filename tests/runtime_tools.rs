@@ -34,8 +34,8 @@ fn open(sim: &SimFs, tools: &Arc<Recorder>) -> Runtime {
     Runtime::open(fs, Path::new("/data"), config).unwrap().0
 }
 
-/// The I/O point of the turn.complete append in the first turn after create.
-fn turn_complete_point(prompt: &str) -> u64 {
+/// The I/O point of `label` in the first turn after create.
+fn point_of(prompt: &str, label: &str) -> u64 {
     let sim = SimFs::new(SimConfig::new(8));
     let mut rt = open(&sim, &Arc::new(Recorder::default()));
     let a = rt.create_root("a", "").unwrap();
@@ -43,7 +43,7 @@ fn turn_complete_point(prompt: &str) -> u64 {
     rt.run_turn(&a, prompt).unwrap();
     sim.trace()
         .iter()
-        .find(|t| t.point > start && t.label == "events.pending create turn.complete")
+        .find(|t| t.point > start && t.label == label)
         .unwrap()
         .point
 }
@@ -51,7 +51,9 @@ fn turn_complete_point(prompt: &str) -> u64 {
 #[test]
 fn a_turn_retried_after_a_crash_reuses_the_idempotency_key_of_its_tool_call() {
     let prompt = "send_email to bob";
-    let point = turn_complete_point(prompt);
+    // The call ran; its round's checkpoint did not make it: the partial
+    // round is rolled back and the call asked for again.
+    let point = point_of(prompt, "events.pending create round.complete");
     for mode in [CrashMode::ProcessCrash, CrashMode::PowerLoss(DirModel::Strict)] {
         let sim = SimFs::new(SimConfig::new(8));
         let tools = Arc::new(Recorder::default());
@@ -77,5 +79,38 @@ fn a_turn_retried_after_a_crash_reuses_the_idempotency_key_of_its_tool_call() {
         let calls = tools.0.lock().unwrap().clone();
         assert_eq!(calls.len(), 3);
         assert_ne!(calls[2].0, calls[1].0);
+    }
+}
+
+#[test]
+fn a_turn_crashed_after_its_round_checkpoint_resumes_without_running_the_call_again() {
+    let prompt = "send_email to bob";
+    let point = point_of(prompt, "events.pending create turn.complete");
+    for mode in [CrashMode::ProcessCrash, CrashMode::PowerLoss(DirModel::Strict)] {
+        let sim = SimFs::new(SimConfig::new(8));
+        let tools = Arc::new(Recorder::default());
+        let mut rt = open(&sim, &tools);
+        let a = rt.create_root("a", "").unwrap();
+        sim.set_fault(Some(Fault::CrashAt(point)));
+        assert!(rt.run_turn(&a, prompt).is_err());
+        drop(rt);
+        sim.restart(mode);
+        let mut rt = open(&sim, &tools);
+        assert!(
+            rt.state().conversations[&a].is_empty(),
+            "the turn is not complete"
+        );
+        let outcome = rt.run_turn(&a, prompt).unwrap();
+        assert_eq!(
+            tools.0.lock().unwrap().len(),
+            1,
+            "{mode:?}: a completed round's call ran again"
+        );
+        assert_eq!(
+            outcome.tool_calls.len(),
+            1,
+            "the resumed turn reports the logged call"
+        );
+        assert!(outcome.tool_calls[0].2.ok);
     }
 }

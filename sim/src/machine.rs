@@ -49,7 +49,7 @@ impl ReferenceStateMachine for RefMachine {
         if state.model.state.agents.is_empty() {
             // Nothing to act on yet: build, or crash an empty runtime.
             prop_oneof![4 => Just(Op::CreateRoot), 1 => op_strategy()].boxed()
-        } else if let Some(steer) = trigger_steer(&state.model) {
+        } else if let Some(steer) = trigger_steer(state) {
             prop_oneof![1 => steer, 2 => op_strategy()].boxed()
         } else if !state.model.lost_turns.is_empty() {
             // A turn may have been rolled back: resuming it is what checks
@@ -117,19 +117,40 @@ impl StateMachineTest for SimTest {
 }
 
 /// Ops that exercise the trigger chain's crash windows, when the state
-/// makes them meaningful: after a fire ran with a crash armed, a turn of
-/// its agent (so its turn count moves on) and a re-fire; with zombie
-/// claims around (a restart reclaimed leases), a fresh claim and a stale
-/// ack.
-fn trigger_steer(model: &Model) -> Option<BoxedStrategy<Op>> {
+/// makes them meaningful: with a trigger due, a crash armed into the next
+/// fire (late offsets too: a fire crosses ~45-80 I/O points and the
+/// generic offsets, 0..40, stop short of its last commits, turn.complete
+/// and the ack), then that fire; after a fire ran with a crash armed, a
+/// turn of its agent (so its turn count moves on) and its re-fire; with a
+/// claim held, a restart; with zombie claims around (a restart reclaimed
+/// leases), a fresh claim and a stale ack.
+fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
+    let model = &state.model;
+    let due = model
+        .state
+        .triggers
+        .iter()
+        .any(|t| t.status == TriggerStatus::Pending);
+    let any_agent = !model.state.agents.is_empty();
+    if state.crash_armed && due && any_agent {
+        return Some(
+            (0u8..8, prop::collection::vec(crate::op::tool_step(), 1..3))
+                .prop_map(|(i, tools)| Op::FireTrigger {
+                    agent: AgentRef(i),
+                    tools,
+                })
+                .boxed(),
+        );
+    }
     let agents = model.state.agents.len().max(1);
     let index_of = |name: &str| model.state.agents.keys().position(|n| n == name).unwrap_or(0);
     let mut arms: Vec<BoxedStrategy<Op>> = Vec::new();
-    if let Some(Action::Fire { agent, .. }) = model
+    let interrupted = model
         .fire_work
-        .values()
-        .find(|w| matches!(w, Action::Fire { key, .. } if !model.done_work.contains(key)))
-    {
+        .iter()
+        .find(|(key, _)| !model.done_work.contains(*key))
+        .map(|(_, work)| work);
+    if let Some(Action::Fire { agent, .. }) = interrupted {
         let i = u8::try_from(index_of(agent) % agents).unwrap_or(0);
         arms.push(
             Just(Op::RunTurn {
@@ -146,20 +167,21 @@ fn trigger_steer(model: &Model) -> Option<BoxedStrategy<Op>> {
             .boxed(),
         );
     }
-    let due = model
-        .state
-        .triggers
-        .iter()
-        .any(|t| t.status == TriggerStatus::Pending);
-    if due && !model.state.agents.is_empty() {
-        // A fire crosses ~45-60 I/O points and the generic crash offsets
-        // (0..40) stop short of its last commits (turn.complete, the ack):
-        // arm late crashes, and fire.
+    if due && any_agent {
         arms.push(
-            ((40u16..64), crate::op::crash_kind())
+            ((8u16..96), crate::op::crash_kind())
                 .prop_map(|(offset, kind)| Op::Crash { offset, kind })
                 .boxed(),
         );
+    }
+    if model
+        .state
+        .triggers
+        .iter()
+        .any(|t| t.status == TriggerStatus::Claimed)
+    {
+        // A restart while a claim is held leaves a zombie behind.
+        arms.push(Just(Op::Recover).boxed());
     }
     if !model.stale_claims.is_empty() {
         arms.push(Just(Op::ClaimTrigger).boxed());

@@ -156,7 +156,7 @@ pub(crate) fn crash_kind() -> impl Strategy<Value = CrashKind> {
     ]
 }
 
-fn tool_step() -> impl Strategy<Value = ToolStep> {
+pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
     (any::<bool>(), prop::bool::weighted(0.85)).prop_map(|(irreversible, ok)| ToolStep { irreversible, ok })
 }
 

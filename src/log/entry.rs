@@ -11,8 +11,9 @@ use serde_json::Value;
 
 use crate::runtime::ids::{AgentId, MessageId, SessionId};
 
-/// The schema version this build writes, and the newest it reads.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The newest schema version this build reads (and writes, for the lines
+/// that need it: see [`Event::min_version`]).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// What happened. `event` is the tag, `data` the payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +43,21 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         work: Option<String>,
     },
+    /// The open turn's provider round `round` and all its tool calls are
+    /// done (their results logged): the loop checkpoint (seeds 000/003). A
+    /// crash later in the turn resumes after this round; the provider is
+    /// not asked for it again.
+    #[serde(rename = "round.complete")]
+    RoundComplete {
+        round: u32,
+        /// Tool calls in the turn so far.
+        tool_calls: u32,
+    },
+    /// The open turn, interrupted by a crash, continues from round
+    /// `round`: entries since its last `round.complete` (a partial round)
+    /// are rolled back.
+    #[serde(rename = "turn.resume")]
+    TurnResume { round: u32 },
     /// The provider asked for a tool inside the open turn.
     #[serde(rename = "tool.call")]
     ToolCall {
@@ -88,6 +104,8 @@ impl Event {
             Event::AgentCreated { .. } => "agent.created",
             Event::AgentTerminated { .. } => "agent.terminated",
             Event::TurnStart { .. } => "turn.start",
+            Event::RoundComplete { .. } => "round.complete",
+            Event::TurnResume { .. } => "turn.resume",
             Event::ToolCall { .. } => "tool.call",
             Event::ToolResult { .. } => "tool.result",
             Event::TurnComplete { .. } => "turn.complete",
@@ -95,6 +113,22 @@ impl Event {
             Event::MessageDelivered { .. } => "message.delivered",
             Event::SuspendResult { .. } => "suspend.result",
             Event::SessionRestored { .. } => "session.restored",
+        }
+    }
+}
+
+impl Event {
+    /// The oldest schema version whose readers understand this event: a
+    /// line carries it, so a line an older build can read stays readable
+    /// to it, and one it cannot is refused as newer, never misread.
+    /// Version 2 added work turns (`turn.start` with `work`), round
+    /// checkpoints and turn resume.
+    pub fn min_version(&self) -> u32 {
+        match self {
+            Event::TurnStart { work: Some(_), .. }
+            | Event::RoundComplete { .. }
+            | Event::TurnResume { .. } => 2,
+            _ => 1,
         }
     }
 }
@@ -227,6 +261,15 @@ mod tests {
                 prompt: "p".into(),
                 work: None,
             },
+            Event::TurnStart {
+                prompt: "p".into(),
+                work: Some("trigger:k".into()),
+            },
+            Event::RoundComplete {
+                round: 1,
+                tool_calls: 2,
+            },
+            Event::TurnResume { round: 1 },
             Event::ToolCall {
                 call_id: "c".into(),
                 tool: "t".into(),
@@ -273,6 +316,20 @@ mod tests {
             let line = entry.to_line().unwrap();
             let parsed = LogEntry::parse(line.trim_end().as_bytes()).unwrap();
             assert_eq!(parsed, entry, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_line_carries_the_oldest_version_that_reads_it() {
+        for event in every_event() {
+            let needs_v2 = matches!(
+                &event,
+                Event::TurnStart { work: Some(_), .. }
+                    | Event::RoundComplete { .. }
+                    | Event::TurnResume { .. }
+            );
+            assert_eq!(event.min_version(), if needs_v2 { 2 } else { 1 }, "{event:?}");
+            assert!(event.min_version() <= SCHEMA_VERSION);
         }
     }
 

@@ -16,7 +16,7 @@ use crate::canary::{Canaries, Canary};
 use crate::fs::{Fs, OpenMode};
 use crate::runtime::ids::SessionId;
 
-use super::{Event, LogEntry, LogError, EVENTS_FILE, PENDING_FILE, SCHEMA_VERSION};
+use super::{Event, LogEntry, LogError, EVENTS_FILE, PENDING_FILE};
 
 /// The writer of one session's log. Holds the next `seq`.
 #[derive(Debug, Clone)]
@@ -88,7 +88,7 @@ impl EventLog {
     /// Append `event` at logical time `ts`; returns the entry once durable.
     pub fn append(&mut self, ts: u64, event: Event) -> Result<LogEntry, LogError> {
         let entry = LogEntry {
-            schema_version: SCHEMA_VERSION,
+            schema_version: event.min_version(),
             session_id: self.session_id.clone(),
             seq: self.next_seq,
             ts,

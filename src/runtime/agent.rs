@@ -10,7 +10,7 @@ use crate::log::EventLog;
 use crate::store::session::SessionRecord;
 
 use super::ids::{AgentId, MessageId};
-use super::turn::ConversationItem;
+use super::turn::{ConversationItem, OpenTurn};
 
 /// One live agent.
 #[derive(Debug, Clone)]
@@ -25,4 +25,6 @@ pub(crate) struct AgentSlot {
     pub delivered: BTreeSet<MessageId>,
     /// Work ids (`turn.start`'s `work`) whose turn completed.
     pub done_work: BTreeSet<String>,
+    /// The interrupted turn, up to its last completed round.
+    pub open: Option<OpenTurn>,
 }

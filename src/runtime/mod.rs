@@ -47,7 +47,7 @@ pub use tools::{
     idempotency_key, work_idempotency_key, PureTools, ToolContext, ToolError, ToolExecutor, ToolOutput,
 };
 pub use tree::{AgentTree, TreeError};
-pub use turn::{ConversationItem, TurnOutcome, WorkTurn};
+pub use turn::{ConversationItem, OpenTurn, TurnOutcome, WorkTurn};
 
 use crate::canary::Canaries;
 use crate::log::LogError;

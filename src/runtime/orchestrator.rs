@@ -166,6 +166,7 @@ impl Runtime {
                 conversation: Vec::new(),
                 delivered: Default::default(),
                 done_work: Default::default(),
+                open: None,
             },
         );
         self.lru.push(id.clone());

@@ -24,15 +24,16 @@ pub struct ToolContext<'a> {
     pub now: u64,
 }
 
-/// The idempotency key of the `index`-th call of provider round `round` in
-/// the `turn`-th turn (counting completed turns from 0) of `session`, for
-/// `call`. A turn lost in a crash is not in the conversation, so its retry
-/// has the same turn number; if it asks for the same call (same tool, same
-/// arguments) it gets the same key and a dedup-capable ledger performs the
-/// side effect at most once. A different call gets a different key.
+/// The idempotency key of the `index`-th call of provider round `round`
+/// in the turn of `session` identified by `turn` ([`turn_identity`]), for
+/// `call`. A turn lost in a crash is not in the conversation, so running
+/// it again — even after other turns completed — has the same identity;
+/// if it asks for the same call (same tool, same arguments) it gets the
+/// same key and the activity ledger performs the side effect at most
+/// once. A different call gets a different key.
 pub fn idempotency_key(
     session: &SessionId,
-    turn: usize,
+    turn: &str,
     round: u32,
     index: usize,
     call: &ToolRequest,
@@ -41,6 +42,18 @@ pub fn idempotency_key(
     format!(
         "{session}-t{turn}-r{round}-c{index}-{:016x}",
         super::ids::fnv1a(content.as_bytes())
+    )
+}
+
+/// A turn's identity within its session: its prompt (hashed) and how many
+/// completed turns had that prompt before. Not the turn count: a lost turn
+/// retried after the agent did other turns must keep its keys (else its
+/// irreversible calls could happen twice); two completed turns with the
+/// same prompt are two turns, with different keys.
+pub fn turn_identity(prompt: &str, completed_with_same_prompt: usize) -> String {
+    format!(
+        "{:016x}.{completed_with_same_prompt}",
+        super::ids::fnv1a(prompt.as_bytes())
     )
 }
 

@@ -1,9 +1,15 @@
-//! Turns: `turn.start`, provider rounds with `tool.call`/`tool.result`, then
-//! `turn.complete`; and rebuilding the conversation from a log.
+//! Turns: `turn.start`, provider rounds with `tool.call`/`tool.result` each
+//! closed by a `round.complete` checkpoint, then `turn.complete`; resuming
+//! an interrupted turn (`turn.resume`); rebuilding both from a log.
 //!
-//! Invariant: the conversation holds completed turns only. A turn whose
-//! `turn.complete` is not durable is dropped on rebuild (the in-flight turn
-//! is lost, as documented), so memory and the rebuilt log always agree.
+//! Invariants: the conversation holds completed turns only — a turn whose
+//! `turn.complete` is not durable is not in it, so memory and the rebuilt
+//! log always agree. An interrupted turn is kept aside as the agent's
+//! [`OpenTurn`], up to its last durable `round.complete` (a partial round is
+//! rolled back); running the same turn again (same prompt, same work)
+//! continues it from there, so completed rounds' provider calls are not
+//! paid again and their tool calls are not re-executed, and the calls it
+//! does repeat carry the same idempotency keys.
 
 use std::collections::BTreeSet;
 
@@ -15,7 +21,7 @@ use crate::log::{Event, LogEntry};
 
 use super::ids::AgentId;
 use super::provider::{ProviderRequest, ToolRequest};
-use super::tools::{idempotency_key, work_idempotency_key, ToolContext, ToolOutput};
+use super::tools::{idempotency_key, turn_identity, work_idempotency_key, ToolContext, ToolOutput};
 use super::{Runtime, RuntimeError};
 
 /// One item of an agent's conversation, in order.
@@ -49,14 +55,52 @@ pub struct TurnOutcome {
     pub tool_calls: Vec<(String, ToolRequest, ToolOutput)>,
 }
 
+/// An interrupted turn, up to its last completed round: what running the
+/// same turn again continues from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenTurn {
+    pub prompt: String,
+    pub work: Option<String>,
+    /// The completed rounds' tool calls and results, in order.
+    pub items: Vec<ConversationItem>,
+    /// The next round to ask the provider for.
+    pub round: u32,
+}
+
 /// Rebuild the conversation (completed turns only) from log entries.
 pub fn conversation_from_log(entries: &[LogEntry]) -> Vec<ConversationItem> {
+    replay_turns(entries).0
+}
+
+/// The interrupted turn at the end of `entries`, if any (see [`OpenTurn`]).
+pub fn open_turn_from_log(entries: &[LogEntry]) -> Option<OpenTurn> {
+    replay_turns(entries).1
+}
+
+/// Completed turns, and the open turn cut back to its last checkpoint.
+fn replay_turns(entries: &[LogEntry]) -> (Vec<ConversationItem>, Option<OpenTurn>) {
     let mut done = Vec::new();
     let mut open: Option<Vec<ConversationItem>> = None;
+    // The open turn's header and its last round boundary (items, round).
+    let mut head: Option<(String, Option<String>)> = None;
+    let mut boundary = (1usize, 0u32);
     for entry in entries {
         match &entry.event {
-            Event::TurnStart { prompt, .. } => {
+            Event::TurnStart { prompt, work } => {
                 open = Some(vec![ConversationItem::Prompt { text: prompt.clone() }]);
+                head = Some((prompt.clone(), work.clone()));
+                boundary = (1, 0);
+            }
+            Event::RoundComplete { round, .. } => {
+                if let Some(turn) = open.as_ref() {
+                    boundary = (turn.len(), round.saturating_add(1));
+                }
+            }
+            Event::TurnResume { .. } => {
+                // The partial round before the crash is rolled back.
+                if let Some(turn) = open.as_mut() {
+                    turn.truncate(boundary.0);
+                }
             }
             Event::ToolCall {
                 call_id,
@@ -89,11 +133,25 @@ pub fn conversation_from_log(entries: &[LogEntry]) -> Vec<ConversationItem> {
                     });
                     done.extend(turn);
                 }
+                head = None;
             }
             _ => {}
         }
     }
-    done
+    let open_turn = match (open, head) {
+        (Some(mut items), Some((prompt, work))) => {
+            items.truncate(boundary.0);
+            items.remove(0); // the prompt
+            Some(OpenTurn {
+                prompt,
+                work,
+                items,
+                round: boundary.1,
+            })
+        }
+        _ => None,
+    };
+    (done, open_turn)
 }
 
 /// The work ids whose turn completed in `entries` (a `turn.start` with
@@ -113,6 +171,34 @@ pub fn done_work_from_log(entries: &[LogEntry]) -> BTreeSet<String> {
         }
     }
     done
+}
+
+/// The (call id, request, output) of every call in `items` (pairs of
+/// `ToolCall` then `ToolResult`, as a turn logs them).
+fn completed_calls(items: &[ConversationItem]) -> Vec<(String, ToolRequest, ToolOutput)> {
+    items
+        .chunks(2)
+        .filter_map(|pair| match pair {
+            [ConversationItem::ToolCall {
+                call_id,
+                tool,
+                args,
+                irreversible,
+            }, ConversationItem::ToolResult { ok, output, .. }] => Some((
+                call_id.clone(),
+                ToolRequest {
+                    tool: tool.clone(),
+                    args: args.clone(),
+                    irreversible: *irreversible,
+                },
+                ToolOutput {
+                    ok: *ok,
+                    output: output.clone(),
+                },
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What [`Runtime::run_work_turn`] did.
@@ -157,6 +243,12 @@ impl Runtime {
         self.poison_on(r).map(WorkTurn::Ran)
     }
 
+    /// `agent`'s interrupted turn, if any: running the same turn again
+    /// (same prompt and work) continues it at [`OpenTurn::round`].
+    pub fn open_turn(&self, agent: &AgentId) -> Result<Option<&OpenTurn>, RuntimeError> {
+        Ok(self.slot(agent)?.open.as_ref())
+    }
+
     /// Whether a turn performing `work` completed durably for `agent`.
     pub fn work_done(&self, agent: &AgentId, work: &str) -> Result<bool, RuntimeError> {
         Ok(self.slot(agent)?.done_work.contains(work))
@@ -169,25 +261,55 @@ impl Runtime {
         work: Option<&str>,
     ) -> Result<TurnOutcome, RuntimeError> {
         self.acquire(agent)?;
-        self.log_to(
-            agent,
-            Event::TurnStart {
-                prompt: prompt.to_string(),
-                work: work.map(str::to_string),
-            },
-        )?;
-        let mut working = self.slot(agent)?.conversation.clone();
+        let slot = self.slot(agent)?;
+        let resumed = slot
+            .open
+            .clone()
+            .filter(|o| o.prompt == prompt && o.work.as_deref() == work);
+        let mut working = slot.conversation.clone();
         let turn_no = working
             .iter()
             .filter(|i| matches!(i, ConversationItem::Prompt { .. }))
             .count();
+        let same_prompt = working
+            .iter()
+            .filter(|i| matches!(i, ConversationItem::Prompt { text } if text == prompt))
+            .count();
+        let identity = turn_identity(prompt, same_prompt);
         working.push(ConversationItem::Prompt {
             text: prompt.to_string(),
         });
-        let mut tool_calls = Vec::new();
+        let mut round = 0;
+        let mut done_calls = Vec::new();
+        match resumed {
+            Some(open) => {
+                // Continue after the last completed round; its calls and
+                // results come from the log, not from the provider again.
+                self.log_to(agent, Event::TurnResume { round: open.round })?;
+                round = open.round;
+                done_calls = completed_calls(&open.items);
+                working.extend(open.items);
+                tracing::info!(%agent, round, "resuming an interrupted turn");
+            }
+            None => {
+                self.log_to(
+                    agent,
+                    Event::TurnStart {
+                        prompt: prompt.to_string(),
+                        work: work.map(str::to_string),
+                    },
+                )?;
+            }
+        }
+        self.slot_mut(agent)?.open = Some(OpenTurn {
+            prompt: prompt.to_string(),
+            work: work.map(str::to_string),
+            items: working[working.len() - done_calls.len() * 2..].to_vec(),
+            round,
+        });
+        let mut tool_calls = done_calls;
         let provider = self.config.provider.clone();
         let tools = self.config.tools.clone();
-        let mut round = 0;
         let response = loop {
             let slot = self.slot(agent)?;
             let request = ProviderRequest {
@@ -224,11 +346,12 @@ impl Runtime {
                         irreversible: call.irreversible,
                     },
                 )?;
-                // Canary: key the work's calls by the turn count instead.
+                // Canary: key the calls by the agent's turn count instead.
                 let by_turn = self.config.canaries.has(Canary::TriggerTurnKeyedByTurn);
                 let key = match work {
-                    Some(work) if !by_turn => work_idempotency_key(work, round, index, &call),
-                    _ => idempotency_key(&session, turn_no, round, index, &call),
+                    _ if by_turn => idempotency_key(&session, &turn_no.to_string(), round, index, &call),
+                    Some(work) => work_idempotency_key(work, round, index, &call),
+                    None => idempotency_key(&session, &identity, round, index, &call),
                 };
                 let ctx = ToolContext {
                     agent,
@@ -262,7 +385,21 @@ impl Runtime {
                 });
                 tool_calls.push((call_id, call, output));
             }
+            // The round's checkpoint: a crash from here on resumes after it.
+            let calls = u32::try_from(tool_calls.len()).unwrap_or(u32::MAX);
+            self.log_to(
+                agent,
+                Event::RoundComplete {
+                    round,
+                    tool_calls: calls,
+                },
+            )?;
             round += 1;
+            let open_items = working[working.len() - tool_calls.len() * 2..].to_vec();
+            if let Some(open) = self.slot_mut(agent)?.open.as_mut() {
+                open.items = open_items;
+                open.round = round;
+            }
         };
         self.log_to(
             agent,
@@ -275,6 +412,7 @@ impl Runtime {
         });
         let slot = self.slot_mut(agent)?;
         slot.conversation = working;
+        slot.open = None;
         if let Some(work) = work {
             slot.done_work.insert(work.to_string());
         }

@@ -357,13 +357,22 @@ fn durable_root_locked(fs: &dyn Fs, root: &Path) -> Result<FsLock, SystemError> 
     };
     fs.create_dir_all(root, "root mkdir").map_err(io)?;
     let lock_path = root.join(LOCK_FILE);
-    let lock = fs
-        .lock_exclusive(&lock_path, "root lock")
-        .map_err(|source| SystemError::Locked {
-            root: root.to_path_buf(),
-            lock: lock_path.clone(),
-            source,
-        })?;
+    let lock = fs.lock_exclusive(&lock_path, "root lock").map_err(|source| {
+        // Only "held by someone else" means another writer; any other
+        // failure (permissions, I/O) is the root's problem, not a daemon's.
+        if source.kind() == io::ErrorKind::WouldBlock {
+            SystemError::Locked {
+                root: root.to_path_buf(),
+                lock: lock_path.clone(),
+                source,
+            }
+        } else {
+            SystemError::Root {
+                root: root.to_path_buf(),
+                source,
+            }
+        }
+    })?;
     for dir in root.ancestors().skip(1).filter(|d| !d.as_os_str().is_empty()) {
         fs.sync_dir(dir, "root parent chain fsync").map_err(io)?;
     }

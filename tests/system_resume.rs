@@ -1,0 +1,192 @@
+//! A multi-round turn crashed at every I/O point, under every crash mode,
+//! through the one boot ([`System::boot`]): running the turn again resumes
+//! after its last durable round checkpoint (`round.complete`), so the
+//! provider is never asked again for a round that completed, a completed
+//! round's tool calls are not re-executed, and the irreversible effect
+//! reaches the world at most once.
+
+use std::sync::{Arc, Mutex};
+
+use durable_agent::fs::{CrashMode, DirModel, Fault, SimConfig, SimFs};
+use durable_agent::runtime::{
+    ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, ToolRequest,
+};
+use durable_agent::system::{Deps, LogicalClock, System, SystemConfig};
+use durable_agent::world::World;
+use serde_json::json;
+
+const ROUNDS: u32 = 3;
+const PROMPT: &str = "three rounds";
+
+/// Round `r < ROUNDS` asks for one tool (round 1's is irreversible), then
+/// the answer; every call is counted by round.
+#[derive(Debug, Default)]
+struct CountingProvider {
+    calls: Mutex<Vec<u32>>,
+}
+
+impl CountingProvider {
+    fn calls_of(&self, round: u32) -> usize {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        calls.iter().filter(|r| **r == round).count()
+    }
+}
+
+impl Provider for CountingProvider {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn model(&self) -> &str {
+        "counting-1"
+    }
+    fn complete(&self, request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError> {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(request.round);
+        if request.round >= ROUNDS {
+            return Ok(ProviderReply {
+                text: "all rounds done".into(),
+                tool_calls: Vec::new(),
+            });
+        }
+        let irreversible = request.round == 1;
+        let tool = if irreversible { "send_email" } else { "lookup" };
+        Ok(ProviderReply {
+            text: String::new(),
+            tool_calls: vec![ToolRequest {
+                tool: tool.into(),
+                args: json!({ "key": format!("k{}", request.round), "to": "bob@example.com" }),
+                irreversible,
+            }],
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Zero;
+
+impl LogicalClock for Zero {
+    fn now_ms(&self) -> u64 {
+        0
+    }
+}
+
+fn boot(fs: &SimFs, provider: &Arc<CountingProvider>, world: &World) -> System {
+    let deps = Deps {
+        provider: provider.clone(),
+        tools: Arc::new(PureTools),
+        outbox: Arc::new(world.clone()),
+        clock: Arc::new(Zero),
+    };
+    System::boot(Arc::new(fs.clone()), SystemConfig::new("/r", 5), deps)
+        .expect("boot")
+        .0
+}
+
+#[test]
+fn a_multi_round_turn_crashed_anywhere_resumes_at_its_last_completed_round() {
+    // The turn's I/O points, from a crash-free run.
+    let (first, last) = {
+        let fs = SimFs::new(SimConfig::new(2));
+        let provider = Arc::new(CountingProvider::default());
+        let mut system = boot(&fs, &provider, &World::without_dedup());
+        let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+        let first = fs.points() + 1;
+        let outcome = system.runtime_mut().run_turn(&agent, PROMPT).expect("turn");
+        assert_eq!(outcome.tool_calls.len(), ROUNDS as usize);
+        (first, fs.points())
+    };
+    let mut resumed_late = 0;
+    for mode in [
+        CrashMode::ProcessCrash,
+        CrashMode::PowerLoss(DirModel::Strict),
+        CrashMode::PowerLoss(DirModel::Eager),
+    ] {
+        for point in first..=last {
+            let repro = format!("mode={mode:?} point={point}");
+            let fs = SimFs::new(SimConfig::new(2));
+            let provider = Arc::new(CountingProvider::default());
+            let world = World::without_dedup();
+            let mut system = boot(&fs, &provider, &world);
+            let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+            fs.set_fault(Some(Fault::CrashAt(point)));
+            let crashed = system.runtime_mut().run_turn(&agent, PROMPT);
+            assert!(crashed.is_err() && fs.crashed(), "{repro}: not reached");
+            drop(system);
+            fs.restart(mode);
+            let before = provider.calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+
+            let mut system = boot(&fs, &provider, &world);
+            // Where the recovered turn resumes: after its last durable round.
+            let resume_at = system
+                .runtime()
+                .open_turn(&agent)
+                .expect("agent survived")
+                .map_or(0, |open| open.round);
+            let completed = system.runtime().state().conversations[&agent]
+                .iter()
+                .any(|i| matches!(i, ConversationItem::Response { .. }));
+            if completed {
+                // The crash fell after turn.complete was durable (recovery
+                // replayed its pending entry): nothing to resume.
+                assert_eq!(resume_at, 0, "{repro}: a completed turn left an open one");
+                for round in 0..=ROUNDS {
+                    assert_eq!(provider.calls_of(round), 1, "{repro}: round {round}");
+                }
+                assert_eq!(world.deliveries_len(), 1, "{repro}");
+                continue;
+            }
+            let outcome = system.runtime_mut().run_turn(&agent, PROMPT).expect(&repro);
+            assert_eq!(outcome.response, "all rounds done", "{repro}");
+            assert_eq!(outcome.tool_calls.len(), ROUNDS as usize, "{repro}");
+            for round in 0..=ROUNDS {
+                let asked_before = before.iter().filter(|r| **r == round).count();
+                let total = provider.calls_of(round);
+                if round < resume_at {
+                    // Completed before the crash: not paid again.
+                    assert_eq!(
+                        total, 1,
+                        "{repro}: round {round} asked again after resuming at {resume_at}"
+                    );
+                } else {
+                    assert_eq!(total, asked_before + 1, "{repro}: round {round}");
+                }
+            }
+            // The rounds it did not ask again were exactly those it had
+            // finished: resuming later than the checkpoint would skip a
+            // round, earlier would pay one twice (checked above).
+            assert!(
+                resume_at <= before.iter().copied().max().unwrap_or(0) + 1,
+                "{repro}"
+            );
+            assert!(world.deliveries_len() <= 1, "{repro}: the email went out twice");
+            let conversation = &system.runtime().state().conversations[&agent];
+            let calls = conversation
+                .iter()
+                .filter(|i| matches!(i, ConversationItem::ToolCall { .. }))
+                .count();
+            assert_eq!(
+                calls, ROUNDS as usize,
+                "{repro}: a rolled-back round left calls behind"
+            );
+            // The log says the same after a reboot: the rolled-back partial
+            // round (before `turn.resume`) is not in the rebuilt turn.
+            let live = system.runtime().state().conversations[&agent].clone();
+            drop(system);
+            let system = boot(&fs, &provider, &world);
+            assert_eq!(
+                system.runtime().state().conversations[&agent],
+                live,
+                "{repro}: rebuilt turn differs"
+            );
+            if resume_at >= 2 {
+                resumed_late += 1;
+            }
+        }
+    }
+    assert!(
+        resumed_late > 10,
+        "few crashes resumed past round 1 ({resumed_late}): the checkpoints do not hold"
+    );
+}
