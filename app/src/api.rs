@@ -12,6 +12,8 @@
 //! | POST   | `/triggers`           | `{dedup_key, fire_at_ms? \| delay_ms?, agent, prompt}` |
 //! | GET    | `/status`             |                                                  |
 //! | POST   | `/confirm`            | `{idem_key, delivered, provider_ref?}`           |
+//! | POST   | `/schedules`          | `{id, agent, prompt, period_ms}`                 |
+//! | DELETE | `/schedules/{id}`     |                                                  |
 //!
 //! Answers are JSON: the result with 200, or `{"error": "..."}` with the
 //! status of [`OpError::http_status`](crate::ops::OpError::http_status).
@@ -55,6 +57,8 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
         ("POST", ["triggers"]) => parse(body).map(Request::Emit),
         ("GET", ["status"]) => Ok(Request::Status),
         ("POST", ["confirm"]) => parse(body).map(Request::Confirm),
+        ("POST", ["schedules"]) => parse(body).map(Request::AddSchedule),
+        ("DELETE", ["schedules", id]) => Ok(Request::DeleteSchedule(decode(id)?)),
         (
             _,
             ["agents"]
@@ -63,7 +67,9 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
             | ["messages"]
             | ["triggers"]
             | ["status"]
-            | ["confirm"],
+            | ["confirm"]
+            | ["schedules"]
+            | ["schedules", _],
         ) => Err(refused(405, format!("{method} is not allowed on {path}"))),
         _ => Err(refused(
             404,

@@ -12,6 +12,10 @@
 //! the same work id: a completed turn is not run again, and the activity
 //! ledger decides every irreversible call it repeats.
 //!
+//! Recurring schedules ([`crate::schedule`]) are loaded after boot and
+//! ticked before each scheduler pass: each due bucket becomes a trigger
+//! (dedup key `scheduled:{id}:{bucket}`) that this same pass fires.
+//!
 //! Invariant: the system is used by the worker thread only, one operation
 //! at a time; an operation with an unknown outcome stops the daemon
 //! (fail-stop, exit 1) — restarting `serve` boots, and boot recovers.
@@ -19,9 +23,10 @@
 //! (a provider call in flight is abandoned, see [`crate::interrupt`]),
 //! stops, and the API answers 503 until it is closed.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use durable_agent::fs::RealFs;
 use durable_agent::system::{BootReport, System};
 use serde_json::{json, Value};
 
@@ -30,6 +35,7 @@ use crate::boot::{boot, BootError};
 use crate::config::Config;
 use crate::interrupt::Stop;
 use crate::ops::{self, OpError, Request};
+use crate::schedule::Schedules;
 use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
 
 /// Scheduler timing.
@@ -200,14 +206,24 @@ fn worker(
             return Ok(());
         }
     };
+    let mut schedules = match Schedules::load(Arc::new(RealFs), &config.runtime.root) {
+        Ok(schedules) => schedules,
+        Err(e) => {
+            // The boot was reported good; a bad schedules file stops the daemon.
+            return Err(OpError::UnknownOutcome(format!("cannot load the schedules: {e}")));
+        }
+    };
     let poll = Duration::from_millis(settings.poll_ms);
     while !stop.requested() {
+        for key in schedules.tick(&system)? {
+            tracing::debug!(key, "schedule");
+        }
         for fired in ops::fire_due(&mut system, settings.lease_ms, stop)? {
             tracing::debug!(?fired, "scheduler");
         }
         match rx.recv_timeout(poll) {
             Ok(envelope) => {
-                let result = ops::apply(&mut system, envelope.request);
+                let result = ops::apply(&mut system, &mut schedules, envelope.request);
                 let fatal = match &result {
                     Err(OpError::UnknownOutcome(message)) => Some(message.clone()),
                     _ => None,

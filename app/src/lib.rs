@@ -22,6 +22,7 @@ pub mod openai;
 pub mod ops;
 pub mod retry;
 pub mod run;
+pub mod schedule;
 pub mod server;
 pub mod telemetry;
 pub mod tools;

@@ -7,8 +7,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use durable_agent::fs::RealFs;
 use durable_agent_cli::api::{self, Client};
 use durable_agent_cli::boot::boot;
 use durable_agent_cli::config::Config;
@@ -18,6 +20,7 @@ use durable_agent_cli::mock_llm::{MockLlm, Script};
 use durable_agent_cli::openai::OpenAiProvider;
 use durable_agent_cli::ops;
 use durable_agent_cli::run::{run, RunMode};
+use durable_agent_cli::schedule::Schedules;
 use durable_agent_cli::telemetry;
 use durable_agent_cli::webhook_sink::WebhookSink;
 
@@ -300,7 +303,9 @@ fn control(
     let value = match boot(&config, &Stop::new()) {
         Ok((mut system, _report)) => {
             let request = api::route(method, path, &text).map_err(|r| r.message)?;
-            ops::apply(&mut system, request).map_err(|e| e.to_string())?
+            let mut schedules =
+                Schedules::load(Arc::new(RealFs), &config.runtime.root).map_err(|e| e.to_string())?;
+            ops::apply(&mut system, &mut schedules, request).map_err(|e| e.to_string())?
         }
         Err(e) if e.is_locked() => {
             tracing::info!(addr = %config.api.listen, "the root is held (a daemon?): asking its API");

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::interrupt::{Stop, INTERRUPTED};
+use crate::schedule::{Schedule, ScheduleError, Schedules};
 
 /// Largest delay or future fire time accepted for a trigger (a year).
 pub const MAX_TRIGGER_DELAY_MS: u64 = 365 * 24 * 3_600_000;
@@ -89,6 +90,8 @@ pub enum Request {
     Emit(EmitRequest),
     Status,
     Confirm(ConfirmRequest),
+    AddSchedule(Schedule),
+    DeleteSchedule(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,15 +158,42 @@ impl From<RuntimeError> for OpError {
     }
 }
 
-/// Perform `request`.
-pub fn apply(system: &mut System, request: Request) -> Result<Value, OpError> {
+impl From<ScheduleError> for OpError {
+    fn from(e: ScheduleError) -> Self {
+        match e {
+            ScheduleError::Invalid(_) => OpError::BadRequest(e.to_string()),
+            ScheduleError::Conflict(_) => OpError::Conflict(e.to_string()),
+            ScheduleError::NotFound(_) => OpError::NotFound(e.to_string()),
+            // A failed replace may have renamed: unknown until reloaded.
+            ScheduleError::Io { .. }
+            | ScheduleError::Corrupt { .. }
+            | ScheduleError::FutureVersion { .. } => OpError::UnknownOutcome(e.to_string()),
+        }
+    }
+}
+
+/// Perform `request`; `schedules` are the root's (loaded under its lock).
+pub fn apply(system: &mut System, schedules: &mut Schedules, request: Request) -> Result<Value, OpError> {
     match request {
+        Request::AddSchedule(s) => {
+            // The agent must exist now; it is looked up again at each firing.
+            resolve(system, &s.agent)?;
+            let created = schedules.add(s.clone())?;
+            Ok(json!({"schedule": s, "created": created}))
+        }
+        Request::DeleteSchedule(id) => Ok(json!({"deleted": schedules.remove(&id)?})),
+        Request::Status => {
+            let mut value = status(system)?;
+            if let Some(map) = value.as_object_mut() {
+                map.insert("schedules".into(), json!(schedules.list()));
+            }
+            Ok(value)
+        }
         Request::CreateAgent(r) => create_agent(system, r),
         Request::DeleteAgent(name) => delete_agent(system, &name),
         Request::Turn(name, r) => turn(system, &name, r),
         Request::Message(r) => message(system, r),
         Request::Emit(r) => emit(system, r),
-        Request::Status => status(system),
         Request::Confirm(r) => confirm(system, r),
     }
 }
