@@ -19,6 +19,7 @@ use durable_agent::system::{
 
 use crate::config::Config;
 use crate::interrupt::{InterruptibleProvider, Stop};
+use crate::lifecycle::{Lifecycle, ObservedOutbox, ObservedTools};
 use crate::observe::{CallObserver, NoopObserver};
 use crate::openai::{OpenAiError, OpenAiProvider};
 use crate::telemetry::{JsonlExporter, TelemetryError};
@@ -77,12 +78,19 @@ impl BootError {
 }
 
 /// Boot the system on `config.runtime.root`. Provider calls give up at the
-/// next safe point once `stop` is requested.
-pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport), BootError> {
-    let observer: Arc<dyn CallObserver> = match &config.telemetry.events_jsonl {
-        Some(path) => Arc::new(JsonlExporter::open(path)?),
+/// next safe point once `stop` is requested. The [`Lifecycle`] exports the
+/// telemetry events of what the caller then does with the system (its
+/// tools and outbox are already wired into it).
+pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport, Lifecycle), BootError> {
+    let exporter = match &config.telemetry.events_jsonl {
+        Some(path) => Some(Arc::new(JsonlExporter::open(path)?)),
+        None => None,
+    };
+    let observer: Arc<dyn CallObserver> = match &exporter {
+        Some(exporter) => exporter.clone(),
         None => Arc::new(NoopObserver),
     };
+    let lifecycle = Lifecycle::new(exporter);
     let provider = OpenAiProvider::from_config(config)?.with_observer(observer);
     let tools = ToolSet::from_config(&config.tools);
     let mut system_config = SystemConfig::new(config.runtime.root.clone(), SYSTEM_SEED);
@@ -90,8 +98,14 @@ pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport), BootEr
     system_config.max_tool_rounds = config.runtime.max_tool_rounds;
     let deps = Deps {
         provider: Arc::new(InterruptibleProvider::new(Arc::new(provider), stop.clone())),
-        tools: tools.executor,
-        outbox: Arc::new(OutboxRoutes::new(tools.outboxes)),
+        tools: Arc::new(ObservedTools {
+            inner: tools.executor,
+            lifecycle: lifecycle.clone(),
+        }),
+        outbox: Arc::new(ObservedOutbox {
+            inner: Arc::new(OutboxRoutes::new(tools.outboxes)),
+            lifecycle: lifecycle.clone(),
+        }),
         clock: Arc::new(HostClock::start()),
     };
     let (system, report) = System::boot(Arc::new(RealFs::new()), system_config, deps)?;
@@ -101,5 +115,5 @@ pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport), BootEr
         leases_reclaimed = report.stores.reclaimed_triggers.len(),
         "booted"
     );
-    Ok((system, report))
+    Ok((system, report, lifecycle))
 }

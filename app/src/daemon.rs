@@ -195,11 +195,11 @@ fn worker(
     rx: &mpsc::Receiver<Envelope>,
     boot_tx: mpsc::SyncSender<Result<BootReport, BootError>>,
 ) -> Result<(), OpError> {
-    let mut system: System = match boot(config, stop) {
-        Ok((system, report)) => {
+    let (mut system, lifecycle): (System, _) = match boot(config, stop) {
+        Ok((system, report, lifecycle)) => {
             // The receiver waits for exactly this message.
             let _ = boot_tx.send(Ok(report));
-            system
+            (system, lifecycle)
         }
         Err(e) => {
             let _ = boot_tx.send(Err(e));
@@ -218,12 +218,12 @@ fn worker(
         for key in schedules.tick(&system)? {
             tracing::debug!(key, "schedule");
         }
-        for fired in ops::fire_due(&mut system, settings.lease_ms, stop)? {
+        for fired in ops::fire_due(&mut system, &lifecycle, settings.lease_ms, stop)? {
             tracing::debug!(?fired, "scheduler");
         }
         match rx.recv_timeout(poll) {
             Ok(envelope) => {
-                let result = ops::apply(&mut system, &mut schedules, envelope.request);
+                let result = ops::apply(&mut system, &mut schedules, &lifecycle, envelope.request);
                 let fatal = match &result {
                     Err(OpError::UnknownOutcome(message)) => Some(message.clone()),
                     _ => None,

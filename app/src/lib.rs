@@ -16,6 +16,7 @@ pub mod daemon;
 mod http;
 pub mod interrupt;
 pub mod job;
+pub mod lifecycle;
 pub mod mock_llm;
 pub mod observe;
 pub mod openai;

@@ -255,8 +255,8 @@ fn run_command(config: &std::path::Path, mode: RunMode<'_>) -> Result<ExitCode, 
     let stop = Stop::new();
     stop.on_signals("the run")
         .map_err(|e| format!("cannot install the signal handler: {e}"))?;
-    let (mut system, _report) = boot(&config, &stop).map_err(|e| e.to_string())?;
-    let summary = run(&mut system, mode, &stop).map_err(|e| e.to_string())?;
+    let (mut system, _report, lifecycle) = boot(&config, &stop).map_err(|e| e.to_string())?;
+    let summary = run(&mut system, &lifecycle, mode, &stop).map_err(|e| e.to_string())?;
     let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
     println!("{json}");
     if let Some(error) = &summary.error {
@@ -301,11 +301,11 @@ fn control(
     let config = Config::load(config).map_err(|e| e.to_string())?;
     let text = body.as_ref().map_or(String::new(), ToString::to_string);
     let value = match boot(&config, &Stop::new()) {
-        Ok((mut system, _report)) => {
+        Ok((mut system, _report, lifecycle)) => {
             let request = api::route(method, path, &text).map_err(|r| r.message)?;
             let mut schedules =
                 Schedules::load(Arc::new(RealFs), &config.runtime.root).map_err(|e| e.to_string())?;
-            ops::apply(&mut system, &mut schedules, request).map_err(|e| e.to_string())?
+            ops::apply(&mut system, &mut schedules, &lifecycle, request).map_err(|e| e.to_string())?
         }
         Err(e) if e.is_locked() => {
             tracing::info!(addr = %config.api.listen, "the root is held (a daemon?): asking its API");

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::interrupt::{Stop, INTERRUPTED};
+use crate::lifecycle::Lifecycle;
 use crate::schedule::{Schedule, ScheduleError, Schedules};
 
 /// Largest delay or future fire time accepted for a trigger (a year).
@@ -173,7 +174,13 @@ impl From<ScheduleError> for OpError {
 }
 
 /// Perform `request`; `schedules` are the root's (loaded under its lock).
-pub fn apply(system: &mut System, schedules: &mut Schedules, request: Request) -> Result<Value, OpError> {
+/// `lifecycle` exports the telemetry of agents created and turns run.
+pub fn apply(
+    system: &mut System,
+    schedules: &mut Schedules,
+    lifecycle: &Lifecycle,
+    request: Request,
+) -> Result<Value, OpError> {
     match request {
         Request::AddSchedule(s) => {
             // The agent must exist now; it is looked up again at each firing.
@@ -189,9 +196,9 @@ pub fn apply(system: &mut System, schedules: &mut Schedules, request: Request) -
             }
             Ok(value)
         }
-        Request::CreateAgent(r) => create_agent(system, r),
-        Request::DeleteAgent(name) => delete_agent(system, &name),
-        Request::Turn(name, r) => turn(system, &name, r),
+        Request::CreateAgent(r) => create_agent(system, lifecycle, r),
+        Request::DeleteAgent(name) => delete_agent(system, lifecycle, &name),
+        Request::Turn(name, r) => turn(system, lifecycle, &name, r),
         Request::Message(r) => message(system, r),
         Request::Emit(r) => emit(system, r),
         Request::Confirm(r) => confirm(system, r),
@@ -224,7 +231,7 @@ pub fn resolve(system: &System, name_or_id: &str) -> Result<AgentId, OpError> {
     }
 }
 
-fn create_agent(system: &mut System, r: CreateAgent) -> Result<Value, OpError> {
+fn create_agent(system: &mut System, lifecycle: &Lifecycle, r: CreateAgent) -> Result<Value, OpError> {
     if r.name.trim().is_empty() || r.name.len() > 128 {
         return Err(OpError::BadRequest("`name` must be 1-128 characters".into()));
     }
@@ -234,25 +241,29 @@ fn create_agent(system: &mut System, r: CreateAgent) -> Result<Value, OpError> {
             r.name
         )));
     }
-    let id = match &r.parent {
-        None => system.runtime_mut().create_root(&r.name, &r.instructions)?,
+    let (id, parent) = match &r.parent {
+        None => (system.runtime_mut().create_root(&r.name, &r.instructions)?, None),
         Some(parent) => {
             let parent = resolve(system, parent)?;
-            system
+            let id = system
                 .runtime_mut()
-                .spawn_child(&parent, &r.name, &r.instructions)?
+                .spawn_child(&parent, &r.name, &r.instructions)?;
+            (id, Some(parent))
         }
     };
+    lifecycle.agent_start(system, &id, &r.name, parent.as_ref());
     Ok(json!({"id": id, "name": r.name, "parent": r.parent}))
 }
 
-fn delete_agent(system: &mut System, name: &str) -> Result<Value, OpError> {
+fn delete_agent(system: &mut System, lifecycle: &Lifecycle, name: &str) -> Result<Value, OpError> {
     let id = resolve(system, name)?;
+    let session = lifecycle.agent_stopping(system, &id);
     system.runtime_mut().terminate(&id)?;
+    lifecycle.agent_stopped(&id, session.as_deref());
     Ok(json!({"terminated": id}))
 }
 
-fn turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Value, OpError> {
+fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) -> Result<Value, OpError> {
     if r.prompt.trim().is_empty() {
         return Err(OpError::BadRequest("`prompt` must not be empty".into()));
     }
@@ -268,16 +279,26 @@ fn turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Value, OpErro
         prompt.push('\n');
     }
     prompt.push_str(&r.prompt);
-    let outcome = match &r.work_id {
-        None => Some(system.runtime_mut().run_turn(&id, &prompt)?),
-        Some(work) => match system
-            .runtime_mut()
-            .run_work_turn(&id, &prompt, &format!("api:{work}"))?
-        {
-            durable_agent::runtime::WorkTurn::Ran(outcome) => Some(outcome),
-            durable_agent::runtime::WorkTurn::AlreadyDone => None,
+    let work = r.work_id.as_ref().map(|w| format!("api:{w}"));
+    let outcome = lifecycle.turn(
+        system,
+        &id,
+        work.as_deref().unwrap_or("api"),
+        |system| match &work {
+            None => system.runtime_mut().run_turn(&id, &prompt).map(Some),
+            Some(work) => system
+                .runtime_mut()
+                .run_work_turn(&id, &prompt, work)
+                .map(|turn| match turn {
+                    durable_agent::runtime::WorkTurn::Ran(outcome) => Some(outcome),
+                    durable_agent::runtime::WorkTurn::AlreadyDone => None,
+                }),
         },
-    };
+        |outcome| match outcome {
+            Some(o) => json!({"tool_calls": o.tool_calls.len()}),
+            None => json!({"already_done": true}),
+        },
+    )?;
     Ok(match outcome {
         Some(o) => json!({
             "agent": id,
@@ -437,7 +458,12 @@ pub enum FireResult {
 
 /// Claim and fire every due trigger, one at a time, until none is due or a
 /// stop is requested.
-pub fn fire_due(system: &mut System, lease_ms: u64, stop: &Stop) -> Result<Vec<FireResult>, OpError> {
+pub fn fire_due(
+    system: &mut System,
+    lifecycle: &Lifecycle,
+    lease_ms: u64,
+    stop: &Stop,
+) -> Result<Vec<FireResult>, OpError> {
     let mut results = Vec::new();
     while !stop.requested() {
         let now = system.now_ms();
@@ -478,7 +504,16 @@ pub fn fire_due(system: &mut System, lease_ms: u64, stop: &Stop) -> Result<Vec<F
             prompt.push_str(&format!("\n\n[{note}]"));
         }
         tracing::info!(id = %claim.id, key = ?claim.dedup_key, agent = %agent, attempt = claim.attempts, "firing trigger");
-        let outcome = system.fire(&claim, &agent, &prompt);
+        let outcome = lifecycle.turn(
+            system,
+            &agent,
+            &System::trigger_work(&claim),
+            |system| system.fire(&claim, &agent, &prompt),
+            |fired| match fired {
+                Fired::Ran { tool_calls } => json!({"tool_calls": tool_calls}),
+                Fired::AlreadyDone => json!({"already_done": true}),
+            },
+        );
         let (error, retryable) = match outcome {
             Ok(fired) => {
                 tracing::info!(id = %claim.id, ?fired, "trigger done");

@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use crate::interrupt::{Stop, INTERRUPTED};
 use crate::job::{next_run_id, Job, JobError};
+use crate::lifecycle::Lifecycle;
 
 /// Largest rendering of a parent run's conversation handed to a fork.
 const MAX_FORK_CONTEXT_BYTES: usize = 16 * 1024;
@@ -120,7 +121,13 @@ impl RunSummary {
 }
 
 /// Run `mode` on a booted system.
-pub fn run(system: &mut System, mode: RunMode<'_>, stop: &Stop) -> Result<RunSummary, RunError> {
+/// `lifecycle` exports the telemetry of the agent created and the turn.
+pub fn run(
+    system: &mut System,
+    lifecycle: &Lifecycle,
+    mode: RunMode<'_>,
+    stop: &Stop,
+) -> Result<RunSummary, RunError> {
     let store = ToolCallStore::default();
     let (run, job, agent) = match mode {
         RunMode::New { job_file } => {
@@ -136,7 +143,7 @@ pub fn run(system: &mut System, mode: RunMode<'_>, stop: &Stop) -> Result<RunSum
                 }
             };
             let instructions = job.instructions.clone();
-            start(system, run_id, job, None, &instructions)?
+            start(system, lifecycle, run_id, job, None, &instructions)?
         }
         RunMode::Resume { run_id } => {
             let run = stored_run(system, run_id)?;
@@ -164,15 +171,23 @@ pub fn run(system: &mut System, mode: RunMode<'_>, stop: &Stop) -> Result<RunSum
                     "\n\nThis run is a fork of run {parent}, which went like this:\n{context}"
                 ));
             }
-            start(system, run_id, job, Some(parent.to_string()), &instructions)?
+            start(
+                system,
+                lifecycle,
+                run_id,
+                job,
+                Some(parent.to_string()),
+                &instructions,
+            )?
         }
     };
-    execute(system, &run, &job, &agent, stop)
+    execute(system, lifecycle, &run, &job, &agent, stop)
 }
 
 /// Create the run's root agent, then record the run.
 fn start(
     system: &mut System,
+    lifecycle: &Lifecycle,
     run_id: String,
     job: Job,
     parent_run_id: Option<String>,
@@ -186,6 +201,7 @@ fn start(
         .runtime_mut()
         .create_root(&job.agent, instructions)
         .map_err(|source| unknown_or_runtime(&run_id, source))?;
+    lifecycle.agent_start(system, &agent, &job.agent, None);
     let session_id = system
         .runtime()
         .state()
@@ -216,6 +232,7 @@ fn start(
 /// The work turn, then the run's final status.
 fn execute(
     system: &mut System,
+    lifecycle: &Lifecycle,
     run: &RunRecord,
     job: &Job,
     agent: &AgentId,
@@ -233,7 +250,16 @@ fn execute(
         needs_confirmation: Vec::new(),
     };
     let work = format!("run:{}", run.run_id);
-    let result = system.runtime_mut().run_work_turn(agent, &job.prompt, &work);
+    let result = lifecycle.turn(
+        system,
+        agent,
+        &work,
+        |system| system.runtime_mut().run_work_turn(agent, &job.prompt, &work),
+        |turn| match turn {
+            WorkTurn::Ran(outcome) => serde_json::json!({"tool_calls": outcome.tool_calls.len()}),
+            WorkTurn::AlreadyDone => serde_json::json!({"already_done": true}),
+        },
+    );
     let status = match result {
         Ok(WorkTurn::Ran(outcome)) => {
             summary.outcome = RunOutcome::Succeeded;

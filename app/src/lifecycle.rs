@@ -1,0 +1,201 @@
+//! Telemetry lifecycle events (seed 000's envelope, [`crate::telemetry`]):
+//! `agent_start`/`agent_stop` around create/terminate, `turn_start`/
+//! `turn_end` around each turn the app runs, and `pre_tool_use`/
+//! `post_tool_use`/`tool_failure` around every tool call — reversible ones
+//! through [`ObservedTools`], irreversible ones through [`ObservedOutbox`],
+//! the two wrappers `boot` hands to `System::boot`.
+//!
+//! Invariant: observing never changes behaviour — every wrapper calls its
+//! inner tool or outbox exactly once and returns its result unchanged, and
+//! a telemetry write failure is logged and dropped. Events are written
+//! after the fact they report is decided (a `post_tool_use` after the
+//! tool returned), never instead of it; they are not runtime state and can
+//! be lost in a crash.
+//!
+//! Why a turn scope: the outbox only sees an idempotency key and an action,
+//! not the agent; the app runs one turn at a time on the root's one writer
+//! thread, so the turn in progress names the agent and session of every
+//! irreversible call made inside it.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use durable_agent::runtime::{AgentId, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest};
+use durable_agent::system::System;
+use durable_agent::world::{DeliveryError, Outbox};
+use serde_json::{json, Value};
+
+use crate::telemetry::{EventType, JsonlExporter};
+
+/// The agent and session of the turn in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Scope {
+    agent: String,
+    session: Option<String>,
+}
+
+/// The lifecycle event sink: a no-op without `[telemetry] events_jsonl`.
+#[derive(Debug, Clone, Default)]
+pub struct Lifecycle {
+    exporter: Option<Arc<JsonlExporter>>,
+    turn: Arc<Mutex<Option<Scope>>>,
+}
+
+impl Lifecycle {
+    pub fn new(exporter: Option<Arc<JsonlExporter>>) -> Lifecycle {
+        Lifecycle {
+            exporter,
+            turn: Arc::default(),
+        }
+    }
+
+    /// Nothing is exported.
+    pub fn disabled() -> Lifecycle {
+        Lifecycle::default()
+    }
+
+    fn emit(&self, event: EventType, session: Option<&str>, agent: &str, payload: Value) {
+        let Some(exporter) = &self.exporter else { return };
+        if let Err(e) = exporter.emit(event, session, agent, payload) {
+            tracing::warn!(error = %e, ?event, "telemetry event lost");
+        }
+    }
+
+    fn scope(&self) -> MutexGuard<'_, Option<Scope>> {
+        // Only ever replaced whole: a poisoned value is still consistent.
+        self.turn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `agent`'s session id (its session directory's name), if live.
+    fn session_of(system: &System, agent: &AgentId) -> Option<String> {
+        let dir = system.runtime().session_dir(agent)?;
+        Some(dir.file_name()?.to_string_lossy().into_owned())
+    }
+
+    /// `agent` was created (its `agent.created` is durable).
+    pub fn agent_start(&self, system: &System, agent: &AgentId, name: &str, parent: Option<&AgentId>) {
+        let session = Self::session_of(system, agent);
+        let payload = json!({"name": name, "parent": parent});
+        self.emit(EventType::AgentStart, session.as_deref(), agent.as_str(), payload);
+    }
+
+    /// `agent` is about to be terminated; call [`Self::agent_stopped`]
+    /// once it is (the session is looked up first, while it is live).
+    pub fn agent_stopping(&self, system: &System, agent: &AgentId) -> Option<String> {
+        Self::session_of(system, agent)
+    }
+
+    pub fn agent_stopped(&self, agent: &AgentId, session: Option<&str>) {
+        self.emit(EventType::AgentStop, session, agent.as_str(), Value::Null);
+    }
+
+    /// Run `turn` (one turn of `agent` performing `work`) between
+    /// `turn_start` and `turn_end`; `describe` turns its result into the
+    /// end event's payload.
+    pub fn turn<T, E: std::fmt::Display>(
+        &self,
+        system: &mut System,
+        agent: &AgentId,
+        work: &str,
+        turn: impl FnOnce(&mut System) -> Result<T, E>,
+        describe: impl FnOnce(&T) -> Value,
+    ) -> Result<T, E> {
+        let session = Self::session_of(system, agent);
+        let scope = Scope {
+            agent: agent.to_string(),
+            session: session.clone(),
+        };
+        *self.scope() = Some(scope);
+        self.emit(
+            EventType::TurnStart,
+            session.as_deref(),
+            agent.as_str(),
+            json!({"work": work}),
+        );
+        let result = turn(system);
+        *self.scope() = None;
+        let payload = match &result {
+            Ok(value) => json!({"work": work, "ok": true, "result": describe(value)}),
+            Err(e) => json!({"work": work, "ok": false, "error": e.to_string()}),
+        };
+        self.emit(EventType::TurnEnd, session.as_deref(), agent.as_str(), payload);
+        result
+    }
+
+    fn tool_events(
+        &self,
+        agent: &str,
+        session: Option<&str>,
+        tool: Value,
+        result: Result<(bool, String), String>,
+    ) {
+        let (event, payload) = match result {
+            Ok((true, output)) => (EventType::PostToolUse, json!({"tool": tool, "output": output})),
+            Ok((false, output)) => (EventType::ToolFailure, json!({"tool": tool, "error": output})),
+            Err(error) => (EventType::ToolFailure, json!({"tool": tool, "error": error})),
+        };
+        self.emit(event, session, agent, payload);
+    }
+}
+
+/// Reversible tools, observed.
+#[derive(Debug)]
+pub struct ObservedTools {
+    pub inner: Arc<dyn ToolExecutor>,
+    pub lifecycle: Lifecycle,
+}
+
+impl ToolExecutor for ObservedTools {
+    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+        let (agent, session) = (ctx.agent.as_str(), ctx.session.as_str());
+        let tool = json!({"name": call.tool, "call_id": ctx.call_id, "irreversible": false});
+        self.lifecycle.emit(
+            EventType::PreToolUse,
+            Some(session),
+            agent,
+            json!({"tool": tool, "args": call.args}),
+        );
+        let result = self.inner.execute(ctx, call);
+        let seen = match &result {
+            Ok(out) => Ok((out.ok, out.output.clone())),
+            Err(e) => Err(e.to_string()),
+        };
+        self.lifecycle.tool_events(agent, Some(session), tool, seen);
+        result
+    }
+}
+
+/// Irreversible tools (the activity ledger's outbox), observed: only calls
+/// that really go out are seen — one the ledger answers from a DONE record
+/// never reaches the outbox.
+#[derive(Debug)]
+pub struct ObservedOutbox {
+    pub inner: Arc<dyn Outbox>,
+    pub lifecycle: Lifecycle,
+}
+
+impl Outbox for ObservedOutbox {
+    fn supports_dedup(&self, action: &str) -> bool {
+        self.inner.supports_dedup(action)
+    }
+
+    fn send(&self, idem_key: &str, action: &str, payload: &Value) -> Result<String, DeliveryError> {
+        let scope = self.lifecycle.scope().clone();
+        let (agent, session) = scope
+            .as_ref()
+            .map_or(("", None), |s| (s.agent.as_str(), s.session.as_deref()));
+        let tool = json!({"name": action, "idem_key": idem_key, "irreversible": true});
+        self.lifecycle.emit(
+            EventType::PreToolUse,
+            session,
+            agent,
+            json!({"tool": tool, "args": payload}),
+        );
+        let result = self.inner.send(idem_key, action, payload);
+        let seen = match &result {
+            Ok(provider_ref) => Ok((true, provider_ref.clone())),
+            Err(e) => Err(e.to_string()),
+        };
+        self.lifecycle.tool_events(agent, session, tool, seen);
+        result
+    }
+}
