@@ -37,7 +37,8 @@ use durable_agent::store::triggers::{TriggerSource, TriggerSpec, TriggerStore};
 use rusqlite::Connection;
 use tempfile::TempDir;
 
-/// A typical log line's payload (a short turn response).
+/// A typical log line's payload (a short tool output). `tool.result`, not
+/// `turn.complete`, to keep the bench independent of the turn's fields.
 const RESPONSE: &str = "The release is out; I told ada@example.com and filed the note in the tracker.";
 /// Rows behind the point-read benchmark.
 const READ_ROWS: u64 = 1_000;
@@ -77,8 +78,10 @@ fn log_append(c: &mut Criterion) {
             let entry = log
                 .append(
                     ts,
-                    Event::TurnComplete {
-                        response: RESPONSE.to_string(),
+                    Event::ToolResult {
+                        call_id: "0000000000000001-7".to_string(),
+                        ok: true,
+                        output: RESPONSE.to_string(),
                     },
                 )
                 .expect("durable append");
@@ -89,7 +92,7 @@ fn log_append(c: &mut Criterion) {
     // The floor: the same line, one write and one fsync, file kept open.
     let line = format!(
         "{{\"schema_version\":1,\"session_id\":\"0000000000000001\",\"seq\":0,\"ts\":0,\
-         \"event\":\"turn.complete\",\"data\":{{\"response\":\"{RESPONSE}\"}}}}\n"
+         \"event\":\"tool.result\",\"data\":{{\"call_id\":\"0000000000000001-7\",\"ok\":true,\"output\":\"{RESPONSE}\"}}}}\n"
     );
     let mut plain: File = OpenOptions::new()
         .create(true)
