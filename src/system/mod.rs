@@ -28,6 +28,7 @@
 //! ledger ([`tools::SystemTools`]) with the idempotency key the runtime
 //! derives.
 
+mod admin;
 mod outbox;
 mod tools;
 
@@ -49,6 +50,7 @@ use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore
 use crate::store::StoreError;
 use crate::world::Outbox;
 
+pub use admin::{Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
 pub use outbox::OutboxRoutes;
 pub use tools::SystemTools;
 

@@ -48,6 +48,12 @@ impl ActivityGate {
         })
     }
 
+    /// The ledger itself, for calls that bring their own connection (the
+    /// system's admin operations, under the system's connection lock).
+    pub fn store(&self) -> &ActivityStore {
+        &self.store
+    }
+
     /// Boot recovery of INTENT rows (see [`ActivityStore::recover`]).
     pub fn recover(&self, now_ms: u64) -> Result<Vec<ActivityOutcome>, ActivityError> {
         self.with_db(|db| self.store.recover(db.conn(), self.outbox.as_ref(), now_ms))

@@ -8,6 +8,11 @@
 //! to a provider that deduplicates by key; without dedup it becomes
 //! `NEEDS_CONFIRMATION` and waits for a human ([`ActivityStore::resolve`]),
 //! never blindly re-run. An unknown provider answer leaves `INTENT` in place.
+//!
+//! A human answers NEEDS_CONFIRMATION with [`ActivityStore::confirm`]
+//! (`confirm.rs`: delivered, not delivered, abandon); settled rows are
+//! collected after a TTL by [`ActivityStore::gc`] (`gc.rs`: never INTENT or
+//! NEEDS_CONFIRMATION).
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -15,9 +20,13 @@ use crate::canary::{Canaries, Canary};
 use crate::store::schema::{sql, str_enum, StoreError};
 use crate::world::{DeliveryError, Outbox};
 
+mod confirm;
 mod gate;
+mod gc;
 
+pub use confirm::{Resolution, ABANDONED};
 pub use gate::ActivityGate;
+pub use gc::GcReport;
 
 str_enum! {
     /// Ledger state of one irreversible action.

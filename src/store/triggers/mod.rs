@@ -2,7 +2,9 @@
 //! and the lease lifecycle
 //! `PENDING -claim-> CLAIMED -ack_done-> DONE`,
 //! `CLAIMED -ack_failed-> PENDING (backoff in not_before) | DEAD (max attempts) | FAILED (permanent)`,
-//! `CLAIMED -lease expired, reclaim_expired-> PENDING`.
+//! `CLAIMED -lease expired, reclaim_expired-> PENDING`,
+//! `DEAD | FAILED -retry (an operator)-> PENDING` (`admin.rs`),
+//! `DONE | FAILED | DEAD -gc after the TTL-> deleted` (`gc.rs`).
 //!
 //! Invariants: once `emit` returned `Ok`, the trigger is committed (never
 //! lost); at most one row exists per `dedup_key` (`INSERT … ON CONFLICT
@@ -16,8 +18,12 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use crate::canary::{Canaries, Canary};
 use crate::store::schema::{sql, StoreError};
 
+mod admin;
+mod gc;
 mod model;
 
+pub(crate) use gc::cutoff_ms;
+pub use gc::GcReport;
 use model::{decode, raw_row, COLUMNS};
 pub use model::{EmitOutcome, Trigger, TriggerPolicy, TriggerSource, TriggerSpec, TriggerStatus};
 

@@ -1,0 +1,93 @@
+//! Garbage collection of settled triggers with a TTL (seed 001 §7: the
+//! "stale-GC TTL", 24 h by default at the system level).
+//!
+//! Invariant: [`TriggerStore::gc`] deletes only DONE, FAILED and DEAD rows
+//! whose `updated_at` is more than `ttl_ms` before `now_ms`, never a PENDING
+//! or CLAIMED one (a PENDING trigger is work not yet done; a CLAIMED one is
+//! someone's lease), and never the newest row (see below). It is one
+//! transaction: after a crash either every row it chose is gone or none is.
+//!
+//! Consequence, stated plainly: once a DONE trigger is collected its
+//! `dedup_key` is free again, so a producer re-emitting that key gets a
+//! *new* trigger ([`super::EmitOutcome::Inserted`]), not a duplicate. The
+//! TTL must therefore exceed the longest time a producer may re-emit a key
+//! (its retry or restart horizon). (At the system level the turn a fired
+//! trigger runs is keyed by `trigger:{dedup_key}` in the agent's own log,
+//! which no GC touches, so `System::fire` on the same agent still finds
+//! that turn done and runs nothing; the store alone does not promise that.)
+//!
+//! Why the newest row is kept: `emit` derives a trigger's id from
+//! `MAX(rowid) + 1` (and SQLite gives a table without AUTOINCREMENT the
+//! same rowid). Deleting the newest row would hand its id to the next
+//! emit — and a trigger without a dedup key is identified everywhere by its
+//! id (`System::trigger_work` is `trigger:{id}`), so the new trigger would
+//! inherit the old one's completed turn and never run. Keeping the newest
+//! row keeps `MAX(rowid)` monotonic, so ids are never reused.
+
+use rusqlite::{params, Connection, TransactionBehavior};
+use serde::Serialize;
+
+use super::TriggerStore;
+use crate::store::schema::{sql, StoreError};
+
+/// What one GC deleted (also the activity ledger's report,
+/// `store::activities::GcReport`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// Rows last updated before this instant were eligible.
+    pub cutoff_ms: u64,
+    /// The keys of the rows deleted (trigger ids / idempotency keys), in
+    /// insertion order.
+    pub deleted: Vec<String>,
+}
+
+/// The instant before which a settled row is old enough: a row exactly
+/// `ttl_ms` old is kept. Saturates at 0 (nothing collected) while `now_ms`
+/// is younger than the TTL.
+pub(crate) fn cutoff_ms(now_ms: u64, ttl_ms: u64) -> u64 {
+    now_ms.saturating_sub(ttl_ms)
+}
+
+/// The statuses GC may delete.
+const SETTLED: &str = "status IN ('DONE', 'FAILED', 'DEAD')";
+
+impl TriggerStore {
+    /// Delete DONE/FAILED/DEAD triggers last updated more than `ttl_ms`
+    /// before `now_ms`, in one transaction (see the module docs for what is
+    /// kept and the consequence for dedup keys).
+    pub fn gc(&self, conn: &Connection, now_ms: u64, ttl_ms: u64) -> Result<GcReport, StoreError> {
+        let cutoff_ms = cutoff_ms(now_ms, ttl_ms);
+        let eligible = format!("{SETTLED} AND updated_at < ?1 AND rowid < (SELECT MAX(rowid) FROM triggers)");
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+            .map_err(sql("trigger gc begin"))?;
+        let deleted = {
+            let mut stmt = tx
+                .prepare(&format!(
+                    "SELECT id FROM triggers WHERE {eligible} ORDER BY rowid"
+                ))
+                .map_err(sql("trigger gc select"))?;
+            let rows = stmt
+                .query_map([cutoff_ms], |r| r.get::<_, String>(0))
+                .map_err(sql("trigger gc select"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql("trigger gc select"))?
+        };
+        // Nothing old enough (the common case): skip the write.
+        if !deleted.is_empty() {
+            let n = tx
+                .execute(
+                    &format!("DELETE FROM triggers WHERE {eligible}"),
+                    params![cutoff_ms],
+                )
+                .map_err(sql("trigger gc delete"))?;
+            // The write lock is held since the select: the same predicate
+            // must match the same rows.
+            assert_eq!(n, deleted.len(), "trigger gc: delete disagrees with its select");
+        }
+        tx.commit().map_err(sql("trigger gc commit"))?;
+        if !deleted.is_empty() {
+            tracing::info!(count = deleted.len(), cutoff_ms, "collected settled triggers");
+        }
+        Ok(GcReport { cutoff_ms, deleted })
+    }
+}

@@ -1,0 +1,158 @@
+//! The operator's view of a [`System`]: what is stuck and waits for a
+//! human, the answers a human can give, and garbage collection of settled
+//! rows (seed 001 §9 phase 5: dead-letter surfacing and TTL GC).
+//!
+//! Every operation runs on the system's own stores and connection, under
+//! the connection lock the agent loop's ledger calls take too, so an
+//! answer never interleaves with a send. Each write is one guarded
+//! transaction of the store it belongs to (a wrong state is a typed
+//! [`StoreError`] inside [`SystemError::Store`], nothing changed).
+//!
+//! Invariants kept here:
+//! - no irreversible side effect twice: [`System::confirm`] only settles a
+//!   NEEDS_CONFIRMATION row (see [`Resolution`] for why `NotDelivered`
+//!   releases the key rather than re-sending it here), and [`System::gc`]
+//!   never collects an INTENT or NEEDS_CONFIRMATION row, nor the rows of an
+//!   agent whose interrupted turn would re-run their keys on resume;
+//! - no trigger lost: [`System::gc`] never collects a PENDING or CLAIMED
+//!   trigger, and [`System::retry_trigger`] only moves DEAD/FAILED ones.
+//!
+//! The TTL must exceed every retry and resume horizon: a row collected
+//! after it no longer deduplicates its key (see `store::triggers` and
+//! `store::activities` GC docs). [`DEFAULT_GC_TTL_MS`] is seed 001's 24 h.
+
+use serde::Serialize;
+
+use super::{System, SystemError};
+use crate::store::activities::{ActivityRecord, ActivityStatus};
+use crate::store::tool_calls::{RunRecord, RunStatus, ToolCall, ToolCallStore};
+use crate::store::triggers::{GcReport, Trigger, TriggerStatus};
+
+pub use crate::store::activities::Resolution;
+
+/// Seed 001's stale-row TTL: settled triggers and ledger rows are kept a
+/// day after their last update.
+pub const DEFAULT_GC_TTL_MS: u64 = 24 * 3600 * 1000;
+
+/// A run parked `waiting_for_human` by the tool-call ledger, with the
+/// calls whose replay kept failing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitingRun {
+    pub run: RunRecord,
+    /// Its calls still `prepared`/`running`, in creation order.
+    pub in_flight: Vec<ToolCall>,
+}
+
+/// What [`System::gc`] collected from each store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SystemGcReport {
+    pub triggers: GcReport,
+    pub activities: GcReport,
+}
+
+impl System {
+    /// Dead-lettered triggers (used `max_attempts`), oldest first, with
+    /// their `last_error` and `attempts`.
+    pub fn dead_triggers(&self) -> Result<Vec<Trigger>, SystemError> {
+        self.triggers_with(TriggerStatus::Dead)
+    }
+
+    /// Permanently failed triggers (the consumer said retrying is
+    /// pointless), oldest first, with their `last_error` and `attempts`.
+    pub fn failed_triggers(&self) -> Result<Vec<Trigger>, SystemError> {
+        self.triggers_with(TriggerStatus::Failed)
+    }
+
+    fn triggers_with(&self, status: TriggerStatus) -> Result<Vec<Trigger>, SystemError> {
+        let now = self.now_ms();
+        Ok(self.triggers().with_status(self.db().conn(), status, now)?)
+    }
+
+    /// A human retries trigger `id`: DEAD/FAILED → PENDING now, attempts
+    /// reset (see `TriggerStore::retry`). Any other state is
+    /// `StoreError::WrongState`, a missing id `StoreError::NotFound`.
+    pub fn retry_trigger(&self, id: &str) -> Result<Trigger, SystemError> {
+        let now = self.now_ms();
+        Ok(self.triggers().retry(self.db().conn(), id, now)?)
+    }
+
+    /// Irreversible actions whose fate a crash left unknown and whose
+    /// provider cannot deduplicate: each waits for [`System::confirm`].
+    /// Key, action, payload and created time are on the record.
+    pub fn needs_confirmation(&self) -> Result<Vec<ActivityRecord>, SystemError> {
+        let db = self.db();
+        Ok(self
+            .gate()
+            .store()
+            .with_status(db.conn(), ActivityStatus::NeedsConfirmation)?)
+    }
+
+    /// A human's answer for the NEEDS_CONFIRMATION action `idem_key`
+    /// (see [`Resolution`]). Returns the row's status afterwards, `None`
+    /// when `NotDelivered` released the key for the next run to send.
+    pub fn confirm(
+        &self,
+        idem_key: &str,
+        resolution: &Resolution,
+    ) -> Result<Option<ActivityStatus>, SystemError> {
+        let now = self.now_ms();
+        let db = self.db();
+        Ok(self
+            .gate()
+            .store()
+            .confirm(db.conn(), idem_key, resolution, now)?)
+    }
+
+    /// Runs the tool-call ledger parked `waiting_for_human`, oldest first
+    /// (read-only; all reads under one connection lock, so one snapshot of
+    /// what this writer committed).
+    pub fn waiting_for_human(&self) -> Result<Vec<WaitingRun>, SystemError> {
+        let store = ToolCallStore::default();
+        let db = self.db();
+        let conn = db.conn();
+        let mut waiting = Vec::new();
+        for run_id in store.run_ids(conn)? {
+            let Some(run) = store.get_run(conn, &run_id)? else {
+                continue;
+            };
+            if run.status == RunStatus::WaitingForHuman {
+                let in_flight = store.in_flight(conn, &run_id)?;
+                waiting.push(WaitingRun { run, in_flight });
+            }
+        }
+        Ok(waiting)
+    }
+
+    /// Collect settled rows older than `ttl_ms` (use [`DEFAULT_GC_TTL_MS`]
+    /// unless you know every retry and resume horizon is shorter): DONE,
+    /// FAILED and DEAD triggers, then DONE and FAILED ledger rows — except
+    /// those of agents with an interrupted turn, which resuming re-runs.
+    ///
+    /// Two transactions, triggers first; a crash between them leaves the
+    /// ledger uncollected, and running `gc` again finishes (it is
+    /// idempotent).
+    pub fn gc(&self, ttl_ms: u64) -> Result<SystemGcReport, SystemError> {
+        let now = self.now_ms();
+        let mid_turn = self.agents_mid_turn()?;
+        let db = self.db();
+        let triggers = self.triggers().gc(db.conn(), now, ttl_ms)?;
+        let activities = self
+            .gate()
+            .store()
+            .gc_keeping(db.conn(), now, ttl_ms, &mid_turn)?;
+        Ok(SystemGcReport { triggers, activities })
+    }
+
+    /// Agents with an interrupted turn: the ledger's `task_id` of their
+    /// irreversible calls (see `SystemTools`).
+    fn agents_mid_turn(&self) -> Result<Vec<String>, SystemError> {
+        let runtime = self.runtime();
+        let mut ids = Vec::new();
+        for agent in runtime.state().agents.keys() {
+            if runtime.open_turn(agent)?.is_some() {
+                ids.push(agent.as_str().to_string());
+            }
+        }
+        Ok(ids)
+    }
+}
