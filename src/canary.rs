@@ -44,11 +44,14 @@ pub enum Canary {
     /// A trigger ack checks only that the row is CLAIMED, not that the
     /// acking claim still holds the lease.
     AckIgnoresLease,
+    /// Messages a turn reads are logged delivered when collected, before
+    /// the turn (seed 002's known gap): a turn lost in a crash loses them.
+    DeliveredAtCollect,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 11] = [
+    pub const ALL: [Canary; 12] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -60,6 +63,7 @@ impl Canary {
         Canary::TriggerTurnKeyedByTurn,
         Canary::TriggerTurnRerun,
         Canary::AckIgnoresLease,
+        Canary::DeliveredAtCollect,
     ];
 }
 

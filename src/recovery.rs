@@ -320,7 +320,12 @@ fn rebuild_slot(
 ) -> AgentSlot {
     let mut delivered = BTreeSet::new();
     for e in &c.entries {
-        if let Event::MessageDelivered { message_ids } = &e.event {
+        if let Event::MessageDelivered { message_ids }
+        | Event::TurnComplete {
+            delivered: message_ids,
+            ..
+        } = &e.event
+        {
             delivered.extend(message_ids.iter().cloned());
         }
     }

@@ -37,7 +37,10 @@ fn sample_log() -> (Vec<u8>, Vec<usize>) {
             prompt: "fired".into(),
             work: Some("trigger:nightly-report".into()),
         },
-        Event::TurnComplete { response: "r".into() },
+        Event::TurnComplete {
+            response: "r".into(),
+            delivered: Vec::new(),
+        },
         Event::MessageEnqueued {
             message_id: MessageId::from_hex("00000000000000ac").unwrap(),
             sender: a.clone(),

@@ -80,7 +80,10 @@ fn complete_pending_entry_is_replayed_after_the_torn_tail_is_cut() {
         session_id: sid(),
         seq: 3,
         ts: 4,
-        event: Event::TurnComplete { response: "d".into() },
+        event: Event::TurnComplete {
+            response: "d".into(),
+            delivered: Vec::new(),
+        },
     };
     let line = entry.to_line().unwrap();
     let pending = dir.join(PENDING_FILE);

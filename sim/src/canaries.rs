@@ -14,7 +14,7 @@ use crate::search::search;
 
 /// Canaries the system can re-introduce today (every one of `Canary::ALL`;
 /// the list stays explicit so a new canary shows up UNPROVEN, not skipped).
-pub const IMPLEMENTED: [Canary; 11] = [
+pub const IMPLEMENTED: [Canary; 12] = [
     Canary::NoFsyncBeforeRename,
     Canary::NoDirFsync,
     Canary::AckBeforeLog,
@@ -26,6 +26,7 @@ pub const IMPLEMENTED: [Canary; 11] = [
     Canary::TriggerTurnKeyedByTurn,
     Canary::TriggerTurnRerun,
     Canary::AckIgnoresLease,
+    Canary::DeliveredAtCollect,
 ];
 
 /// What the search did with one canary on.

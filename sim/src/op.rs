@@ -91,6 +91,9 @@ pub enum Op {
     /// One turn of the agent: the provider asks for `tools` in order, then
     /// answers.
     RunTurn { agent: AgentRef, tools: Vec<ToolStep> },
+    /// A turn of the agent that reads its pending messages: they count as
+    /// delivered only with the turn (both in its `turn.complete`).
+    ReadTurn { agent: AgentRef, tools: Vec<ToolStep> },
     /// Enqueue a message from one agent to another (or itself).
     SendMessage { from: AgentRef, to: AgentRef },
     /// Deliver every pending message of an agent that has some.
@@ -171,6 +174,8 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         4 => (agent_ref(), prop::collection::vec(tool_step(), 0..3))
             .prop_map(|(agent, tools)| Op::RunTurn { agent, tools }),
         4 => (agent_ref(), agent_ref()).prop_map(|(from, to)| Op::SendMessage { from, to }),
+        3 => (agent_ref(), prop::collection::vec(tool_step(), 0..3))
+            .prop_map(|(agent, tools)| Op::ReadTurn { agent, tools }),
         3 => agent_ref().prop_map(|agent| Op::Deliver { agent }),
         2 => agent_ref().prop_map(|agent| Op::Evict { agent }),
         2 => agent_ref().prop_map(|agent| Op::Restore { agent }),
@@ -209,6 +214,7 @@ pub fn render(op: &Op) -> String {
         Op::CreateRoot => "create_root".into(),
         Op::SpawnChild { parent } => format!("spawn_child(parent=#{})", parent.0),
         Op::RunTurn { agent, tools } => format!("run_turn(#{}, tools={})", agent.0, render_tools(tools)),
+        Op::ReadTurn { agent, tools } => format!("read_turn(#{}, tools={})", agent.0, render_tools(tools)),
         Op::SendMessage { from, to } => format!("send_message(#{} -> #{})", from.0, to.0),
         Op::Deliver { agent } => format!("deliver(#{})", agent.0),
         Op::Evict { agent } => format!("evict(#{})", agent.0),

@@ -1,4 +1,4 @@
-//! A fixed 38-op sequence that touches every op kind (the sweep's and the
+//! A fixed 40-op sequence that touches every op kind (the sweep's and the
 //! benchmark's workload, and a readable example of a case).
 //!
 //! Invariant: every op resolves to an action on the model it is applied to
@@ -22,7 +22,8 @@ const FAILING: ToolStep = ToolStep {
 
 /// The tour: a tree of four agents, turns with every tool kind, messages
 /// delivered and pending, eviction, restore, termination and a clean
-/// restart in the middle; then durable triggers (a deduplicated re-emit,
+/// restart in the middle; a turn that reads its messages; then durable
+/// triggers (a deduplicated re-emit,
 /// fires whose turns have effects, a failed ack retried by a fire) and a
 /// checkpointed loop round.
 pub fn tour() -> Vec<Op> {
@@ -78,6 +79,11 @@ pub fn tour() -> Vec<Op> {
             tools: vec![],
         },
         Op::CreateRoot,
+        Op::SendMessage { from: A(0), to: A(1) },
+        Op::ReadTurn {
+            agent: A(1),
+            tools: vec![REV],
+        },
         Op::EmitTrigger { key: 0 },
         Op::FireTrigger {
             agent: A(1),

@@ -31,6 +31,7 @@ fn turn(agent: &str, prompt: &str, tools: Vec<ToolStep>) -> Action {
         prompt: prompt.into(),
         tools,
         response: "r".into(),
+        reads: false,
     }
 }
 

@@ -1,6 +1,7 @@
-//! One task per worker agent: think, then run a turn (after provider
-//! latency, retried with exponential backoff when the provider fails), send
-//! a peer a message, or schedule a one-time reminder.
+//! One task per worker agent: think, then run a turn that reads its pending
+//! messages (after provider latency, retried with exponential backoff when
+//! the provider fails; the messages count as delivered only with the
+//! turn), send a peer a message, or schedule a one-time reminder.
 //!
 //! Invariant: the agent never holds the core across a sleep, and reports an
 //! action to the observer only after the runtime or store acknowledged it
@@ -65,32 +66,26 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
     // `Sleeper` blocks, and a blocked task would stall every agent.
     let policy = sh.config.turn_retry;
     let mut attempt = 0u32;
-    // Collected once: a retry must show the same messages again, since
-    // `deliver` hands each message out once per boot (collecting anew on a
-    // retry lost the first attempt's messages from every prompt).
-    let mut inbox: Option<Vec<String>> = None;
     loop {
         // The provider's latency: the completion is in flight.
         sleep_ms(draw_ms(rng, sh.config.latency_ms)).await;
         let mut core = sh.lock().await?;
         let id = core.agents[i].clone();
-        if inbox.is_none() {
-            let messages = match core.system.runtime_mut().deliver(&id) {
-                Ok(m) => m,
-                Err(e) => return Err(sh.fail(&mut core, format!("deliver to {name}: {e}"))),
-            };
-            if !messages.is_empty() {
-                sh.record(DaemonEvent::Delivered {
-                    agent: name.clone(),
-                    ids: messages.iter().map(|m| m.id.to_string()).collect(),
-                });
-            }
-            inbox = Some(messages.into_iter().map(|m| m.payload).collect());
-        }
-        let shown = inbox.as_deref().unwrap_or_default();
-        let prompt = format!("{name} at {} ms, attempt {attempt}, inbox {shown:?}", sh.now());
-        match core.system.runtime_mut().run_turn(&id, &prompt) {
+        // The turn reads the pending messages; they count as delivered
+        // only with the turn (in its turn.complete): a failed or crashed
+        // attempt leaves them pending for the next one.
+        let pending = core.system.runtime().pending(&id).to_vec();
+        let ids: Vec<_> = pending.iter().map(|m| m.id.clone()).collect();
+        let inbox: Vec<&str> = pending.iter().map(|m| m.payload.as_str()).collect();
+        let prompt = format!("{name} at {} ms, attempt {attempt}, inbox {inbox:?}", sh.now());
+        match core.system.runtime_mut().run_turn_consuming(&id, &prompt, &ids) {
             Ok(outcome) => {
+                if !ids.is_empty() {
+                    sh.record(DaemonEvent::Delivered {
+                        agent: name.clone(),
+                        ids: ids.iter().map(ToString::to_string).collect(),
+                    });
+                }
                 sh.record(DaemonEvent::TurnCompleted {
                     agent: name,
                     tool_calls: outcome.tool_calls.len(),

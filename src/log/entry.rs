@@ -73,9 +73,16 @@ pub enum Event {
         ok: bool,
         output: String,
     },
-    /// The turn finished with this response: the turn is acknowledged.
+    /// The turn finished with this response: the turn is acknowledged —
+    /// and with it the delivery of the messages it consumed (seed 002's
+    /// gap closed: a message counts as delivered only with the turn that
+    /// read it).
     #[serde(rename = "turn.complete")]
-    TurnComplete { response: String },
+    TurnComplete {
+        response: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        delivered: Vec<MessageId>,
+    },
     /// A message for this session's agent, logged to the RECIPIENT's log
     /// before it reaches the inbox.
     #[serde(rename = "message.enqueued")]
@@ -122,7 +129,7 @@ impl Event {
     /// line carries it, so a line an older build can read stays readable
     /// to it, and one it cannot is refused as newer, never misread.
     /// Version 2 added work turns (`turn.start` with `work`), round
-    /// checkpoints and turn resume.
+    /// checkpoints, turn resume and deliveries in `turn.complete`.
     pub fn min_version(&self) -> u32 {
         match self {
             Event::TurnStart { work: Some(_), .. }
@@ -281,7 +288,14 @@ mod tests {
                 ok: false,
                 output: "o".into(),
             },
-            Event::TurnComplete { response: "r".into() },
+            Event::TurnComplete {
+                response: "r".into(),
+                delivered: Vec::new(),
+            },
+            Event::TurnComplete {
+                response: "r".into(),
+                delivered: vec![MessageId::from_hex(M).unwrap()],
+            },
             Event::MessageEnqueued {
                 message_id: MessageId::from_hex(M).unwrap(),
                 sender: AgentId::from_hex(A1).unwrap(),
@@ -381,6 +395,12 @@ mod tests {
         assert_eq!(entry.schema_version, 0);
         assert_eq!(entry.seq, 3);
         assert_eq!(entry.ts, 0);
-        assert_eq!(entry.event, Event::TurnComplete { response: "r".into() });
+        assert_eq!(
+            entry.event,
+            Event::TurnComplete {
+                response: "r".into(),
+                delivered: Vec::new()
+            }
+        );
     }
 }

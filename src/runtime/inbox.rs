@@ -49,6 +49,19 @@ impl Inboxes {
         }
     }
 
+    /// Take the messages of `agent` named in `ids` (in inbox order), leaving
+    /// the rest in order.
+    pub fn take(&mut self, agent: &AgentId, ids: &[MessageId]) -> Vec<Message> {
+        let Some(all) = self.boxes.remove(agent) else {
+            return Vec::new();
+        };
+        let (taken, rest): (Vec<Message>, Vec<Message>) = all.into_iter().partition(|m| ids.contains(&m.id));
+        if !rest.is_empty() {
+            self.boxes.insert(agent.clone(), rest);
+        }
+        taken
+    }
+
     /// Drop an agent's inbox (termination).
     pub fn drop_agent(&mut self, agent: &AgentId) {
         self.boxes.remove(agent);

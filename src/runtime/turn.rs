@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::canary::Canary;
 use crate::log::{Event, LogEntry};
 
-use super::ids::AgentId;
+use super::ids::{AgentId, MessageId};
 use super::provider::{ProviderRequest, ToolRequest};
 use super::tools::{idempotency_key, turn_identity, work_idempotency_key, ToolContext, ToolOutput};
 use super::{Runtime, RuntimeError};
@@ -126,7 +126,7 @@ fn replay_turns(entries: &[LogEntry]) -> (Vec<ConversationItem>, Option<OpenTurn
                     });
                 }
             }
-            Event::TurnComplete { response } => {
+            Event::TurnComplete { response, .. } => {
                 if let Some(mut turn) = open.take() {
                     turn.push(ConversationItem::Response {
                         text: response.clone(),
@@ -217,7 +217,48 @@ impl Runtime {
     pub fn run_turn(&mut self, agent: &AgentId, prompt: &str) -> Result<TurnOutcome, RuntimeError> {
         self.live()?;
         self.slot(agent)?;
-        let r = self.run_turn_inner(agent, prompt, None);
+        let r = self.run_turn_inner(agent, prompt, None, &[]);
+        self.poison_on(r)
+    }
+
+    /// Run one turn of `agent` that reads the pending messages `consumed`
+    /// (the caller put them in `prompt`; see [`Runtime::pending`]): they
+    /// count as delivered only with the turn — logged in its
+    /// `turn.complete`, so a turn lost in a crash leaves them pending, to
+    /// be read by the next one (at-least-once, never zero times). Ids not
+    /// pending for `agent` (any more) are ignored.
+    pub fn run_turn_consuming(
+        &mut self,
+        agent: &AgentId,
+        prompt: &str,
+        consumed: &[MessageId],
+    ) -> Result<TurnOutcome, RuntimeError> {
+        self.live()?;
+        self.slot(agent)?;
+        let pending: Vec<MessageId> = self
+            .inbox
+            .peek(agent)
+            .iter()
+            .filter(|m| consumed.contains(&m.id))
+            .map(|m| m.id.clone())
+            .collect();
+        if self.config.canaries.has(Canary::DeliveredAtCollect) && !pending.is_empty() {
+            // Canary (seed 002's known gap): the delivery is logged when
+            // the messages are collected, before the turn that reads them.
+            let logged = self.log_to(
+                agent,
+                Event::MessageDelivered {
+                    message_ids: pending.clone(),
+                },
+            );
+            self.poison_on(logged)?;
+            let taken = self.inbox.take(agent, &pending);
+            let ids = taken.into_iter().map(|m| m.id);
+            self.slot_mut(agent)?.delivered.extend(ids);
+            let r = self.run_turn_inner(agent, prompt, None, &[]);
+            return self.poison_on(r);
+        }
+        let r = self.run_turn_inner(agent, prompt, None, &pending);
         self.poison_on(r)
     }
 
@@ -239,7 +280,7 @@ impl Runtime {
         if self.work_done(agent, work)? && !rerun {
             return Ok(WorkTurn::AlreadyDone);
         }
-        let r = self.run_turn_inner(agent, prompt, Some(work));
+        let r = self.run_turn_inner(agent, prompt, Some(work), &[]);
         self.poison_on(r).map(WorkTurn::Ran)
     }
 
@@ -259,6 +300,7 @@ impl Runtime {
         agent: &AgentId,
         prompt: &str,
         work: Option<&str>,
+        consumed: &[MessageId],
     ) -> Result<TurnOutcome, RuntimeError> {
         self.acquire(agent)?;
         let slot = self.slot(agent)?;
@@ -405,8 +447,13 @@ impl Runtime {
             agent,
             Event::TurnComplete {
                 response: response.clone(),
+                delivered: consumed.to_vec(),
             },
         )?;
+        // Acknowledged: the consumed messages leave the inbox with the turn.
+        let taken = self.inbox.take(agent, consumed);
+        let ids: Vec<MessageId> = taken.into_iter().map(|m| m.id).collect();
+        self.slot_mut(agent)?.delivered.extend(ids);
         working.push(ConversationItem::Response {
             text: response.clone(),
         });

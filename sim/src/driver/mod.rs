@@ -311,9 +311,18 @@ impl Driver {
                     .map_err(|e| e.to_string())?;
                 self.names.insert(id, name.clone());
             }
-            Action::RunTurn { agent, prompt, .. } => {
+            Action::RunTurn {
+                agent, prompt, reads, ..
+            } => {
                 let id = self.id(agent)?;
-                self.rt()?.run_turn(&id, prompt).map_err(|e| e.to_string())?;
+                let rt = self.rt()?;
+                if *reads {
+                    let ids: Vec<MessageId> = rt.pending(&id).iter().map(|m| m.id.clone()).collect();
+                    rt.run_turn_consuming(&id, prompt, &ids)
+                        .map_err(|e| e.to_string())?;
+                } else {
+                    rt.run_turn(&id, prompt).map_err(|e| e.to_string())?;
+                }
             }
             Action::SendMessage { from, to, payload } => {
                 let (f, t) = (self.id(from)?, self.id(to)?);

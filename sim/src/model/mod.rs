@@ -94,6 +94,9 @@ pub enum Action {
         prompt: String,
         tools: Vec<ToolStep>,
         response: String,
+        /// The turn reads the agent's pending messages (delivered with it).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reads: bool,
     },
     SendMessage {
         from: String,
@@ -277,13 +280,14 @@ impl Model {
                 parent: pick(&all, parent.0)?.clone(),
                 name: format!("a{n:03}"),
             },
-            Op::RunTurn { agent, tools } => {
+            Op::RunTurn { agent, tools } | Op::ReadTurn { agent, tools } => {
                 let tools = &tools[..tools.len().min(MAX_TOOLS_PER_TURN)];
                 Action::RunTurn {
                     agent: pick(&all, agent.0)?.clone(),
                     prompt: script_prompt(n, tools),
                     tools: tools.to_vec(),
                     response: format!("r{n}"),
+                    reads: matches!(op, Op::ReadTurn { .. }),
                 }
             }
             Op::SendMessage { from, to } => Action::SendMessage {
@@ -351,9 +355,16 @@ impl Model {
                 prompt,
                 tools,
                 response,
+                reads,
             } => {
                 self.lost_turns.remove(agent);
                 self.add_turn(agent, prompt, tools, response);
+                if *reads {
+                    if let Some(a) = self.state.agents.get_mut(agent) {
+                        let msgs = std::mem::take(&mut a.pending);
+                        a.delivered.extend(msgs);
+                    }
+                }
             }
             Action::Fire {
                 key,
