@@ -6,7 +6,7 @@
 //! the connection lock the agent loop's ledger calls take too, so an
 //! answer never interleaves with a send. Each write is one guarded
 //! transaction of the store it belongs to (a wrong state is a typed
-//! [`StoreError`] inside [`SystemError::Store`], nothing changed).
+//! [`crate::store::StoreError`] inside [`SystemError::Store`], nothing changed).
 //!
 //! Invariants kept here:
 //! - no irreversible side effect twice: [`System::confirm`] only settles a

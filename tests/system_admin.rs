@@ -1,0 +1,504 @@
+//! The operator's API on a booted [`System`] (seed 001 §9 phase 5), through
+//! `System::boot` on SimFs with the stand-ins: a DEAD trigger a human
+//! retries runs again; a NEEDS_CONFIRMATION action confirmed `Delivered` is
+//! never sent again, `NotDelivered` is sent exactly once on the re-run,
+//! `Abandon` never; runs parked `waiting_for_human` are listed; `gc` after
+//! the TTL collects settled rows and keeps what recovery and humans need.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use durable_agent::fs::{SimConfig, SimFs};
+use durable_agent::runtime::{
+    AgentId, FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, RuntimeError,
+    WorkTurn,
+};
+use durable_agent::store::activities::{ActivityOutcome, ActivityStatus, IrreversibleCall};
+use durable_agent::store::tool_calls::{NewToolCall, ReplayOutcome, SideEffect, ToolCallStore};
+use durable_agent::store::triggers::{EmitOutcome, TriggerPolicy, TriggerSource, TriggerSpec, TriggerStatus};
+use durable_agent::store::StoreError;
+use durable_agent::system::{
+    Deps, Fired, LogicalClock, Resolution, System, SystemConfig, SystemError, DEFAULT_GC_TTL_MS,
+};
+use durable_agent::world::{Scripted, World};
+use serde_json::json;
+
+const SEED: u64 = 7;
+/// A prompt FakeProvider answers with one `send_email` (irreversible).
+const EMAIL: &str = "please send_email to bob";
+
+/// A clock the test moves.
+#[derive(Debug, Default)]
+struct Clock(AtomicU64);
+
+impl Clock {
+    fn set(&self, now_ms: u64) {
+        self.0.store(now_ms, Ordering::SeqCst);
+    }
+}
+
+impl LogicalClock for Clock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// FakeProvider that fails every call while `down` is set.
+#[derive(Debug)]
+struct Flaky {
+    inner: FakeProvider,
+    down: Mutex<bool>,
+}
+
+impl Flaky {
+    fn set_down(&self, down: bool) {
+        *self.down.lock().unwrap_or_else(|e| e.into_inner()) = down;
+    }
+}
+
+impl Provider for Flaky {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    fn model(&self) -> &str {
+        "flaky-1"
+    }
+    fn complete(&self, request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError> {
+        if *self.down.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(ProviderError("provider down".into()));
+        }
+        self.inner.complete(request)
+    }
+}
+
+/// One root on one SimFs, rebooted at will; the world and clock outlive
+/// every boot, as the outside world does.
+struct Bench {
+    fs: SimFs,
+    world: World,
+    clock: Arc<Clock>,
+    provider: Arc<Flaky>,
+    policy: TriggerPolicy,
+}
+
+impl Bench {
+    fn new(world: World) -> Self {
+        Bench {
+            fs: SimFs::new(SimConfig::new(SEED)),
+            world,
+            clock: Arc::new(Clock::default()),
+            provider: Arc::new(Flaky {
+                inner: FakeProvider::new(SEED),
+                down: Mutex::new(false),
+            }),
+            policy: TriggerPolicy::default(),
+        }
+    }
+
+    fn boot(&self) -> System {
+        let mut config = SystemConfig::new("/root", SEED);
+        config.trigger_policy = self.policy;
+        let deps = Deps {
+            provider: self.provider.clone(),
+            tools: Arc::new(PureTools),
+            outbox: Arc::new(self.world.clone()),
+            clock: self.clock.clone(),
+        };
+        System::boot(Arc::new(self.fs.clone()), config, deps)
+            .expect("boot")
+            .0
+    }
+}
+
+fn spec(key: &str, fire_at_ms: u64) -> TriggerSpec {
+    TriggerSpec {
+        source: TriggerSource::Scheduled,
+        dedup_key: Some(key.to_string()),
+        session_id: None,
+        fire_at_ms,
+        priority: 0,
+        description: key.to_string(),
+        payload: json!({}),
+    }
+}
+
+fn emit(system: &System, key: &str, fire_at_ms: u64) -> EmitOutcome {
+    let now = system.now_ms();
+    system
+        .triggers()
+        .emit(system.db().conn(), &spec(key, fire_at_ms), now)
+        .expect("emit")
+}
+
+fn wrong_state(e: SystemError) -> String {
+    match e {
+        SystemError::Store(StoreError::WrongState { actual, .. }) => actual,
+        other => panic!("expected WrongState, got {other}"),
+    }
+}
+
+#[test]
+fn a_dead_trigger_retried_by_a_human_runs_again() {
+    let mut bench = Bench::new(World::without_dedup());
+    bench.policy.max_attempts = 1;
+    let mut system = bench.boot();
+    let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+    let id = emit(&system, "scheduled-once:report", 0).id().to_string();
+    // Its one attempt fails (the provider is down): dead-lettered.
+    let claim = {
+        let db = system.db();
+        system
+            .triggers()
+            .claim(db.conn(), 0, 60_000)
+            .expect("claim")
+            .expect("due")
+    };
+    bench.provider.set_down(true);
+    let failed = system.fire(&claim, &agent, "write the report");
+    assert!(
+        matches!(failed, Err(SystemError::Runtime(RuntimeError::Provider { .. }))),
+        "{failed:?}"
+    );
+    let status = {
+        let db = system.db();
+        system
+            .triggers()
+            .ack_failed(db.conn(), &claim, 1, "provider down", true)
+            .expect("ack")
+    };
+    assert_eq!(status, TriggerStatus::Dead);
+
+    let dead = system.dead_triggers().expect("dead");
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].id.as_str(), dead[0].attempts), (id.as_str(), 1));
+    assert_eq!(dead[0].last_error.as_deref(), Some("provider down"));
+    assert!(system.failed_triggers().expect("failed").is_empty());
+
+    // The human retries it; the restart in between changes nothing.
+    drop(system);
+    let mut system = bench.boot();
+    bench.provider.set_down(false);
+    let retried = system.retry_trigger(&id).expect("retry");
+    assert_eq!((retried.status, retried.attempts), (TriggerStatus::Pending, 0));
+    assert_eq!(wrong_state(system.retry_trigger(&id).unwrap_err()), "PENDING");
+    assert!(system.dead_triggers().expect("dead").is_empty());
+
+    let claim = {
+        let db = system.db();
+        system
+            .triggers()
+            .claim(db.conn(), 2, 60_000)
+            .expect("claim")
+            .expect("due again")
+    };
+    assert_eq!((claim.id.as_str(), claim.attempts), (id.as_str(), 1));
+    assert!(matches!(
+        system.fire(&claim, &agent, "write the report"),
+        Ok(Fired::Ran { .. })
+    ));
+    assert_eq!(wrong_state(system.retry_trigger(&id).unwrap_err()), "DONE");
+    assert!(matches!(
+        system.retry_trigger("trg-404"),
+        Err(SystemError::Store(StoreError::NotFound { .. }))
+    ));
+}
+
+#[test]
+fn a_permanently_failed_trigger_is_listed_and_can_be_retried() {
+    let bench = Bench::new(World::without_dedup());
+    let system = bench.boot();
+    let id = emit(&system, "living_ui:p:build", 0).id().to_string();
+    {
+        let db = system.db();
+        let claim = system
+            .triggers()
+            .claim(db.conn(), 0, 60_000)
+            .expect("claim")
+            .expect("due");
+        system
+            .triggers()
+            .ack_failed(db.conn(), &claim, 1, "bad payload", false)
+            .expect("ack");
+    }
+    let failed = system.failed_triggers().expect("failed");
+    assert_eq!(
+        failed.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+        [id.as_str()]
+    );
+    assert_eq!(failed[0].last_error.as_deref(), Some("bad payload"));
+    assert_eq!(
+        system.retry_trigger(&id).expect("retry").status,
+        TriggerStatus::Pending
+    );
+}
+
+/// Run `EMAIL` as work `job` on a fresh agent with the world answering the
+/// send with `answer`: the reply is lost, the runtime poisons itself, and
+/// the reboot's recovery turns the INTENT into NEEDS_CONFIRMATION (the
+/// world cannot deduplicate). Returns the rebooted system, the agent and
+/// the action's key.
+fn leave_needs_confirmation(bench: &Bench, answer: Scripted, job: &str) -> (System, AgentId, String) {
+    let mut system = bench.boot();
+    let agent = system
+        .runtime_mut()
+        .create_root("mailer", "send mail")
+        .expect("agent");
+    bench.world.script([answer]);
+    let lost = system.runtime_mut().run_work_turn(&agent, EMAIL, job);
+    assert!(matches!(lost, Err(RuntimeError::Tool { .. })), "{lost:?}");
+    drop(system);
+    let system = bench.boot();
+    let waiting = system.needs_confirmation().expect("list");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(waiting[0].action, "send_email");
+    assert_eq!(waiting[0].status, ActivityStatus::NeedsConfirmation);
+    assert!(waiting[0].payload.get("to").is_some(), "{:?}", waiting[0].payload);
+    let key = waiting[0].idem_key.clone();
+    (system, agent, key)
+}
+
+#[test]
+fn confirmed_delivered_is_answered_from_the_ledger_and_never_sent_again() {
+    let bench = Bench::new(World::without_dedup());
+    let (mut system, agent, key) = leave_needs_confirmation(&bench, Scripted::DeliverLoseReply, "job:1");
+    assert_eq!(bench.world.deliveries_for(&key), 1, "delivered, reply lost");
+
+    let done = system.confirm(
+        &key,
+        &Resolution::Delivered {
+            provider_ref: "msg-42".into(),
+        },
+    );
+    assert_eq!(done.expect("confirm"), Some(ActivityStatus::Done));
+    assert!(system.needs_confirmation().expect("list").is_empty());
+    assert_eq!(
+        wrong_state(system.confirm(&key, &Resolution::NotDelivered).unwrap_err()),
+        "DONE",
+        "a settled key cannot be released"
+    );
+
+    // The interrupted turn runs again: the same call, the same key.
+    let WorkTurn::Ran(outcome) = system
+        .runtime_mut()
+        .run_work_turn(&agent, EMAIL, "job:1")
+        .expect("re-run")
+    else {
+        panic!("the lost turn had not completed");
+    };
+    assert!(
+        outcome.tool_calls.iter().any(|c| c.2.output.contains("msg-42")),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        bench.world.deliveries_for(&key),
+        1,
+        "re-sent after confirmed delivered"
+    );
+}
+
+#[test]
+fn confirmed_not_delivered_is_sent_exactly_once_on_the_rerun() {
+    let bench = Bench::new(World::without_dedup());
+    let (mut system, agent, key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:2");
+    assert_eq!(bench.world.deliveries_for(&key), 0, "dropped: never delivered");
+
+    assert_eq!(
+        system.confirm(&key, &Resolution::NotDelivered).expect("confirm"),
+        None
+    );
+    assert!(system.needs_confirmation().expect("list").is_empty());
+    assert!(matches!(
+        system.confirm(&key, &Resolution::NotDelivered),
+        Err(SystemError::Store(StoreError::NotFound { .. }))
+    ));
+
+    let rerun = system
+        .runtime_mut()
+        .run_work_turn(&agent, EMAIL, "job:2")
+        .expect("re-run");
+    assert!(matches!(rerun, WorkTurn::Ran(_)));
+    assert_eq!(bench.world.deliveries_for(&key), 1, "sent once after release");
+    // Any later run of the same key is answered from the ledger.
+    let again = system
+        .runtime_mut()
+        .run_work_turn(&agent, EMAIL, "job:2")
+        .expect("again");
+    assert_eq!(again, WorkTurn::AlreadyDone);
+    let call = IrreversibleCall::with_key(&key, agent.as_str(), "send_email", json!({}));
+    let direct = system.gate().execute(&call, system.now_ms()).expect("execute");
+    assert!(
+        matches!(
+            direct,
+            ActivityOutcome::Done {
+                from_ledger: true,
+                ..
+            }
+        ),
+        "{direct:?}"
+    );
+    drop(system);
+    let system = bench.boot();
+    assert!(system.needs_confirmation().expect("list").is_empty());
+    assert_eq!(bench.world.deliveries_for(&key), 1);
+}
+
+#[test]
+fn abandoned_is_failed_and_never_sent() {
+    let bench = Bench::new(World::without_dedup());
+    let (mut system, agent, key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:3");
+    assert_eq!(
+        system.confirm(&key, &Resolution::Abandon).expect("confirm"),
+        Some(ActivityStatus::Failed)
+    );
+    let WorkTurn::Ran(outcome) = system
+        .runtime_mut()
+        .run_work_turn(&agent, EMAIL, "job:3")
+        .expect("re-run")
+    else {
+        panic!("the lost turn had not completed");
+    };
+    assert!(outcome.tool_calls.iter().all(|c| !c.2.ok), "{outcome:?}");
+    assert_eq!(bench.world.deliveries_for(&key), 0);
+    assert_eq!(bench.world.deliveries_len(), 0);
+}
+
+#[test]
+fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
+    let bench = Bench::new(World::without_dedup());
+    let system = bench.boot();
+    let store = ToolCallStore { max_replays: 1 };
+    let call = NewToolCall {
+        id: "call-1".into(),
+        run_id: "run-stuck".into(),
+        tool_name: "charge".into(),
+        raw_tool_name: "charge".into(),
+        input: json!({ "amount": 5 }),
+        idempotency_key: "run-stuck-c1".into(),
+        side_effect: SideEffect::Irreversible,
+    };
+    {
+        let db = system.db();
+        store.create_run(db.conn(), "run-fine", "s1", 0).expect("run");
+        store.create_run(db.conn(), "run-stuck", "s2", 1).expect("run");
+        store.prepare(db.conn(), &call, 1).expect("prepare");
+        let parked = store
+            .record_replay(db.conn(), "call-1", Err("still failing"), 2)
+            .expect("replay");
+        assert_eq!(parked, ReplayOutcome::WaitingForHuman);
+    }
+    let waiting = system.waiting_for_human().expect("list");
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0].run.run_id, "run-stuck");
+    assert_eq!(waiting[0].in_flight.len(), 1);
+    assert_eq!(waiting[0].in_flight[0].error.as_deref(), Some("still failing"));
+}
+
+#[test]
+fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_need() {
+    let bench = Bench::new(World::without_dedup());
+    let (mut system, _mailer, nc_key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:nc");
+    let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+    // A trigger fired at t=0 whose turn sends one email: DONE in both stores.
+    let id = emit(&system, "scheduled-once:mail", 0).id().to_string();
+    let claim = {
+        let db = system.db();
+        system
+            .triggers()
+            .claim(db.conn(), 0, 60_000)
+            .expect("claim")
+            .expect("due")
+    };
+    assert!(matches!(
+        system.fire(&claim, &agent, EMAIL),
+        Ok(Fired::Ran { tool_calls: 1 })
+    ));
+    let sent = bench.world.deliveries_len();
+    assert_eq!(sent, 1);
+    // Still to come (and the newest row).
+    let later = emit(&system, "scheduled-once:later", 10 * DEFAULT_GC_TTL_MS)
+        .id()
+        .to_string();
+
+    bench.clock.set(DEFAULT_GC_TTL_MS);
+    let kept = system.gc(DEFAULT_GC_TTL_MS).expect("gc at exactly the TTL");
+    assert!(
+        kept.triggers.deleted.is_empty() && kept.activities.deleted.is_empty(),
+        "{kept:?}"
+    );
+
+    bench.clock.set(DEFAULT_GC_TTL_MS + 1);
+    let report = system.gc(DEFAULT_GC_TTL_MS).expect("gc");
+    assert_eq!(report.triggers.deleted, vec![id.clone()]);
+    assert_eq!(report.activities.deleted.len(), 1, "{report:?}");
+    assert_eq!(system.gc(DEFAULT_GC_TTL_MS).expect("gc again"), {
+        let mut empty = report.clone();
+        empty.triggers.deleted.clear();
+        empty.activities.deleted.clear();
+        empty
+    });
+    // Kept: the PENDING trigger and the action waiting for a human.
+    let left: Vec<_> = {
+        let db = system.db();
+        system
+            .triggers()
+            .all(db.conn(), 0)
+            .expect("all")
+            .into_iter()
+            .map(|t| t.id)
+            .collect()
+    };
+    assert_eq!(left, vec![later]);
+    let waiting = system.needs_confirmation().expect("list");
+    assert_eq!(
+        waiting.iter().map(|a| a.idem_key.as_str()).collect::<Vec<_>>(),
+        [nc_key.as_str()]
+    );
+
+    // After the TTL the key is a new trigger to the store; the agent's log
+    // still knows its turn ran, so firing it sends nothing.
+    assert!(matches!(
+        emit(&system, "scheduled-once:mail", 0),
+        EmitOutcome::Inserted(_)
+    ));
+    let claim = {
+        let db = system.db();
+        system
+            .triggers()
+            .claim(db.conn(), DEFAULT_GC_TTL_MS + 1, 60_000)
+            .expect("claim")
+            .expect("due")
+    };
+    assert_eq!(
+        system.fire(&claim, &agent, EMAIL).expect("fire"),
+        Fired::AlreadyDone
+    );
+    assert_eq!(bench.world.deliveries_len(), sent);
+}
+
+#[test]
+fn gc_keeps_the_ledger_rows_of_an_agent_with_an_interrupted_turn() {
+    let bench = Bench::new(World::without_dedup());
+    let mut system = bench.boot();
+    let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+    // A completed turn leaves a DONE ledger row for the agent.
+    let done = system.runtime_mut().run_work_turn(&agent, EMAIL, "job:done");
+    assert!(matches!(done, Ok(WorkTurn::Ran(_))), "{done:?}");
+    let gate_key = bench.world.deliveries()[0].idem_key.clone();
+    // A second turn on the same agent is interrupted (provider down): its
+    // resume may re-run keys of the agent, so GC keeps the agent's rows.
+    bench.provider.set_down(true);
+    let interrupted = system
+        .runtime_mut()
+        .run_work_turn(&agent, "another send_email", "job:open-2");
+    assert!(interrupted.is_err());
+    assert!(
+        system.runtime().open_turn(&agent).expect("agent").is_some(),
+        "turn not kept open"
+    );
+    bench.clock.set(2 * DEFAULT_GC_TTL_MS);
+    let report = system.gc(DEFAULT_GC_TTL_MS).expect("gc");
+    assert!(report.activities.deleted.is_empty(), "{report:?}");
+    let db = system.db();
+    let row = system.gate().store().get(db.conn(), &gate_key).expect("get");
+    assert_eq!(row.map(|r| r.status), Some(ActivityStatus::Done));
+}
