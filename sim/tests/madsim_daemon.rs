@@ -310,13 +310,12 @@ mod sim {
         }
     }
 
-    /// Known gap (reported to the lead): seed 127 crashes at `events.pending
-    /// fsync message.delivered`; recovery replays the pending entry, so two
-    /// messages count as delivered though `deliver` failed and no agent ever
-    /// saw them. Fails until delivery is tied to the consuming turn.
+    /// Seed 127 crashed at `events.pending fsync message.delivered` when
+    /// delivery was logged at collect time: recovery replayed the entry and
+    /// two messages counted as delivered though no agent saw them (the old
+    /// known gap). Now the consuming turn's `turn.complete` carries them.
     #[test]
-    #[ignore = "known gap: unacknowledged deliver is replayed as delivered"]
-    fn known_gap_failed_deliver_does_not_mark_messages_delivered() {
+    fn messages_count_as_delivered_only_with_the_turn_that_read_them() {
         let mut plan = SimPlan::new(127, 2, 6 * 60_000, 1);
         plan.crash_window_ms = (87_000, 93_000);
         plan.downtime_ms = (0, 20_000);
@@ -330,7 +329,16 @@ mod sim {
         });
         let out = run_sim(&plan);
         assert_clean(&out);
-        assert!(out.known_gap.is_empty(), "{}", out.report());
+    }
+
+    #[test]
+    fn canary_delivered_at_collect_loses_messages_to_a_failed_turn_and_is_caught() {
+        let plans = (400..=419).map(|seed| {
+            let mut plan = SimPlan::new(seed, 3, 5 * 60_000, 1);
+            plan.daemon.provider_failure = 0.3;
+            plan
+        });
+        caught(Canary::DeliveredAtCollect, plans, &["no completed turn read it"]);
     }
 
     /// The harness proves itself: a re-introduced bug must make the oracle fail

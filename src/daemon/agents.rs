@@ -78,6 +78,12 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
         let ids: Vec<_> = pending.iter().map(|m| m.id.clone()).collect();
         let inbox: Vec<&str> = pending.iter().map(|m| m.payload.as_str()).collect();
         let prompt = format!("{name} at {} ms, attempt {attempt}, inbox {inbox:?}", sh.now());
+        if !ids.is_empty() {
+            sh.record(DaemonEvent::Reading {
+                agent: name.clone(),
+                ids: ids.iter().map(ToString::to_string).collect(),
+            });
+        }
         match core.system.runtime_mut().run_turn_consuming(&id, &prompt, &ids) {
             Ok(outcome) => {
                 if !ids.is_empty() {

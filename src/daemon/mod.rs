@@ -207,7 +207,13 @@ pub enum DaemonEvent {
         from: String,
         to: String,
     },
-    /// `deliver` returned these message ids to the agent.
+    /// A turn is about to read these pending messages (its attempt may
+    /// fail, or be cut by a crash).
+    Reading {
+        agent: String,
+        ids: Vec<String>,
+    },
+    /// The turn that read these messages completed: they are delivered.
     Delivered {
         agent: String,
         ids: Vec<String>,

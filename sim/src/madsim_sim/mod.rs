@@ -34,7 +34,7 @@ mod run;
 use durable_agent::daemon::DaemonConfig;
 use durable_agent::fs::CrashMode;
 
-pub use oracle::{check, undelivered_but_marked, FinalView};
+pub use oracle::{check, delivered_without_a_turn, FinalView};
 pub use recorder::Recorder;
 #[cfg(madsim)]
 pub use run::run_sim;
@@ -109,8 +109,6 @@ pub struct SimOutcome {
     pub io_points: u64,
     /// Oracle violations (empty: the run is correct).
     pub violations: Vec<String>,
-    /// The known delivery gap ([`oracle::undelivered_but_marked`]).
-    pub known_gap: Vec<String>,
     /// Fire-key deliveries in the world, per key.
     pub fire_deliveries: std::collections::BTreeMap<String, usize>,
     pub view: FinalView,
@@ -135,9 +133,6 @@ impl SimOutcome {
         }
         for v in &self.violations {
             s.push_str(&format!("violation: {v}\n"));
-        }
-        for g in &self.known_gap {
-            s.push_str(&format!("known gap: {g}\n"));
         }
         s
     }

@@ -18,11 +18,11 @@
 //!   on-disk `recovery::check_invariants` are clean; the `lead` root and
 //!   every worker are alive under it.
 //!
-//! Known gap (reported by [`undelivered_but_marked`], not a violation yet):
-//! a `deliver` that fails after its `message.delivered` entry reached the
-//! pending file is replayed by recovery, so its messages count as delivered
-//! though the agent never got them; likewise messages handed to a turn that
-//! never completes. Delivery is not tied to the consuming turn.
+//! - **Delivered only with a turn that read them** (seed 002's gap,
+//!   closed): every message recovery shows as delivered was read by a turn
+//!   that completed — or by the attempt in flight when the node died (its
+//!   `turn.complete` may have landed) — never by an attempt that failed
+//!   ([`delivered_without_a_turn`]).
 //!
 //! Invariant: pure; reads its inputs only.
 
@@ -139,6 +139,7 @@ pub fn check(events: &[(u64, DaemonEvent)], view: &FinalView, settle_ms: u64) ->
             bad.push(format!("side effect {key} reached the world {n} times"));
         }
     }
+    bad.extend(delivered_without_a_turn(events, view));
     for (key, row) in &view.triggers {
         let fire = DaemonConfig::fire_key(key);
         let sent = view.deliveries.get(&fire).copied().unwrap_or(0);
@@ -154,26 +155,42 @@ pub fn check(events: &[(u64, DaemonEvent)], view: &FinalView, settle_ms: u64) ->
     bad
 }
 
-/// Known gap, reported apart from the violations (see the module doc):
-/// messages recovery shows as delivered although no `deliver` call ever
-/// returned them — a `deliver` whose `message.delivered` entry became
-/// durable (pending-file replay) while the call itself failed. Nobody
-/// processes them: lost to the agent.
-pub fn undelivered_but_marked(events: &[(u64, DaemonEvent)], view: &FinalView) -> Vec<String> {
-    let handed: BTreeSet<&str> = events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            DaemonEvent::Delivered { ids, .. } => Some(ids),
-            _ => None,
-        })
-        .flatten()
-        .map(String::as_str)
-        .collect();
+/// Messages shown delivered that no completed turn read. A turn's read
+/// counts when its `Delivered` event was recorded (the turn completed), or
+/// when its attempt was in flight at a crash (`Reading` with no outcome
+/// before the next boot: its `turn.complete` may be durable); an attempt
+/// that failed (`TurnRetry`, `TurnGaveUp`) read nothing durable.
+pub fn delivered_without_a_turn(events: &[(u64, DaemonEvent)], view: &FinalView) -> Vec<String> {
+    let mut read: BTreeSet<&str> = BTreeSet::new();
+    let mut in_flight: BTreeMap<&str, &Vec<String>> = BTreeMap::new();
+    for (_, event) in events {
+        match event {
+            DaemonEvent::Reading { agent, ids } => {
+                in_flight.insert(agent, ids);
+            }
+            DaemonEvent::Delivered { agent, ids } => {
+                read.extend(ids.iter().map(String::as_str));
+                in_flight.remove(agent.as_str());
+            }
+            DaemonEvent::TurnRetry { agent, .. } | DaemonEvent::TurnGaveUp { agent, .. } => {
+                in_flight.remove(agent.as_str());
+            }
+            DaemonEvent::Booted { .. } => {
+                for ids in std::mem::take(&mut in_flight).into_values() {
+                    read.extend(ids.iter().map(String::as_str));
+                }
+            }
+            _ => {}
+        }
+    }
+    for ids in in_flight.into_values() {
+        read.extend(ids.iter().map(String::as_str));
+    }
     let mut out = Vec::new();
     for (name, a) in &view.agents {
-        for id in a.delivered.iter().filter(|id| !handed.contains(id.as_str())) {
+        for id in a.delivered.iter().filter(|id| !read.contains(id.as_str())) {
             out.push(format!(
-                "agent {name}: message {id} is recorded delivered but no deliver call returned it"
+                "agent {name}: message {id} is recorded delivered but no completed turn read it (lost to its agent)"
             ));
         }
     }
@@ -248,10 +265,31 @@ mod tests {
         let bad = check(&[acked("m3"), handed], &view, 0);
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert!(bad[0].contains("m3"));
-        // Delivered on disk, but no deliver call returned it.
-        assert!(check(&[acked("m1")], &view, 0).is_empty());
-        let gap = undelivered_but_marked(&[acked("m1")], &view);
-        assert!(gap.len() == 1 && gap[0].contains("m1"), "{gap:?}");
+        // Delivered on disk, but no completed turn read it.
+        let bad = check(&[acked("m1")], &view, 0);
+        assert!(
+            bad.len() == 1 && bad[0].contains("m1") && bad[0].contains("no completed turn"),
+            "{bad:?}"
+        );
+        // Read by an attempt that failed: still a violation.
+        let reading = (
+            6,
+            DaemonEvent::Reading {
+                agent: "agent-0".into(),
+                ids: vec!["m1".into()],
+            },
+        );
+        let retry = (
+            7,
+            DaemonEvent::TurnRetry {
+                agent: "agent-0".into(),
+                attempt: 0,
+                backoff_ms: 1,
+            },
+        );
+        assert_eq!(check(&[acked("m1"), reading.clone(), retry], &view, 0).len(), 1);
+        // Read by the attempt in flight when the node died: allowed.
+        assert!(check(&[acked("m1"), reading], &view, 0).is_empty());
     }
 
     #[test]

@@ -23,7 +23,7 @@ use durable_agent::world::World;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::oracle::{check, undelivered_but_marked, AgentMessages, FinalView, TriggerRow};
+use super::oracle::{check, AgentMessages, FinalView, TriggerRow};
 use super::{fnv1a, CrashRecord, Recorder, SimOutcome, SimPlan, FNV_START};
 
 /// SQLite's PRNG is process-global: runs in one process take turns.
@@ -203,7 +203,6 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
     let events = ctx.recorder.events();
     let mut violations = ctx.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
     violations.extend(check(&events, &view, plan.settle_ms));
-    let known_gap = undelivered_but_marked(&events, &view);
     let hash = [ctx.fs.trace_hash(), ctx.fs.image_hash(), ctx.recorder.hash()]
         .iter()
         .fold(FNV_START, |h, x| fnv1a(h, &x.to_le_bytes()));
@@ -220,7 +219,6 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         crashes,
         io_points: ctx.fs.points(),
         violations,
-        known_gap,
         fire_deliveries,
         view,
     }
