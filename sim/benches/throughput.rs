@@ -4,7 +4,7 @@
 //! - `crash_recover_check_30_ops`: whole generated cases (ops with crash
 //!   points, recoveries, oracle and invariants) per second;
 //! - `sweep_points_30_op_tour_power_strict`: crash points swept per second
-//!   on the 30-op tour, forking each point's crash image from one dry run
+//!   on the tour (40 ops; 30 before trigger fires joined it), forking each point's crash image from one dry run
 //!   (power loss, recover, judge), the sweep's default;
 //! - `…_replay`: the same points, each replayed from the start into the
 //!   crash (the reference method);

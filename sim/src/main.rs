@@ -62,7 +62,7 @@ enum Command {
         #[arg(long)]
         profile: Option<String>,
     },
-    /// Crash a case's ops (default: the 30-op tour) at every I/O point.
+    /// Crash a case's ops (default: the 40-op tour) at every I/O point.
     Sweep {
         #[arg(long)]
         case: Option<PathBuf>,
@@ -234,7 +234,7 @@ fn fuzz(
         rate(total, search_time)
     );
     println!(
-        "sweep      {} sequences (the 30-op tour, then {} generated {}-op ones a round; sweep seed {sweep_seed:#x} + round - 1): {} I/O points x {} modes = {} crash points judged  ({:.0} points/s, forked)",
+        "sweep      {} sequences (the 40-op tour, then {} generated {}-op ones a round; sweep seed {sweep_seed:#x} + round - 1): {} I/O points x {} modes = {} crash points judged  ({:.0} points/s, forked)",
         swept.sequences,
         p.sweeps,
         p.max_steps,
