@@ -369,6 +369,7 @@ fn rebuild_slot(
         conversation: conversation_from_log(&c.entries),
         done_work: done_work_from_log(&c.entries),
         open: open_turn_from_log(&c.entries),
+        provider_failures: 0,
         delivered,
         log,
         record: c.record,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use durable_agent::fs::{CrashMode, DirModel, Fault, SimConfig, SimFs};
 use durable_agent::runtime::{
-    ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, ToolRequest,
+    ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, ToolRequest, Usage,
 };
 use durable_agent::system::{Deps, LogicalClock, System, SystemConfig};
 use durable_agent::world::World;
@@ -48,6 +48,10 @@ impl Provider for CountingProvider {
             return Ok(ProviderReply {
                 text: "all rounds done".into(),
                 tool_calls: Vec::new(),
+                usage: Some(Usage {
+                    input_tokens: 100,
+                    output_tokens: 7,
+                }),
             });
         }
         let irreversible = request.round == 1;
@@ -59,6 +63,10 @@ impl Provider for CountingProvider {
                 args: json!({ "key": format!("k{}", request.round), "to": "bob@example.com" }),
                 irreversible,
             }],
+            usage: Some(Usage {
+                input_tokens: 100,
+                output_tokens: 7,
+            }),
         })
     }
 }
@@ -188,5 +196,75 @@ fn a_multi_round_turn_crashed_anywhere_resumes_at_its_last_completed_round() {
     assert!(
         resumed_late > 10,
         "few crashes resumed past round 1 ({resumed_late}): the checkpoints do not hold"
+    );
+}
+
+/// Fails its first `fail_first` completions, then answers like
+/// [`CountingProvider`].
+#[derive(Debug, Default)]
+struct FlakyThenCounting {
+    fail_first: u32,
+    seen: Mutex<u32>,
+    inner: CountingProvider,
+}
+
+impl Provider for FlakyThenCounting {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    fn model(&self) -> &str {
+        "flaky-1"
+    }
+    fn complete(&self, request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        *seen += 1;
+        if *seen <= self.fail_first {
+            return Err(ProviderError(format!("HTTP 503 (call {})", *seen)));
+        }
+        self.inner.complete(request)
+    }
+}
+
+/// Seed 000: every provider call's usage is a `token_usage` row, every
+/// failure an `errors` row with its attempt number (0, 1, … for
+/// consecutive failures), committed by the agent loop itself.
+#[test]
+fn the_agent_loop_records_usage_per_call_and_failures_with_their_attempt() {
+    let fs = SimFs::new(SimConfig::new(4));
+    let provider = Arc::new(FlakyThenCounting {
+        fail_first: 2,
+        ..FlakyThenCounting::default()
+    });
+    let deps = Deps {
+        provider: provider.clone(),
+        tools: Arc::new(PureTools),
+        outbox: Arc::new(World::without_dedup()),
+        clock: Arc::new(Zero),
+    };
+    let (mut system, _) = System::boot(Arc::new(fs.clone()), SystemConfig::new("/u", 1), deps).expect("boot");
+    let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+    for _ in 0..2 {
+        assert!(
+            system.runtime_mut().run_turn(&agent, PROMPT).is_err(),
+            "the provider fails"
+        );
+    }
+    system
+        .runtime_mut()
+        .run_turn(&agent, PROMPT)
+        .expect("third attempt");
+    let session = system.runtime().state().agents[&agent].session_id.to_string();
+    let store = durable_agent::store::usage::UsageStore;
+    let errors = store.errors(system.db().conn(), &session).expect("errors");
+    let attempts: Vec<u32> = errors.iter().map(|e| e.attempt).collect();
+    assert_eq!(attempts, [0, 1], "{errors:?}");
+    assert!(errors[0].message.contains("503"));
+    // One usage row per completed call: ROUNDS tool rounds + the answer.
+    let (input, output) = store
+        .total_token_usage(system.db().conn(), &session)
+        .expect("usage");
+    assert_eq!(
+        (input, output),
+        (100 * u64::from(ROUNDS + 1), 7 * u64::from(ROUNDS + 1))
     );
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use durable_agent::fs::SimFs;
 use durable_agent::runtime::{
     ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, ToolContext, ToolError,
-    ToolExecutor, ToolOutput, ToolRequest,
+    ToolExecutor, ToolOutput, ToolRequest, Usage,
 };
 use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
@@ -66,12 +66,20 @@ impl Provider for ScriptedProvider {
             return Ok(ProviderReply {
                 text: String::new(),
                 tool_calls: vec![call],
+                usage: Some(Usage {
+                    input_tokens: request.history.len() as u64,
+                    output_tokens: 1,
+                }),
             });
         }
         let n = prompt.split(':').next().unwrap_or("").trim_start_matches('p');
         Ok(ProviderReply {
             text: format!("r{n}"),
             tool_calls: Vec::new(),
+            usage: Some(Usage {
+                input_tokens: request.history.len() as u64,
+                output_tokens: 1,
+            }),
         })
     }
 }

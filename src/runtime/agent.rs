@@ -27,4 +27,7 @@ pub(crate) struct AgentSlot {
     pub done_work: BTreeSet<String>,
     /// The interrupted turn, up to its last completed round.
     pub open: Option<OpenTurn>,
+    /// Consecutive failed provider calls (the attempt number of the next
+    /// failure); process state, reset by a success.
+    pub provider_failures: u32,
 }

@@ -41,7 +41,9 @@ pub(crate) use agent::AgentSlot;
 pub use ids::{AgentId, MessageId, SessionId};
 pub use inbox::Message;
 pub use orchestrator::Runtime;
-pub use provider::{FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
+pub use provider::{
+    FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest, Usage,
+};
 pub use state::{AgentView, RuntimeState};
 pub use tools::{
     idempotency_key, work_idempotency_key, PureTools, ToolContext, ToolError, ToolExecutor, ToolOutput,
@@ -70,6 +72,44 @@ pub struct RuntimeConfig {
     pub provider: Arc<dyn Provider>,
     /// Where tool calls are executed (the activity ledger plugs in here).
     pub tools: Arc<dyn ToolExecutor>,
+    /// Where every provider call's usage, and every failure with its
+    /// attempt number, is persisted (the stores plug in here).
+    pub calls: Arc<dyn CallLog>,
+}
+
+/// Where a provider call happened.
+#[derive(Debug, Clone, Copy)]
+pub struct CallSite<'a> {
+    pub agent: &'a AgentId,
+    pub session: &'a SessionId,
+    /// The turn's number in the agent's conversation (completed turns
+    /// before it).
+    pub turn: u64,
+    pub round: u32,
+}
+
+/// Persists what provider calls cost and how they failed (seed 000). A
+/// failure to persist is an unknown outcome: the runtime poisons itself
+/// (persistence failures are never swallowed).
+pub trait CallLog: Send + Sync + std::fmt::Debug {
+    /// A completion returned, with its usage if the provider reported it.
+    fn completed(&self, at: &CallSite<'_>, usage: Option<Usage>) -> Result<(), String>;
+    /// A completion failed; `attempt` counts this agent's consecutive
+    /// failures (0 for the first).
+    fn failed(&self, at: &CallSite<'_>, error: &str, attempt: u32) -> Result<(), String>;
+}
+
+/// Records nothing (a runtime without stores).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoCallLog;
+
+impl CallLog for NoCallLog {
+    fn completed(&self, _at: &CallSite<'_>, _usage: Option<Usage>) -> Result<(), String> {
+        Ok(())
+    }
+    fn failed(&self, _at: &CallSite<'_>, _error: &str, _attempt: u32) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl RuntimeConfig {
@@ -83,6 +123,7 @@ impl RuntimeConfig {
             canaries: Canaries::none(),
             provider: Arc::new(FakeProvider::new(seed)),
             tools: Arc::new(PureTools),
+            calls: Arc::new(NoCallLog),
         }
     }
 
@@ -128,6 +169,8 @@ pub enum RuntimeError {
         "agent {agent}: the provider still asked for tools after {limit} rounds; the turn was abandoned"
     )]
     TooManyToolRounds { agent: AgentId, limit: u32 },
+    #[error("persisting the provider call of agent {agent}: {cause} (outcome unknown: reopen to recover)")]
+    CallLog { agent: AgentId, cause: String },
     #[error("runtime is poisoned by an earlier failure ({cause}); its outcome is unknown: reopen with Runtime::open to recover")]
     Poisoned { cause: String },
     #[error("recovery: {0}")]
@@ -147,7 +190,10 @@ impl RuntimeError {
     pub fn is_unknown_outcome(&self) -> bool {
         matches!(
             self,
-            RuntimeError::Log(_) | RuntimeError::Session(_) | RuntimeError::Tool { .. }
+            RuntimeError::Log(_)
+                | RuntimeError::Session(_)
+                | RuntimeError::Tool { .. }
+                | RuntimeError::CallLog { .. }
         )
     }
 }

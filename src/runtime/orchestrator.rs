@@ -167,6 +167,7 @@ impl Runtime {
                 delivered: Default::default(),
                 done_work: Default::default(),
                 open: None,
+                provider_failures: 0,
             },
         );
         self.lru.push(id.clone());

@@ -38,6 +38,16 @@ pub struct ToolRequest {
 pub struct ProviderReply {
     pub text: String,
     pub tool_calls: Vec<ToolRequest>,
+    /// What the call cost, when the provider says (seed 000: persisted per
+    /// call).
+    pub usage: Option<Usage>,
+}
+
+/// Token counts of one completion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
 }
 
 /// The provider failed (the turn is abandoned, nothing acknowledged).
@@ -130,6 +140,14 @@ impl Provider for FakeProvider {
         } else {
             String::new()
         };
-        Ok(ProviderReply { text, tool_calls })
+        let usage = Some(Usage {
+            input_tokens: request.history.len() as u64 * 10,
+            output_tokens: text.len() as u64 / 4 + 1,
+        });
+        Ok(ProviderReply {
+            text,
+            tool_calls,
+            usage,
+        })
     }
 }

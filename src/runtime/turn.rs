@@ -22,7 +22,7 @@ use crate::log::{Event, LogEntry};
 use super::ids::{AgentId, MessageId};
 use super::provider::{ProviderRequest, ToolRequest};
 use super::tools::{idempotency_key, turn_identity, work_idempotency_key, ToolContext, ToolOutput};
-use super::{Runtime, RuntimeError};
+use super::{CallSite, Runtime, RuntimeError};
 
 /// One item of an agent's conversation, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -360,12 +360,35 @@ impl Runtime {
                 history: &working,
                 round,
             };
-            let reply = provider
-                .complete(&request)
-                .map_err(|source| RuntimeError::Provider {
-                    agent: agent.clone(),
-                    source,
-                })?;
+            let session = slot.record.session_id.clone();
+            let completed = provider.complete(&request);
+            let site = CallSite {
+                agent,
+                session: &session,
+                turn: turn_no as u64,
+                round,
+            };
+            let calls = self.config.calls.clone();
+            let logged = match &completed {
+                Ok(reply) => {
+                    self.slot_mut(agent)?.provider_failures = 0;
+                    calls.completed(&site, reply.usage)
+                }
+                Err(e) => {
+                    let slot = self.slot_mut(agent)?;
+                    let attempt = slot.provider_failures;
+                    slot.provider_failures = attempt.saturating_add(1);
+                    calls.failed(&site, &e.0, attempt)
+                }
+            };
+            logged.map_err(|cause| RuntimeError::CallLog {
+                agent: agent.clone(),
+                cause,
+            })?;
+            let reply = completed.map_err(|source| RuntimeError::Provider {
+                agent: agent.clone(),
+                source,
+            })?;
             if reply.tool_calls.is_empty() {
                 break reply.text;
             }

@@ -26,9 +26,11 @@
 //! Invariant: while a [`System`] lives it is the root's only writer, and
 //! every irreversible tool call of its agent loop goes through the activity
 //! ledger ([`tools::SystemTools`]) with the idempotency key the runtime
-//! derives.
+//! derives; every provider call's usage and every failure with its attempt
+//! number is in the usage store ([`calls::StoreCallLog`]).
 
 mod admin;
+mod calls;
 mod outbox;
 mod tools;
 
@@ -51,6 +53,7 @@ use crate::store::StoreError;
 use crate::world::Outbox;
 
 pub use admin::{Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
+pub use calls::StoreCallLog;
 pub use outbox::OutboxRoutes;
 pub use tools::SystemTools;
 
@@ -222,6 +225,10 @@ impl System {
         rc.tools = Arc::new(SystemTools {
             gate: gate.clone(),
             reversible: deps.tools.clone(),
+            clock: deps.clock.clone(),
+        });
+        rc.calls = Arc::new(StoreCallLog {
+            db: db.clone(),
             clock: deps.clock.clone(),
         });
         // Steps 1-7: the runtime.

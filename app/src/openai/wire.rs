@@ -211,7 +211,19 @@ pub fn parse_reply(
         });
     }
     let text = choice.message.content.unwrap_or_default();
-    Ok((ProviderReply { text, tool_calls }, usage))
+    // The runtime persists every call's usage (seed 000) from the reply.
+    let runtime_usage = usage.map(|u| durable_agent::runtime::Usage {
+        input_tokens: u.prompt_tokens,
+        output_tokens: u.completion_tokens,
+    });
+    Ok((
+        ProviderReply {
+            text,
+            tool_calls,
+            usage: runtime_usage,
+        },
+        usage,
+    ))
 }
 
 #[cfg(test)]

@@ -1,0 +1,63 @@
+//! [`StoreCallLog`]: the agent loop's provider calls into the usage store
+//! (seed 000): one `token_usage` row per completed call that reported its
+//! usage, one `errors` row per failed call with its attempt number.
+//!
+//! Invariant: a row is committed before the loop goes on with the call's
+//! result, and a failed commit is returned (the runtime poisons itself: a
+//! persistence failure is never swallowed). Rows are append-only: a round
+//! re-asked after a crash leaves a second usage row — that call was paid
+//! twice.
+
+use std::sync::{Arc, Mutex};
+
+use crate::runtime::{CallLog, CallSite, Usage};
+use crate::sqlite::Db;
+use crate::store::usage::{TurnRef, UsageStore};
+
+use super::LogicalClock;
+
+/// The [`CallLog`] [`super::System::boot`] gives the runtime.
+#[derive(Debug, Clone)]
+pub struct StoreCallLog {
+    pub db: Arc<Mutex<Db>>,
+    pub clock: Arc<dyn LogicalClock>,
+}
+
+impl StoreCallLog {
+    fn with<T>(&self, f: impl FnOnce(&Db) -> T) -> T {
+        // One statement per call: a panic elsewhere leaves no half-applied
+        // SQL, so a poisoned lock is still usable.
+        let db = self.db.lock().unwrap_or_else(|e| e.into_inner());
+        f(&db)
+    }
+}
+
+fn turn_ref(at: &CallSite<'_>) -> TurnRef {
+    TurnRef {
+        session_id: at.session.to_string(),
+        agent_id: at.agent.to_string(),
+        turn: at.turn,
+    }
+}
+
+impl CallLog for StoreCallLog {
+    fn completed(&self, at: &CallSite<'_>, usage: Option<Usage>) -> Result<(), String> {
+        let Some(u) = usage else { return Ok(()) };
+        let now = self.clock.now_ms();
+        self.with(|db| {
+            UsageStore
+                .persist_token_usage(db.conn(), &turn_ref(at), u.input_tokens, u.output_tokens, now)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn failed(&self, at: &CallSite<'_>, error: &str, attempt: u32) -> Result<(), String> {
+        let now = self.clock.now_ms();
+        let context = format!("llm_complete round {}", at.round);
+        self.with(|db| {
+            UsageStore
+                .persist_error(db.conn(), &turn_ref(at), &context, error, attempt, now)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
