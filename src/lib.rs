@@ -13,9 +13,13 @@
 //! - [`runtime`]: the orchestrator: agents, tree, inbox, turns, tools.
 //! - [`recovery`]: the one recovery procedure.
 //! - [`system`]: the one composition and its boot ([`system::System::boot`]).
-//! - [`daemon`]: the concurrent async daemon (tokio; madsim under `--cfg madsim`).
+//! - `daemon` (feature `fakes`): the simulated concurrent workload the madsim
+//!   simulation runs (tokio; madsim under `--cfg madsim`); the product's
+//!   daemon is `durable-agent serve` (the `app` crate).
+//! - [`world`]: the outside world's interface ([`world::Outbox`]).
 
 pub mod canary;
+#[cfg(feature = "fakes")]
 pub mod daemon;
 pub mod fs;
 pub mod log;

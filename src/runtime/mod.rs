@@ -24,6 +24,8 @@
 //!   and the node leaves the tree.
 
 mod agent;
+#[cfg(feature = "fakes")]
+mod fake;
 pub mod ids;
 pub mod inbox;
 mod messaging;
@@ -38,15 +40,16 @@ pub mod turn;
 use std::sync::Arc;
 
 pub(crate) use agent::AgentSlot;
+#[cfg(feature = "fakes")]
+pub use fake::FakeProvider;
 pub use ids::{AgentId, MessageId, SessionId};
 pub use inbox::Message;
 pub use orchestrator::Runtime;
-pub use provider::{
-    FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest, Usage,
-};
+pub use provider::{NoProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest, Usage};
 pub use state::{AgentView, RuntimeState};
 pub use tools::{
-    idempotency_key, work_idempotency_key, PureTools, ToolContext, ToolError, ToolExecutor, ToolOutput,
+    idempotency_key, turn_identity, work_idempotency_key, PureTools, ToolContext, ToolError, ToolExecutor,
+    ToolOutput,
 };
 pub use tree::{AgentTree, TreeError};
 pub use turn::{ConversationItem, OpenTurn, TurnOutcome, WorkTurn};
@@ -112,16 +115,27 @@ impl CallLog for NoCallLog {
     }
 }
 
+#[cfg(feature = "fakes")]
+fn default_provider(seed: u64) -> Arc<dyn Provider> {
+    Arc::new(FakeProvider::new(seed))
+}
+
+#[cfg(not(feature = "fakes"))]
+fn default_provider(_seed: u64) -> Arc<dyn Provider> {
+    Arc::new(NoProvider)
+}
+
 impl RuntimeConfig {
-    /// Defaults: 3 slots, 4 tool rounds, [`FakeProvider`] from `seed`,
-    /// [`PureTools`], no canaries.
+    /// Defaults: 3 slots, 4 tool rounds, [`PureTools`], no canaries, no
+    /// call log, and a provider that refuses — or, with the `fakes` feature
+    /// (tests), `FakeProvider` from `seed`.
     pub fn new(seed: u64) -> Self {
         RuntimeConfig {
             seed,
             slots: 3,
             max_tool_rounds: 4,
             canaries: Canaries::none(),
-            provider: Arc::new(FakeProvider::new(seed)),
+            provider: default_provider(seed),
             tools: Arc::new(PureTools),
             calls: Arc::new(NoCallLog),
         }

@@ -1,16 +1,13 @@
-//! The `Provider` trait (the LLM) and [`FakeProvider`], its deterministic
-//! stand-in for tests.
+//! The `Provider` trait (the LLM) and [`NoProvider`].
 //!
-//! Invariant: `FakeProvider`'s reply is a pure function of its seed, the
-//! current prompt and the round within the turn, so a reference model can
-//! compute the same conversation.
+//! Invariant: a provider is stateless towards the runtime: everything it
+//! needs comes in the request (the whole conversation, rebuilt from the log
+//! after a crash).
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::ids::{fnv1a, AgentId};
+use super::ids::AgentId;
 use super::turn::ConversationItem;
 
 /// What a provider sees for one completion.
@@ -66,88 +63,21 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     fn complete(&self, request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError>;
 }
 
-/// Deterministic fake: tool requests and replies from the seed and prompt.
-#[derive(Debug, Clone)]
-pub struct FakeProvider {
-    seed: u64,
-}
+/// The provider of a runtime configured without one: refuses every call
+/// (a production composition always hands in its real provider).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProvider;
 
-impl FakeProvider {
-    pub fn new(seed: u64) -> Self {
-        FakeProvider { seed }
-    }
-
-    /// The tool requests for round 0 of a turn with `prompt` (rounds after
-    /// tool results always answer with text).
-    fn tools_for(rng: &mut ChaCha8Rng, prompt: &str) -> Vec<ToolRequest> {
-        // Prompts can force a tool, so tests reach each kind on purpose.
-        let forced = ["send_email", "lookup", "write_note"]
-            .into_iter()
-            .find(|t| prompt.contains(t));
-        let tool = match forced {
-            Some(t) => t,
-            None => match rng.random_range(0..4u32) {
-                0 => return Vec::new(),
-                1 => "lookup",
-                2 => "write_note",
-                _ => "send_email",
-            },
-        };
-        let n = rng.random::<u32>();
-        let (args, irreversible) = match tool {
-            "lookup" => (json!({ "key": format!("k{:x}", n % 16) }), false),
-            "write_note" => (json!({ "text": format!("note {n:08x}") }), false),
-            _ => (
-                json!({ "to": format!("user{}@example.com", n % 4), "body": format!("re: {prompt}") }),
-                true,
-            ),
-        };
-        vec![ToolRequest {
-            tool: tool.to_string(),
-            args,
-            irreversible,
-        }]
-    }
-}
-
-impl Provider for FakeProvider {
+impl Provider for NoProvider {
     fn name(&self) -> &str {
-        "fake"
+        "none"
     }
 
     fn model(&self) -> &str {
-        "fake-1"
+        "none"
     }
 
-    fn complete(&self, request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError> {
-        let prompt = request
-            .history
-            .iter()
-            .rev()
-            .find_map(|item| match item {
-                ConversationItem::Prompt { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .ok_or_else(|| ProviderError("no prompt in the open turn".into()))?;
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ fnv1a(prompt.as_bytes()));
-        let tool_calls = if request.round == 0 {
-            Self::tools_for(&mut rng, prompt)
-        } else {
-            Vec::new()
-        };
-        let text = if tool_calls.is_empty() {
-            format!("reply {:08x} to {prompt:?}", rng.random::<u32>())
-        } else {
-            String::new()
-        };
-        let usage = Some(Usage {
-            input_tokens: request.history.len() as u64 * 10,
-            output_tokens: text.len() as u64 / 4 + 1,
-        });
-        Ok(ProviderReply {
-            text,
-            tool_calls,
-            usage,
-        })
+    fn complete(&self, _request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError> {
+        Err(ProviderError("no provider configured".into()))
     }
 }

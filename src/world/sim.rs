@@ -1,4 +1,5 @@
-//! The simulated external world: where irreversible side effects land (an
+//! The simulated external world (cargo feature `fakes`: tests and the
+//! harness only): where irreversible side effects land (an
 //! outbox that records every delivery). It lives outside the `Fs` seam, so it
 //! survives every crash — exactly like a sent email — which is what lets the
 //! oracle count duplicates.
@@ -12,34 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// An external provider of irreversible actions (email, payment, post).
-pub trait Outbox: Send + Sync + std::fmt::Debug {
-    /// Whether the provider of `action` deduplicates by idempotency key
-    /// (an email Message-ID, a payment idempotency header). Per action: one
-    /// outbox may route several irreversible tools to different endpoints.
-    fn supports_dedup(&self, action: &str) -> bool;
-
-    /// Perform `action` with `payload`, carrying `idem_key` to the provider.
-    /// Returns the provider's reference for the effect.
-    fn send(
-        &self,
-        idem_key: &str,
-        action: &str,
-        payload: &serde_json::Value,
-    ) -> Result<String, DeliveryError>;
-}
-
-/// Why a send did not return a provider reference.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DeliveryError {
-    /// The provider refused; nothing was delivered.
-    #[error("provider rejected {idem_key}: {reason}")]
-    Rejected { idem_key: String, reason: String },
-    /// No answer (timeout, connection reset): it may or may not have been
-    /// delivered. Callers must treat the outcome as unknown.
-    #[error("no answer from provider for {idem_key}: outcome unknown")]
-    Unknown { idem_key: String },
-}
+use super::{DeliveryError, Outbox};
 
 /// One side effect that reached the provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
