@@ -258,7 +258,7 @@ fn run_command(config: &std::path::Path, mode: RunMode<'_>) -> Result<ExitCode, 
     let (mut system, _report, lifecycle) = boot(&config, &stop).map_err(|e| e.to_string())?;
     let summary = run(&mut system, &lifecycle, mode, &stop).map_err(|e| e.to_string())?;
     let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
-    println!("{json}");
+    print_out(&json);
     if let Some(error) = &summary.error {
         eprintln!("run {}: {error}", summary.run_id);
     }
@@ -316,6 +316,18 @@ fn control(
         Err(e) => return Err(e.to_string()),
     };
     let json = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-    println!("{json}");
+    print_out(&json);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Print a command's result to stdout. A closed pipe (`| head`) is the
+/// reader's choice, not an error worth a panic; the work is already done.
+fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: writing the result to stdout: {e}");
+        }
+    }
 }
