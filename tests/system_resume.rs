@@ -268,3 +268,128 @@ fn the_agent_loop_records_usage_per_call_and_failures_with_their_attempt() {
         (100 * u64::from(ROUNDS + 1), 7 * u64::from(ROUNDS + 1))
     );
 }
+
+/// A reversible tool that always fails, counting its runs.
+#[derive(Debug, Default)]
+struct Broken(std::sync::atomic::AtomicUsize);
+
+impl durable_agent::runtime::ToolExecutor for Broken {
+    fn execute(
+        &self,
+        _ctx: &durable_agent::runtime::ToolContext<'_>,
+        _call: &ToolRequest,
+    ) -> Result<durable_agent::runtime::ToolOutput, durable_agent::runtime::ToolError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(durable_agent::runtime::ToolOutput {
+            ok: false,
+            output: "disk quota exceeded".into(),
+        })
+    }
+}
+
+/// Seed 004 in the agent loop: every call is in the tool-call ledger; a
+/// reversible call in flight at a crash (same key asked again) is a
+/// replay, and repeated replay failure parks the run for a human instead
+/// of retrying forever. A finished call asked again answers from the
+/// ledger.
+#[test]
+fn in_flight_calls_replay_through_the_tool_call_ledger_and_repeated_failure_waits_for_a_human() {
+    use durable_agent::runtime::{SessionId, ToolContext};
+    use durable_agent::store::tool_calls::{
+        NewToolCall, RunStatus, SideEffect, ToolCallStatus, ToolCallStore,
+    };
+    let fs = SimFs::new(SimConfig::new(6));
+    let broken = Arc::new(Broken::default());
+    let deps = Deps {
+        provider: Arc::new(CountingProvider::default()),
+        tools: broken.clone(),
+        outbox: Arc::new(World::without_dedup()),
+        clock: Arc::new(Zero),
+    };
+    let (mut system, _) = System::boot(Arc::new(fs.clone()), SystemConfig::new("/t", 1), deps).expect("boot");
+    let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+    let session: SessionId = system.runtime().state().agents[&agent].session_id.clone();
+    let run = durable_agent::system::session_run(session.as_str());
+    let store = ToolCallStore::default();
+    // A call the crashed process had started: prepared and running.
+    let call = ToolRequest {
+        tool: "lookup".into(),
+        args: json!({ "key": "k0" }),
+        irreversible: false,
+    };
+    {
+        let db = system.db();
+        store
+            .create_run(db.conn(), &run, session.as_str(), 0)
+            .expect("run");
+        let new = NewToolCall {
+            id: "before-the-crash".into(),
+            run_id: run.clone(),
+            tool_name: "lookup".into(),
+            raw_tool_name: "lookup".into(),
+            input: call.args.clone(),
+            idempotency_key: "key-1".into(),
+            side_effect: SideEffect::Reversible,
+        };
+        let row = store.prepare(db.conn(), &new, 0).expect("prepare");
+        store.mark_running(db.conn(), &row.id, 0).expect("running");
+    }
+    let tools = system.runtime().config().tools.clone();
+    let ctx = |call_id: &'static str| ToolContext {
+        agent: &agent,
+        session: &session,
+        call_id,
+        idempotency_key: "key-1",
+        now: 0,
+    };
+    // Replays 1 and 2 fail and will be retried; the third parks the run.
+    for (i, call_id) in ["after-crash-1", "after-crash-2"].into_iter().enumerate() {
+        let out = tools.execute(&ctx(call_id), &call).expect("replay");
+        assert!(
+            !out.ok && !out.output.contains("waits for a human"),
+            "replay {i}: {out:?}"
+        );
+    }
+    let out = tools.execute(&ctx("after-crash-3"), &call).expect("replay");
+    assert!(out.output.contains("waits for a human"), "{out:?}");
+    let db = system.db();
+    assert_eq!(
+        store.run_status(db.conn(), &run).expect("status"),
+        RunStatus::WaitingForHuman
+    );
+    drop(db);
+    let waiting = system.waiting_for_human().expect("listing");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    // A fresh call records prepared → running → failed; asked again
+    // (another call id, same key) it answers from the ledger.
+    let fresh = ToolContext {
+        idempotency_key: "key-2",
+        ..ctx("fresh")
+    };
+    let first = tools.execute(&fresh, &call).expect("fresh");
+    let row = store
+        .by_key(system.db().conn(), "key-2")
+        .expect("row")
+        .expect("recorded");
+    assert_eq!(
+        (row.status, row.side_effect),
+        (ToolCallStatus::Failed, SideEffect::Reversible)
+    );
+    let runs = broken.0.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(runs, 4, "three replays and the fresh call");
+    let again = tools
+        .execute(
+            &ToolContext {
+                call_id: "re-asked",
+                ..fresh
+            },
+            &call,
+        )
+        .expect("again");
+    assert_eq!(again, first);
+    assert_eq!(
+        broken.0.load(std::sync::atomic::Ordering::SeqCst),
+        runs,
+        "a finished call ran again"
+    );
+}

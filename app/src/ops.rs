@@ -424,7 +424,12 @@ pub fn status(system: &mut System) -> Result<Value, OpError> {
     let store = ToolCallStore::default();
     let mut runs = Vec::new();
     for run_id in store.run_ids(conn.conn())? {
-        if let Some(run) = store.get_run(conn.conn(), &run_id)? {
+        // Job runs only: the tool-call ledger also keeps one run per agent
+        // session (`session:{id}`), which is bookkeeping, not a job.
+        if let Some(run) = store
+            .get_run(conn.conn(), &run_id)?
+            .filter(|r| r.job_json.is_some())
+        {
             runs.push(json!({"run_id": run.run_id, "status": run.status.as_str(), "parent_run_id": run.parent_run_id}));
         }
     }

@@ -48,6 +48,7 @@ use crate::sqlite::{Db, SqliteOptions};
 use crate::store::activities::{ActivityGate, ActivityStore};
 use crate::store::checkpoints::CheckpointStore;
 use crate::store::schema::open_store;
+use crate::store::tool_calls::ToolCallStore;
 use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore};
 use crate::store::StoreError;
 use crate::world::Outbox;
@@ -55,7 +56,7 @@ use crate::world::Outbox;
 pub use admin::{Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
 pub use calls::StoreCallLog;
 pub use outbox::OutboxRoutes;
-pub use tools::SystemTools;
+pub use tools::{session_run, SystemTools};
 
 /// The stores' database, inside the root.
 pub const STORE_DB_FILE: &str = "store.db";
@@ -226,6 +227,8 @@ impl System {
             gate: gate.clone(),
             reversible: deps.tools.clone(),
             clock: deps.clock.clone(),
+            db: db.clone(),
+            calls: ToolCallStore::default(),
         });
         rc.calls = Arc::new(StoreCallLog {
             db: db.clone(),
