@@ -250,3 +250,28 @@ fn unknown_status_in_a_row_is_a_typed_error() {
     let err = store.get(&conn, &id, 0).unwrap_err();
     assert!(err.to_string().contains("EXPLODED"), "{err}");
 }
+
+#[test]
+fn a_zombie_claim_from_before_a_human_retry_cannot_ack_the_new_claim() {
+    let conn = db();
+    let policy = TriggerPolicy {
+        max_attempts: 1,
+        ..policy()
+    };
+    let store = TriggerStore::new(policy, Canaries::none());
+    store.emit(&conn, &spec(Some("k"), 0, 0), 0).unwrap();
+    let zombie = store.claim(&conn, 0, 10).unwrap().expect("due");
+    // Its holder hangs; the lease runs out and, out of attempts, the
+    // trigger is dead-lettered. A human retries it (attempts restart).
+    assert_eq!(store.reclaim_expired(&conn, 10).unwrap(), vec![zombie.id.clone()]);
+    store.retry(&conn, &zombie.id, 20).unwrap();
+    let fresh = store.claim(&conn, 30, 10).unwrap().expect("due again");
+    assert_eq!(
+        fresh.attempts, zombie.attempts,
+        "the attempt number repeats after the retry"
+    );
+    // The zombie wakes up: same attempt number, but not its claim.
+    let err = store.ack_done(&conn, &zombie, 31).unwrap_err();
+    assert!(err.to_string().contains("lease was reclaimed"), "{err}");
+    store.ack_done(&conn, &fresh, 32).unwrap();
+}

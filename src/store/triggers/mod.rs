@@ -203,23 +203,29 @@ impl TriggerStore {
         let id = claim.id.as_str();
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(sql("trigger ack begin"))?;
-        let row: Option<(String, u32)> = tx
-            .query_row("SELECT status, attempts FROM triggers WHERE id = ?1", [id], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+        let row: Option<(String, u32, Option<u64>)> = tx
+            .query_row(
+                "SELECT status, attempts, lease_until FROM triggers WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
             .optional()
             .map_err(sql("trigger ack select"))?;
-        let Some((status, attempts)) = row else {
+        let Some((status, attempts, lease_until)) = row else {
             return Err(StoreError::NotFound {
                 table: "triggers",
                 id: id.to_string(),
             });
         };
+        // A claim is its attempt number and its lease's end: a human retry
+        // restarts the attempt count, but a new claim's lease ends at a
+        // later (logical) time than any claim before the retry.
         // Canary: accept any claim of a CLAIMED row, stale or not.
         let lease_checked = !self.canaries.has(Canary::AckIgnoresLease);
-        if status != TriggerStatus::Claimed.as_str() || (lease_checked && attempts != claim.attempts) {
+        let same_claim = attempts == claim.attempts && lease_until == claim.lease_until_ms;
+        if status != TriggerStatus::Claimed.as_str() || (lease_checked && !same_claim) {
             // The lease was reclaimed (and maybe claimed again: a newer
-            // attempt owns the row now). Acking would settle someone
+            // claim owns the row now). Acking would settle someone
             // else's claim.
             return Err(StoreError::LeaseLost {
                 id: id.to_string(),
