@@ -261,6 +261,13 @@ impl CheckpointStore {
                 rolled_back: 0,
             });
         };
+        self.resume_from(conn, cp)
+    }
+
+    /// Resume from the checkpoint `cp` (already loaded): roll back past its
+    /// boundary and reload up to it.
+    fn resume_from(&self, conn: &Connection, cp: LoopCheckpoint) -> Result<Resume, StoreError> {
+        let run_id = cp.run_id.as_str();
         let rolled_back = if self.canaries.has(Canary::CheckpointRollbackSkipped) {
             0
         } else {
@@ -298,10 +305,11 @@ impl CheckpointStore {
         };
         let mut out = Vec::with_capacity(runs.len());
         for run in runs {
+            // Every listed run has a checkpoint; one read serves the resume.
             let Some(cp) = self.latest_checkpoint(conn, &run)? else {
                 continue;
             };
-            let resume = self.resume(conn, &run, &cp.session_id)?;
+            let resume = self.resume_from(conn, cp)?;
             out.push((run, resume));
         }
         Ok(out)

@@ -212,17 +212,12 @@ impl Driver {
         self.clock.set(step_ms + BOOT_MS);
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
-        let (system, _report) = booted.map_err(|e| format!("boot: {e}"))?;
+        let (system, report) = booted.map_err(|e| format!("boot: {e}"))?;
         let now = step_ms + BOOT_MS;
-        {
-            let db = system.db();
-            let started = system
-                .checkpoints()
-                .latest_checkpoint(db.conn(), LOOP_RUN)
-                .map_err(|e| format!("loop start: {e}"))?;
-            if started.is_none() {
-                checkpoint(system.checkpoints(), &db, 0, now)?;
-            }
+        // Boot resumed every run with a checkpoint: the loop's is among
+        // them unless this is a fresh install.
+        if !report.loops_resumed.iter().any(|(run, _)| run == LOOP_RUN) {
+            checkpoint(system.checkpoints(), &system.db(), 0, now)?;
         }
         self.system = Some(system);
         Ok(())
