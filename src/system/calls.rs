@@ -25,10 +25,7 @@ pub struct StoreCallLog {
 
 impl StoreCallLog {
     fn with<T>(&self, f: impl FnOnce(&Db) -> T) -> T {
-        // One statement per call: a panic elsewhere leaves no half-applied
-        // SQL, so a poisoned lock is still usable.
-        let db = self.db.lock().unwrap_or_else(|e| e.into_inner());
-        f(&db)
+        f(&super::lock_db(&self.db))
     }
 }
 

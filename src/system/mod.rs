@@ -188,7 +188,9 @@ pub struct System {
     _lock: FsLock,
 }
 
-fn lock_db(db: &Mutex<Db>) -> MutexGuard<'_, Db> {
+/// The stores' connection, shared by every store and the tools under one
+/// lock.
+pub(crate) fn lock_db(db: &Mutex<Db>) -> MutexGuard<'_, Db> {
     // Each store call is one transaction: a panic elsewhere cannot leave
     // the connection mid-transaction, so a poisoned lock is usable.
     db.lock().unwrap_or_else(|e| e.into_inner())

@@ -48,10 +48,7 @@ pub fn session_run(session: &str) -> String {
 
 impl SystemTools {
     fn ledger<T>(&self, f: impl FnOnce(&Db) -> Result<T, StoreError>) -> Result<T, ToolError> {
-        // One transaction per call: a panic elsewhere leaves no half-applied
-        // SQL, so a poisoned lock is still usable.
-        let db = self.db.lock().unwrap_or_else(|e| e.into_inner());
-        f(&db).map_err(|e| ToolError(format!("tool-call ledger: {e}")))
+        f(&super::lock_db(&self.db)).map_err(|e| ToolError(format!("tool-call ledger: {e}")))
     }
 
     /// The call as the side effect it has (irreversible ones via the
