@@ -370,6 +370,7 @@ fn rebuild_slot(
         done_work: done_work_from_log(&c.entries),
         open: open_turn_from_log(&c.entries),
         provider_failures: 0,
+        in_turn: None,
         delivered,
         log,
         record: c.record,

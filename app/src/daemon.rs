@@ -2,27 +2,35 @@
 //! owns the [`System`] — every runtime and store call happens on it — and
 //! runs the scheduler between requests; the HTTP API (see [`crate::api`])
 //! hands each request to the worker over a channel and waits for its reply.
+//! A turn's provider and tool calls do not run on the worker: each goes out
+//! on a thread of its own and its result comes back over the same channel
+//! ([`crate::turns`]), so a completion that takes seconds stalls no other
+//! request, agent or trigger.
 //!
-//! Scheduler: every `poll_ms` (and after each request) the worker claims
-//! the due triggers one at a time with a lease and fires each with
-//! [`System::fire`] (its turn keyed by the work id `trigger:{dedup_key}`,
-//! then acked DONE); a provider failure is acked failed, retried with the
-//! trigger policy's backoff. A claim left by a crash or a stop is reclaimed
-//! by the next boot, which holds the root lock, and its turn re-runs under
-//! the same work id: a completed turn is not run again, and the activity
-//! ledger decides every irreversible call it repeats.
+//! Scheduler: every `poll_ms` (and after each request or call result) the
+//! worker claims the due triggers with a lease and starts each one's turn
+//! with [`System::start_fire`] (keyed by the work id `trigger:{dedup_key}`);
+//! when the turn ends the trigger is acked DONE, or — the provider failed —
+//! acked failed and retried with the trigger policy's backoff. A trigger
+//! whose agent is in another turn keeps its claim and waits for it. A
+//! claim left by a crash or a stop is reclaimed by the next boot, which
+//! holds the root lock, and its turn re-runs under the same work id: a
+//! completed turn is not run again, and the activity ledger decides every
+//! irreversible call it repeats.
 //!
 //! Recurring schedules ([`crate::schedule`]) are loaded after boot and
 //! ticked before each scheduler pass: each due bucket becomes a trigger
 //! (dedup key `scheduled:{id}:{bucket}`) that this same pass fires.
 //!
-//! Invariant: the system is used by the worker thread only, one operation
-//! at a time; an operation with an unknown outcome stops the daemon
-//! (fail-stop, exit 1) — restarting `serve` boots, and boot recovers.
-//! Shutdown on SIGINT/SIGTERM: the worker finishes the operation in hand
-//! (a provider call in flight is abandoned, see [`crate::interrupt`]),
-//! stops, and the API answers 503 until it is closed.
+//! Invariant: the system is used by the worker thread only, one step at a
+//! time; an operation with an unknown outcome stops the daemon (fail-stop,
+//! exit 1) — restarting `serve` boots, and boot recovers. Shutdown on
+//! SIGINT/SIGTERM: the worker stops taking work, waits for the calls still
+//! out (a completion is abandoned at once, see [`crate::interrupt`]; a
+//! tool finishes its step) and persists their results, then stops; the
+//! API answers 503 until it is closed.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -34,9 +42,10 @@ use crate::api;
 use crate::boot::{boot, BootError};
 use crate::config::Config;
 use crate::interrupt::Stop;
-use crate::ops::{self, OpError, Request};
+use crate::ops::{self, Begun, OpError, Request};
 use crate::schedule::Schedules;
 use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
+use crate::turns::{End, Finished, Turns};
 
 /// Scheduler timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +85,12 @@ struct Envelope {
     reply: mpsc::SyncSender<Result<Value, OpError>>,
 }
 
+/// What the worker waits for: a request, or a turn's call coming back.
+enum Msg {
+    Request(Envelope),
+    Called(Finished),
+}
+
 /// A running daemon.
 pub struct Daemon {
     server: LoopbackServer,
@@ -96,13 +111,13 @@ impl Daemon {
     /// Boot on the worker thread, then open the API. Fails with the boot's
     /// error (e.g. the root is locked by another process) before listening.
     pub fn start(config: &Config, stop: &Stop, settings: ServeSettings) -> Result<Daemon, ServeError> {
-        let (tx, rx) = mpsc::channel::<Envelope>();
+        let (tx, rx) = mpsc::channel::<Msg>();
         let (boot_tx, boot_rx) = mpsc::sync_channel(1);
         let worker = {
-            let (config, stop) = (config.clone(), stop.clone());
+            let (config, stop, back) = (config.clone(), stop.clone(), tx.clone());
             std::thread::Builder::new()
                 .name("worker".into())
-                .spawn(move || worker(&config, &stop, settings, &rx, boot_tx))
+                .spawn(move || worker(&config, &stop, settings, (&rx, back), boot_tx))
                 .map_err(ServeError::Thread)?
         };
         let report = match boot_rx.recv() {
@@ -116,10 +131,32 @@ impl Daemon {
                 return Err(ServeError::WorkerPanicked);
             }
         };
+        // Each request waits for its answer on a thread of its own: a turn
+        // request waits for its turn, and must not hold up the requests
+        // behind it (the worker answers them meanwhile).
+        let waiting = Arc::new(AtomicUsize::new(0));
         let handler = move |mut request: tiny_http::Request| {
-            let recorded = Recorded::read(&mut request);
-            let (status, body) = answer(&tx, &recorded);
-            respond(request, json_response(status, &body.to_string()));
+            if waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_REQUESTS {
+                waiting.fetch_sub(1, Ordering::AcqRel);
+                let body = json!({"error": "too many requests in progress; try again"});
+                respond(request, json_response(503, &body.to_string()));
+                return;
+            }
+            let (tx, left) = (tx.clone(), waiting.clone());
+            let spawned = std::thread::Builder::new()
+                .name("api-request".into())
+                .spawn(move || {
+                    let recorded = Recorded::read(&mut request);
+                    let (status, body) = answer(&tx, &recorded);
+                    respond(request, json_response(status, &body.to_string()));
+                    left.fetch_sub(1, Ordering::AcqRel);
+                });
+            if let Err(e) = spawned {
+                // The request went with the closure; its client sees the
+                // connection close.
+                waiting.fetch_sub(1, Ordering::AcqRel);
+                tracing::warn!(error = %e, "cannot start a request thread; request dropped");
+            }
         };
         let listen = config.api.listen;
         let server = if config.api.allow_non_loopback {
@@ -167,13 +204,13 @@ impl Daemon {
 }
 
 /// Route a request to the worker and wait for its answer.
-fn answer(tx: &mpsc::Sender<Envelope>, recorded: &Recorded) -> (u16, Value) {
+fn answer(tx: &mpsc::Sender<Msg>, recorded: &Recorded) -> (u16, Value) {
     let request = match api::route(&recorded.method, &recorded.path, &recorded.body) {
         Ok(request) => request,
         Err(refused) => return (refused.status, json!({"error": refused.message})),
     };
     let (reply, replied) = mpsc::sync_channel(1);
-    if tx.send(Envelope { request, reply }).is_err() {
+    if tx.send(Msg::Request(Envelope { request, reply })).is_err() {
         return (503, json!({"error": "the daemon is shutting down"}));
     }
     match replied.recv() {
@@ -186,13 +223,21 @@ fn answer(tx: &mpsc::Sender<Envelope>, recorded: &Recorded) -> (u16, Value) {
     }
 }
 
-/// The worker: boot, report it, then requests and the scheduler until a
-/// stop. Returns the fatal error that stopped it, if any.
+/// Requests waiting for their answer at once; more get 503.
+const MAX_WAITING_REQUESTS: usize = 64;
+
+/// How long a stopping worker waits for the calls still out (a tool in
+/// progress finishes its step; a completion is abandoned at once).
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// The worker: boot, report it, then requests, the scheduler and the
+/// results of the calls of the turns in flight until a stop.
+/// Returns the fatal error that stopped it, if any.
 fn worker(
     config: &Config,
     stop: &Stop,
     settings: ServeSettings,
-    rx: &mpsc::Receiver<Envelope>,
+    (rx, back): (&mpsc::Receiver<Msg>, mpsc::Sender<Msg>),
     boot_tx: mpsc::SyncSender<Result<BootReport, BootError>>,
 ) -> Result<(), OpError> {
     let (mut system, lifecycle): (System, _) = match boot(config, stop) {
@@ -213,29 +258,74 @@ fn worker(
             return Err(OpError::UnknownOutcome(format!("cannot load the schedules: {e}")));
         }
     };
+    let back = std::sync::Mutex::new(back);
+    let back: Arc<dyn Fn(Finished) + Send + Sync> = Arc::new(move |done| {
+        // The worker may be gone (stopped): the result is dropped, the
+        // turn stays open for the next boot.
+        let _ = back
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Msg::Called(done));
+    });
+    let mut turns = Turns::new(&system, config.runtime.slots, back);
     let poll = Duration::from_millis(settings.poll_ms);
     while !stop.requested() {
         for key in schedules.tick(&system)? {
             tracing::debug!(key, "schedule");
         }
-        for fired in ops::fire_due(&mut system, &lifecycle, settings.lease_ms, stop)? {
-            tracing::debug!(?fired, "scheduler");
-        }
+        turns.fire_due(&mut system, &lifecycle, settings.lease_ms, stop)?;
         match rx.recv_timeout(poll) {
-            Ok(envelope) => {
-                let result = ops::apply(&mut system, &mut schedules, &lifecycle, envelope.request);
-                let fatal = match &result {
-                    Err(OpError::UnknownOutcome(message)) => Some(message.clone()),
-                    _ => None,
-                };
-                // The client may have gone away; the operation stands.
-                let _ = envelope.reply.send(result);
-                if let Some(message) = fatal {
-                    return Err(OpError::UnknownOutcome(message));
+            Ok(Msg::Request(envelope)) => {
+                match ops::begin(&mut system, &mut schedules, &lifecycle, envelope.request) {
+                    Begun::Turn(begun) => {
+                        let (started, prepared) = *begun;
+                        turns.launch(
+                            started,
+                            End::Api {
+                                prepared,
+                                reply: envelope.reply,
+                            },
+                        )
+                    }
+                    Begun::Answered(result) => {
+                        let fatal = match &result {
+                            Err(OpError::UnknownOutcome(message)) => Some(message.clone()),
+                            _ => None,
+                        };
+                        // The client may have gone away; the operation stands.
+                        let _ = envelope.reply.send(result);
+                        if let Some(message) = fatal {
+                            return Err(OpError::UnknownOutcome(message));
+                        }
+                    }
                 }
             }
+            Ok(Msg::Called(done)) => turns.finished(&mut system, &lifecycle, done)?,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    // Stopping: no new work; the calls still out come back (a completion
+    // is abandoned at once, a tool finishes its step) and are persisted,
+    // so their turns stop at a durable boundary. What is left is resumed
+    // by the next boot, as after a crash.
+    let deadline = std::time::Instant::now() + DRAIN;
+    while turns.in_flight() > 0 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Msg::Called(done)) => turns.finished(&mut system, &lifecycle, done)?,
+            Ok(Msg::Request(envelope)) => {
+                let _ = envelope
+                    .reply
+                    .send(Err(OpError::Conflict("the daemon is shutting down".into())));
+            }
+            Err(_) => {
+                tracing::warn!(
+                    in_flight = turns.in_flight(),
+                    "calls still out at shutdown; the next boot resumes their turns"
+                );
+                break;
+            }
         }
     }
     tracing::info!("worker stopped");

@@ -27,4 +27,5 @@ pub mod schedule;
 pub mod server;
 pub mod telemetry;
 pub mod tools;
+pub mod turns;
 pub mod webhook_sink;

@@ -13,11 +13,14 @@
 //! be lost in a crash.
 //!
 //! Why a turn scope: the outbox only sees an idempotency key and an action,
-//! not the agent; the app runs one turn at a time on the root's one writer
-//! thread, so the turn in progress names the agent and session of every
-//! irreversible call made inside it.
+//! not the agent. Every call of a turn is performed on a thread that holds
+//! the turn's [`TurnScope`] while it runs (the worker itself for an inline
+//! turn, the call's own thread in `serve`, where several turns are in
+//! flight at once), so the scope of the calling thread names the agent and
+//! session of every irreversible call made inside it.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::cell::RefCell;
+use std::sync::Arc;
 
 use durable_agent::runtime::{AgentId, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest};
 use durable_agent::system::System;
@@ -26,26 +29,29 @@ use serde_json::{json, Value};
 
 use crate::telemetry::{EventType, JsonlExporter};
 
-/// The agent and session of the turn in progress.
+/// The agent, session and work of a turn in progress: what its
+/// `turn_end` and its calls' events are attributed to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Scope {
+pub struct TurnScope {
     agent: String,
     session: Option<String>,
+    work: String,
+}
+
+thread_local! {
+    /// The scope of the turn whose call this thread is performing.
+    static SCOPE: RefCell<Option<TurnScope>> = const { RefCell::new(None) };
 }
 
 /// The lifecycle event sink: a no-op without `[telemetry] events_jsonl`.
 #[derive(Debug, Clone, Default)]
 pub struct Lifecycle {
     exporter: Option<Arc<JsonlExporter>>,
-    turn: Arc<Mutex<Option<Scope>>>,
 }
 
 impl Lifecycle {
     pub fn new(exporter: Option<Arc<JsonlExporter>>) -> Lifecycle {
-        Lifecycle {
-            exporter,
-            turn: Arc::default(),
-        }
+        Lifecycle { exporter }
     }
 
     /// Nothing is exported.
@@ -60,9 +66,13 @@ impl Lifecycle {
         }
     }
 
-    fn scope(&self) -> MutexGuard<'_, Option<Scope>> {
-        // Only ever replaced whole: a poisoned value is still consistent.
-        self.turn.lock().unwrap_or_else(|e| e.into_inner())
+    /// Run `f` (a call of the turn `scope`) with `scope` as this
+    /// thread's turn.
+    pub fn in_scope<T>(scope: &TurnScope, f: impl FnOnce() -> T) -> T {
+        let previous = SCOPE.with(|s| s.replace(Some(scope.clone())));
+        let result = f();
+        SCOPE.with(|s| *s.borrow_mut() = previous);
+        result
     }
 
     /// `agent`'s session id (its session directory's name), if live.
@@ -88,9 +98,41 @@ impl Lifecycle {
         self.emit(EventType::AgentStop, session, agent.as_str(), Value::Null);
     }
 
-    /// Run `turn` (one turn of `agent` performing `work`) between
-    /// `turn_start` and `turn_end`; `describe` turns its result into the
-    /// end event's payload.
+    /// A turn of `agent` performing `work` starts: `turn_start`. Perform
+    /// its calls [`Self::in_scope`] of the returned scope and end it with
+    /// [`Self::turn_ended`].
+    pub fn turn_started(&self, system: &System, agent: &AgentId, work: &str) -> TurnScope {
+        let scope = TurnScope {
+            agent: agent.to_string(),
+            session: Self::session_of(system, agent),
+            work: work.to_string(),
+        };
+        self.emit(
+            EventType::TurnStart,
+            scope.session.as_deref(),
+            &scope.agent,
+            json!({"work": work}),
+        );
+        scope
+    }
+
+    /// The turn of `scope` ended: `turn_end` with its result.
+    pub fn turn_ended(&self, scope: &TurnScope, result: Result<Value, String>) {
+        let payload = match result {
+            Ok(value) => json!({"work": scope.work, "ok": true, "result": value}),
+            Err(e) => json!({"work": scope.work, "ok": false, "error": e}),
+        };
+        self.emit(
+            EventType::TurnEnd,
+            scope.session.as_deref(),
+            &scope.agent,
+            payload,
+        );
+    }
+
+    /// Run `turn` (one turn of `agent` performing `work`, its calls inline)
+    /// between `turn_start` and `turn_end`; `describe` turns its result
+    /// into the end event's payload.
     pub fn turn<T, E: std::fmt::Display>(
         &self,
         system: &mut System,
@@ -99,25 +141,9 @@ impl Lifecycle {
         turn: impl FnOnce(&mut System) -> Result<T, E>,
         describe: impl FnOnce(&T) -> Value,
     ) -> Result<T, E> {
-        let session = Self::session_of(system, agent);
-        let scope = Scope {
-            agent: agent.to_string(),
-            session: session.clone(),
-        };
-        *self.scope() = Some(scope);
-        self.emit(
-            EventType::TurnStart,
-            session.as_deref(),
-            agent.as_str(),
-            json!({"work": work}),
-        );
-        let result = turn(system);
-        *self.scope() = None;
-        let payload = match &result {
-            Ok(value) => json!({"work": work, "ok": true, "result": describe(value)}),
-            Err(e) => json!({"work": work, "ok": false, "error": e.to_string()}),
-        };
-        self.emit(EventType::TurnEnd, session.as_deref(), agent.as_str(), payload);
+        let scope = self.turn_started(system, agent, work);
+        let result = Self::in_scope(&scope, || turn(system));
+        self.turn_ended(&scope, result.as_ref().map(describe).map_err(|e| e.to_string()));
         result
     }
 
@@ -179,7 +205,7 @@ impl Outbox for ObservedOutbox {
     }
 
     fn send(&self, idem_key: &str, action: &str, payload: &Value) -> Result<String, DeliveryError> {
-        let scope = self.lifecycle.scope().clone();
+        let scope = SCOPE.with(|s| s.borrow().clone());
         let (agent, session) = scope
             .as_ref()
             .map_or(("", None), |s| (s.agent.as_str(), s.session.as_deref()));

@@ -8,10 +8,13 @@
 //! and the caller must stop using the system (boot again: recovery decides).
 //! The database guard is never held across a runtime call.
 
-use durable_agent::runtime::{AgentId, RuntimeError, TreeError};
+use durable_agent::runtime::{
+    AgentId, OutsideCall, RuntimeError, Started, TreeError, TurnKind, TurnOutcome, TurnStep, TurnTask,
+    WorkTurn,
+};
 use durable_agent::store::activities::{ActivityStatus, ActivityStore};
 use durable_agent::store::tool_calls::ToolCallStore;
-use durable_agent::store::triggers::{EmitOutcome, TriggerSource, TriggerSpec};
+use durable_agent::store::triggers::{EmitOutcome, Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
 use durable_agent::system::{Fired, System, SystemError};
 use serde::Deserialize;
@@ -19,6 +22,7 @@ use serde_json::{json, Value};
 
 use crate::interrupt::{Stop, INTERRUPTED};
 use crate::lifecycle::Lifecycle;
+use crate::lifecycle::TurnScope;
 use crate::schedule::{Schedule, ScheduleError, Schedules};
 
 /// Largest delay or future fire time accepted for a trigger (a year).
@@ -150,7 +154,9 @@ impl From<RuntimeError> for OpError {
                 OpError::UnknownOutcome(e.to_string())
             }
             RuntimeError::UnknownAgent(_) => OpError::NotFound(e.to_string()),
-            RuntimeError::Tree(TreeError::HasChildren { .. }) => OpError::Conflict(e.to_string()),
+            RuntimeError::Tree(TreeError::HasChildren { .. })
+            | RuntimeError::TurnInFlight(_)
+            | RuntimeError::SlotsBusy { .. } => OpError::Conflict(e.to_string()),
             RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. } => {
                 OpError::TurnFailed(e.to_string())
             }
@@ -263,11 +269,56 @@ fn delete_agent(system: &mut System, lifecycle: &Lifecycle, name: &str) -> Resul
     Ok(json!({"terminated": id}))
 }
 
-fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) -> Result<Value, OpError> {
+/// A turn request, prepared: the agent, the full prompt (the messages
+/// waiting for it first) and the work id.
+#[derive(Debug, Clone)]
+pub struct PreparedTurn {
+    pub agent: AgentId,
+    pub prompt: String,
+    pub work: Option<String>,
+    pub messages: usize,
+}
+
+impl PreparedTurn {
+    /// The work label of its telemetry.
+    fn label(&self) -> &str {
+        self.work.as_deref().unwrap_or("api")
+    }
+
+    /// The answer to the request (`None`: the work had already completed).
+    pub fn answer(&self, outcome: Option<&TurnOutcome>) -> Value {
+        match outcome {
+            Some(o) => json!({
+                "agent": self.agent,
+                "response": o.response,
+                "messages_delivered": self.messages,
+                "tool_calls": o.tool_calls.iter().map(|(call_id, call, out)| json!({
+                    "call_id": call_id, "tool": call.tool, "irreversible": call.irreversible,
+                    "ok": out.ok, "output": out.output,
+                })).collect::<Vec<_>>(),
+            }),
+            None => json!({"agent": self.agent, "already_done": true}),
+        }
+    }
+
+    /// The `turn_end` payload of its telemetry.
+    pub fn describe(outcome: Option<&TurnOutcome>) -> Value {
+        match outcome {
+            Some(o) => json!({"tool_calls": o.tool_calls.len()}),
+            None => json!({"already_done": true}),
+        }
+    }
+}
+
+fn prepare_turn(system: &mut System, name: &str, r: TurnRequest) -> Result<PreparedTurn, OpError> {
     if r.prompt.trim().is_empty() {
         return Err(OpError::BadRequest("`prompt` must not be empty".into()));
     }
     let id = resolve(system, name)?;
+    if system.runtime().turn_in_flight(&id)? {
+        // Refused before the messages are handed out.
+        return Err(RuntimeError::TurnInFlight(id).into());
+    }
     // Messages waiting for the agent are handed to it with this turn.
     let messages = system.runtime_mut().deliver(&id)?;
     let mut prompt = String::new();
@@ -279,38 +330,102 @@ fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) 
         prompt.push('\n');
     }
     prompt.push_str(&r.prompt);
-    let work = r.work_id.as_ref().map(|w| format!("api:{w}"));
-    let outcome = lifecycle.turn(
-        system,
-        &id,
-        work.as_deref().unwrap_or("api"),
-        |system| match &work {
-            None => system.runtime_mut().run_turn(&id, &prompt).map(Some),
-            Some(work) => system
-                .runtime_mut()
-                .run_work_turn(&id, &prompt, work)
-                .map(|turn| match turn {
-                    durable_agent::runtime::WorkTurn::Ran(outcome) => Some(outcome),
-                    durable_agent::runtime::WorkTurn::AlreadyDone => None,
-                }),
-        },
-        |outcome| match outcome {
-            Some(o) => json!({"tool_calls": o.tool_calls.len()}),
-            None => json!({"already_done": true}),
-        },
-    )?;
-    Ok(match outcome {
-        Some(o) => json!({
-            "agent": id,
-            "response": o.response,
-            "messages_delivered": messages.len(),
-            "tool_calls": o.tool_calls.iter().map(|(call_id, call, out)| json!({
-                "call_id": call_id, "tool": call.tool, "irreversible": call.irreversible,
-                "ok": out.ok, "output": out.output,
-            })).collect::<Vec<_>>(),
-        }),
-        None => json!({"agent": id, "already_done": true}),
+    Ok(PreparedTurn {
+        agent: id,
+        prompt,
+        work: r.work_id.as_ref().map(|w| format!("api:{w}")),
+        messages: messages.len(),
     })
+}
+
+fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) -> Result<Value, OpError> {
+    let p = prepare_turn(system, name, r)?;
+    let outcome =
+        lifecycle.turn(
+            system,
+            &p.agent,
+            p.label(),
+            |system| match &p.work {
+                None => system.runtime_mut().run_turn(&p.agent, &p.prompt).map(Some),
+                Some(work) => system
+                    .runtime_mut()
+                    .run_work_turn(&p.agent, &p.prompt, work)
+                    .map(|turn| match turn {
+                        WorkTurn::Ran(outcome) => Some(outcome),
+                        WorkTurn::AlreadyDone => None,
+                    }),
+            },
+            |outcome| PreparedTurn::describe(outcome.as_ref()),
+        )?;
+    Ok(p.answer(outcome.as_ref()))
+}
+
+/// A turn started by the `serve` worker, its first call to perform off
+/// the worker (see [`crate::turns`]).
+#[derive(Debug)]
+pub struct StartedTurn {
+    pub task: Box<TurnTask>,
+    pub call: OutsideCall,
+    pub scope: TurnScope,
+}
+
+/// What a request became on the `serve` worker.
+#[derive(Debug)]
+pub enum Begun {
+    /// Answered already.
+    Answered(Result<Value, OpError>),
+    /// A turn is in flight: answer with [`PreparedTurn::answer`] when it ends.
+    Turn(Box<(StartedTurn, PreparedTurn)>),
+}
+
+/// [`apply`], except that a turn request only starts its turn.
+pub fn begin(
+    system: &mut System,
+    schedules: &mut Schedules,
+    lifecycle: &Lifecycle,
+    request: Request,
+) -> Begun {
+    let Request::Turn(name, r) = request else {
+        return Begun::Answered(apply(system, schedules, lifecycle, request));
+    };
+    let p = match prepare_turn(system, &name, r) {
+        Ok(p) => p,
+        Err(e) => return Begun::Answered(Err(e)),
+    };
+    let scope = lifecycle.turn_started(system, &p.agent, p.label());
+    let kind = match &p.work {
+        None => TurnKind::Plain,
+        Some(work) => TurnKind::Work(work),
+    };
+    let started = system.runtime_mut().start_turn(&p.agent, &p.prompt, kind);
+    let ended = match started {
+        Ok(Started::Running(task, TurnStep::Call(call))) => {
+            return Begun::Turn(Box::new((StartedTurn { task, call, scope }, p)));
+        }
+        Ok(Started::Running(_, TurnStep::Done(outcome))) => Ok(Some(outcome)),
+        Ok(Started::AlreadyDone) => Ok(None),
+        Err(e) => Err(e),
+    };
+    Begun::Answered(end_api_turn(lifecycle, &scope, &p, ended))
+}
+
+/// The end of a turn [`begin`] started: `turn_end`, and the answer.
+pub fn end_api_turn(
+    lifecycle: &Lifecycle,
+    scope: &TurnScope,
+    p: &PreparedTurn,
+    ended: Result<Option<TurnOutcome>, RuntimeError>,
+) -> Result<Value, OpError> {
+    match ended {
+        Ok(outcome) => {
+            lifecycle.turn_ended(scope, Ok(PreparedTurn::describe(outcome.as_ref())));
+            Ok(p.answer(outcome.as_ref()))
+        }
+        Err(e) => {
+            lifecycle.turn_ended(scope, Err(e.to_string()));
+            Err(e.into())
+        }
+    }
 }
 
 fn message(system: &mut System, r: MessageRequest) -> Result<Value, OpError> {
@@ -461,40 +576,42 @@ pub enum FireResult {
     },
 }
 
-/// Claim and fire every due trigger, one at a time, until none is due or a
-/// stop is requested.
-pub fn fire_due(
+/// A due trigger this process claimed, with the agent and prompt its
+/// payload names.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub claim: Trigger,
+    pub agent: AgentId,
+    pub prompt: String,
+}
+
+/// Claim the next due trigger whose payload names a live agent; a trigger
+/// whose payload cannot run is acked failed (not retried) and reported in
+/// `results`. `None`: nothing is due.
+pub fn claim_next(
     system: &mut System,
-    lifecycle: &Lifecycle,
     lease_ms: u64,
-    stop: &Stop,
-) -> Result<Vec<FireResult>, OpError> {
-    let mut results = Vec::new();
-    while !stop.requested() {
+    results: &mut Vec<FireResult>,
+) -> Result<Option<Claimed>, OpError> {
+    loop {
         let now = system.now_ms();
         let claimed = system.triggers().claim(system.db().conn(), now, lease_ms)?;
-        let Some(claim) = claimed else { break };
-        let target = claim
-            .payload
-            .get("agent")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let prompt = claim
-            .payload
-            .get("prompt")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let (Some(target), Some(mut prompt)) = (target, prompt) else {
-            let error = "payload has no `agent` and `prompt` strings".to_string();
-            let now = system.now_ms();
-            system
-                .triggers()
-                .ack_failed(system.db().conn(), &claim, now, &error, false)?;
-            results.push(FireResult::Failed { id: claim.id, error });
-            continue;
+        let Some(claim) = claimed else { return Ok(None) };
+        let field = |name: &str| {
+            claim
+                .payload
+                .get(name)
+                .and_then(Value::as_str)
+                .map(str::to_string)
         };
-        let agent = match resolve(system, &target) {
-            Ok(agent) => agent,
+        let target = match (field("agent"), field("prompt")) {
+            (Some(target), Some(prompt)) => resolve(system, &target).map(|agent| (agent, prompt)),
+            _ => Err(OpError::BadRequest(
+                "payload has no `agent` and `prompt` strings".into(),
+            )),
+        };
+        let (agent, mut prompt) = match target {
+            Ok(target) => target,
             Err(e) => {
                 let error = e.to_string();
                 let now = system.now_ms();
@@ -509,42 +626,93 @@ pub fn fire_due(
             prompt.push_str(&format!("\n\n[{note}]"));
         }
         tracing::info!(id = %claim.id, key = ?claim.dedup_key, agent = %agent, attempt = claim.attempts, "firing trigger");
+        return Ok(Some(Claimed { claim, agent, prompt }));
+    }
+}
+
+/// Settle a claimed trigger's firing: DONE was acked by the fire (`Ok`);
+/// a failed turn is acked failed here — retried with backoff if the
+/// provider failed, else given up. `Ok(None)`: a stop interrupted the
+/// turn, the claim is left for the next boot to reclaim.
+pub fn settle_fire(
+    system: &mut System,
+    claim: &Trigger,
+    outcome: Result<Fired, SystemError>,
+) -> Result<Option<FireResult>, OpError> {
+    let (error, retryable) = match outcome {
+        Ok(fired) => {
+            tracing::info!(id = %claim.id, ?fired, "trigger done");
+            return Ok(Some(FireResult::Fired {
+                id: claim.id.clone(),
+                fired,
+            }));
+        }
+        Err(SystemError::Runtime(RuntimeError::Provider { source, .. })) if source.0 == INTERRUPTED => {
+            tracing::info!(id = %claim.id, "trigger turn interrupted by stop; boot reclaims it");
+            return Ok(None);
+        }
+        Err(SystemError::Runtime(e @ RuntimeError::Provider { .. })) => (e.to_string(), true),
+        Err(SystemError::Runtime(e @ (RuntimeError::TurnInFlight(_) | RuntimeError::SlotsBusy { .. }))) => {
+            (e.to_string(), true)
+        }
+        Err(SystemError::Runtime(e @ RuntimeError::TooManyToolRounds { .. })) => (e.to_string(), false),
+        Err(SystemError::Runtime(e @ RuntimeError::UnknownAgent(_))) => (e.to_string(), false),
+        Err(SystemError::Store(e @ StoreError::LeaseLost { .. })) => {
+            tracing::warn!(id = %claim.id, error = %e, "lease lost; the newer claim owns the trigger");
+            return Ok(Some(FireResult::Failed {
+                id: claim.id.clone(),
+                error: e.to_string(),
+            }));
+        }
+        Err(e) => return Err(OpError::UnknownOutcome(format!("trigger {}: {e}", claim.id))),
+    };
+    let now = system.now_ms();
+    let status = system
+        .triggers()
+        .ack_failed(system.db().conn(), claim, now, &error, retryable)?;
+    tracing::warn!(id = %claim.id, error, next = status.as_str(), "trigger failed");
+    Ok(Some(FireResult::Failed {
+        id: claim.id.clone(),
+        error,
+    }))
+}
+
+/// The `turn_end` payload of a firing.
+pub fn describe_fired(fired: &Fired) -> Value {
+    match fired {
+        Fired::Ran { tool_calls } => json!({"tool_calls": tool_calls}),
+        Fired::AlreadyDone => json!({"already_done": true}),
+    }
+}
+
+/// Claim and fire every due trigger, one at a time, its turn's calls
+/// inline, until none is due or a stop is requested (the commands that
+/// run without `serve`; `serve` fires through [`crate::turns`]).
+pub fn fire_due(
+    system: &mut System,
+    lifecycle: &Lifecycle,
+    lease_ms: u64,
+    stop: &Stop,
+) -> Result<Vec<FireResult>, OpError> {
+    let mut results = Vec::new();
+    while !stop.requested() {
+        let Some(c) = claim_next(system, lease_ms, &mut results)? else {
+            break;
+        };
         let outcome = lifecycle.turn(
             system,
-            &agent,
-            &System::trigger_work(&claim),
-            |system| system.fire(&claim, &agent, &prompt),
-            |fired| match fired {
-                Fired::Ran { tool_calls } => json!({"tool_calls": tool_calls}),
-                Fired::AlreadyDone => json!({"already_done": true}),
-            },
+            &c.agent,
+            &System::trigger_work(&c.claim),
+            |system| system.fire(&c.claim, &c.agent, &c.prompt),
+            describe_fired,
         );
-        let (error, retryable) = match outcome {
-            Ok(fired) => {
-                tracing::info!(id = %claim.id, ?fired, "trigger done");
-                results.push(FireResult::Fired { id: claim.id, fired });
-                continue;
-            }
-            Err(SystemError::Runtime(RuntimeError::Provider { source, .. })) if source.0 == INTERRUPTED => {
-                tracing::info!(id = %claim.id, "trigger turn interrupted by stop; boot reclaims it");
-                results.push(FireResult::Interrupted { id: claim.id });
+        match settle_fire(system, &c.claim, outcome)? {
+            Some(result) => results.push(result),
+            None => {
+                results.push(FireResult::Interrupted { id: c.claim.id });
                 break;
             }
-            Err(SystemError::Runtime(e @ RuntimeError::Provider { .. })) => (e.to_string(), true),
-            Err(SystemError::Runtime(e @ RuntimeError::TooManyToolRounds { .. })) => (e.to_string(), false),
-            Err(SystemError::Runtime(e @ RuntimeError::UnknownAgent(_))) => (e.to_string(), false),
-            Err(SystemError::Store(e @ StoreError::LeaseLost { .. })) => {
-                tracing::warn!(id = %claim.id, error = %e, "lease lost; the newer claim owns the trigger");
-                continue;
-            }
-            Err(e) => return Err(OpError::UnknownOutcome(format!("trigger {}: {e}", claim.id))),
-        };
-        let now = system.now_ms();
-        let status = system
-            .triggers()
-            .ack_failed(system.db().conn(), &claim, now, &error, retryable)?;
-        tracing::warn!(id = %claim.id, error, next = status.as_str(), "trigger failed");
-        results.push(FireResult::Failed { id: claim.id, error });
+        }
     }
     Ok(results)
 }

@@ -260,3 +260,66 @@ fn recurring_schedule_fires_each_bucket_at_most_once_across_kill_9_restarts_of_s
     assert!(buckets.windows(2).any(|w| w[1] - w[0] >= 2), "{buckets:?}");
     Ok(())
 }
+
+/// A turn's completion is in flight off the worker: while it waits, the
+/// API answers, another agent runs a whole turn, and a second turn of the
+/// same agent is refused (409) instead of queueing behind it.
+#[test]
+fn a_slow_completion_stalls_no_other_request_and_no_other_agent() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let script: durable_agent_cli::mock_llm::Script = serde_json::from_value(json!({"replies": [
+        {"delay_ms": 3000, "text": "slow answer"},
+        {"text": "quick answer"},
+    ]}))?;
+    let mock = MockLlm::scripted(loopback(), script)?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let (mut child, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    for name in ["slow", "quick"] {
+        api.call("POST", "/agents", Some(&json!({"name": name})))?;
+    }
+    let slow = {
+        let api = client(&url)?;
+        std::thread::spawn(move || {
+            api.call(
+                "POST",
+                "/agents/slow/turn",
+                Some(&json!({"prompt": "take your time"})),
+            )
+        })
+    };
+    wait_for("the slow completion to be asked", || mock.requests().len() == 1)?;
+
+    if slow.is_finished() {
+        let early = slow.join().map_err(|_| "panicked")?;
+        return Err(format!("the slow turn ended early: {early:?}").into());
+    }
+    let status = api.call("GET", "/status", None)?;
+    assert!(
+        status["agents"].is_array() || status["agents"].is_object(),
+        "{status}"
+    );
+    let second = api.call("POST", "/agents/slow/turn", Some(&json!({"prompt": "again"})));
+    let refused = format!("{second:?}");
+    assert!(
+        refused.contains("409") && refused.contains("turn in flight"),
+        "{refused}"
+    );
+    let quick = api.call("POST", "/agents/quick/turn", Some(&json!({"prompt": "hurry"})))?;
+    assert_eq!(quick["response"], "quick answer", "{quick}");
+    assert!(!slow.is_finished(), "the slow turn answered before the quick one");
+
+    let slow = slow.join().map_err(|_| "slow turn thread panicked")??;
+    assert_eq!(slow["response"], "slow answer", "{slow}");
+    signal(&child, "TERM")?;
+    let status = child.wait()?;
+    assert!(status.success(), "serve exited {status}");
+    Ok(())
+}

@@ -1,7 +1,8 @@
 //! One task per worker agent: think, then run a turn that reads its pending
-//! messages (after provider latency, retried with exponential backoff when
-//! the provider fails; the messages count as delivered only with the
-//! turn), send a peer a message, or schedule a one-time reminder.
+//! messages (its provider and tool calls in flight with the core released,
+//! see [`super::turns`]; retried with exponential backoff when the provider
+//! fails; the messages count as delivered only with the turn), send a peer
+//! a message, or schedule a one-time reminder.
 //!
 //! Invariant: the agent never holds the core across a sleep, and reports an
 //! action to the observer only after the runtime or store acknowledged it
@@ -13,10 +14,11 @@ use std::time::Duration;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::runtime::RuntimeError;
+use crate::runtime::{RuntimeError, Started, TurnKind};
 use crate::store::triggers::{TriggerSource, TriggerSpec};
 
 use super::core::{emit, Shared, Stopped};
+use super::turns::drive;
 use super::{DaemonConfig, DaemonEvent};
 
 /// A uniform draw from `[lo, hi]` (milliseconds).
@@ -52,11 +54,16 @@ pub(super) async fn agent_loop(sh: Arc<Shared>, i: usize) {
     }
 }
 
-/// Errors a retry can fix: the provider failed, nothing was acknowledged.
+/// Errors a retry can fix: the provider failed, nothing was acknowledged
+/// (or the agent is in a trigger's turn, or every slot is pinned by a turn
+/// in flight: nothing was attempted).
 fn retryable(e: &RuntimeError) -> bool {
     matches!(
         e,
-        RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. }
+        RuntimeError::Provider { .. }
+            | RuntimeError::TooManyToolRounds { .. }
+            | RuntimeError::TurnInFlight(_)
+            | RuntimeError::SlotsBusy { .. }
     )
 }
 
@@ -67,8 +74,6 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
     let policy = sh.config.turn_retry;
     let mut attempt = 0u32;
     loop {
-        // The provider's latency: the completion is in flight.
-        sleep_ms(draw_ms(rng, sh.config.latency_ms)).await;
         let mut core = sh.lock().await?;
         let id = core.agents[i].clone();
         // The turn reads the pending messages; they count as delivered
@@ -84,7 +89,19 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
                 ids: ids.iter().map(ToString::to_string).collect(),
             });
         }
-        match core.system.runtime_mut().run_turn_consuming(&id, &prompt, &ids) {
+        let started = core
+            .system
+            .runtime_mut()
+            .start_turn(&id, &prompt, TurnKind::Consuming(&ids));
+        let outside = core.system.runtime().outside();
+        drop(core);
+        // The provider and tool calls run with the core released.
+        let ended = match started {
+            Ok(Started::Running(task, step)) => drive(sh, &outside, task, step, rng).await?,
+            Ok(Started::AlreadyDone) => Err(RuntimeError::TurnNotInFlight(id.clone())),
+            Err(e) => Err(e),
+        };
+        match ended {
             Ok(outcome) => {
                 if !ids.is_empty() {
                     sh.record(DaemonEvent::Delivered {
@@ -99,7 +116,6 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
                 return Ok(());
             }
             Err(e) if retryable(&e) => {
-                drop(core);
                 if attempt >= policy.max_retries {
                     sh.record(DaemonEvent::TurnGaveUp {
                         agent: name,
@@ -116,7 +132,10 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
                 attempt += 1;
                 sleep_ms(backoff_ms).await;
             }
-            Err(e) => return Err(sh.fail(&mut core, format!("turn of {name}: {e}"))),
+            Err(e) => {
+                let mut core = sh.lock().await?;
+                return Err(sh.fail(&mut core, format!("turn of {name}: {e}")));
+            }
         }
     }
 }

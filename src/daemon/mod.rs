@@ -28,6 +28,7 @@ mod agents;
 mod core;
 mod scheduler;
 mod tools;
+mod turns;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -7,7 +7,8 @@
 //! through the activity ledger under `fire:{dedup_key}` (so a re-claim after
 //! a crash finds the ledger row and sends nothing), the agent runs a turn
 //! with the prompt (and the overdue note, if late), and the trigger is
-//! acked DONE. A failed handler acks FAILED-retryable: the store puts it
+//! acked DONE — `System::fire`'s steps, with the core released across the
+//! effect's send and the turn's provider and tool calls. A failed handler acks FAILED-retryable: the store puts it
 //! back with exponential backoff in `not_before`, or dead-letters it.
 //!
 //! Invariant: a trigger is acked DONE only after its firing is committed in
@@ -16,17 +17,19 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::runtime::RuntimeError;
+use crate::runtime::{RuntimeError, Started};
 use crate::store::activities::{ActivityOutcome, IrreversibleCall};
 use crate::store::triggers::{Trigger, TriggerSource, TriggerSpec, TriggerStatus};
-use crate::system::SystemError;
+use crate::store::StoreError;
+use crate::system::{Fired, SystemError};
 
 use super::agents::{draw_ms, sleep_ms};
-use super::core::{emit, Core, Shared};
+use super::core::{emit, Core, Shared, Stopped};
+use super::turns::drive;
 use super::{DaemonConfig, DaemonError, DaemonEvent};
 
 /// The scheduler's loop; returns when the daemon stops.
@@ -96,7 +99,8 @@ fn step(
         });
         let latency = draw_ms(rng, sh.config.latency_ms);
         let fail = rng.random_bool(sh.config.trigger_failure.clamp(0.0, 1.0));
-        tokio::spawn(handle(sh.clone(), trigger, latency, fail));
+        let handler_rng = ChaCha8Rng::seed_from_u64(rng.random());
+        tokio::spawn(handle(sh.clone(), trigger, latency, fail, handler_rng));
     }
     let system = &core.system;
     for t in system.triggers().pending(system.db().conn(), now)? {
@@ -118,41 +122,71 @@ fn key_of(trigger: &Trigger) -> String {
         .unwrap_or_else(|| trigger.id.clone())
 }
 
+/// How many provider latencies a handler waits for its agent's own turn
+/// to end before it retries the trigger with backoff.
+const BUSY_WAITS: u32 = 10;
+
 /// Run one claimed trigger; returns when done (or the daemon stopped).
-async fn handle(sh: Arc<Shared>, trigger: Trigger, latency_ms: u64, fail: bool) {
+async fn handle(sh: Arc<Shared>, trigger: Trigger, latency_ms: u64, fail: bool, mut rng: ChaCha8Rng) {
     sleep_ms(latency_ms).await;
-    let Ok(mut core) = sh.lock().await else { return };
-    if let Err(e) = fire(&sh, &mut core, &trigger, fail) {
-        sh.fail(&mut core, format!("trigger {}: {e}", key_of(&trigger)));
+    let key = key_of(&trigger);
+    match fire(&sh, &trigger, fail, &mut rng).await {
+        Ok(Ok(())) | Err(Stopped) => {}
+        Ok(Err(e)) => {
+            if let Ok(mut core) = sh.lock().await {
+                sh.fail(&mut core, format!("trigger {key}: {e}"));
+            }
+        }
     }
 }
 
-fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(), DaemonError> {
+/// The firing: its effect through the activity ledger, then the agent's
+/// turn, then the ack — each persistence step under the core, the effect
+/// and the turn's calls with it released.
+async fn fire(
+    sh: &Shared,
+    trigger: &Trigger,
+    fail: bool,
+    rng: &mut ChaCha8Rng,
+) -> Result<Result<(), DaemonError>, Stopped> {
     let key = key_of(trigger);
-    if !still_claimed(sh, core, trigger)? {
-        // The lease ran out before we got here; it was reclaimed (and maybe
-        // claimed again): the newer claim owns the trigger now.
-        sh.record(DaemonEvent::LeaseLost {
-            key,
-            attempt: trigger.attempts,
-        });
-        return Ok(());
-    }
-    if fail {
-        return retry_later(sh, core, trigger, "simulated handler failure");
-    }
-    let now = sh.now();
+    let gate = {
+        let mut core = sh.lock().await?;
+        match still_claimed(sh, &core, trigger) {
+            Err(e) => return Ok(Err(e)),
+            Ok(false) => {
+                // The lease ran out before we got here; it was reclaimed (and
+                // maybe claimed again): the newer claim owns the trigger now.
+                sh.record(DaemonEvent::LeaseLost {
+                    key,
+                    attempt: trigger.attempts,
+                });
+                return Ok(Ok(()));
+            }
+            Ok(true) => {}
+        }
+        if fail {
+            return Ok(retry_later(sh, &mut core, trigger, "simulated handler failure"));
+        }
+        core.system.gate().clone()
+    };
     let call = IrreversibleCall::with_key(
         &DaemonConfig::fire_key(&key),
         &trigger.id,
         "fire",
         json!({ "key": key, "fire_at_ms": trigger.fire_at_ms }),
     );
-    let outcome = core.system.gate().execute(&call, now)?;
+    // The ledger commits under its own connection lock; the send itself
+    // holds nothing.
+    let outcome = match gate.execute(&call, sh.now()) {
+        Ok(outcome) => outcome,
+        Err(e) => return Ok(Err(e.into())),
+    };
+    let mut core = sh.lock().await?;
     let (from_ledger, needs_confirmation) = match outcome {
         ActivityOutcome::Done { from_ledger, .. } => (from_ledger, false),
         ActivityOutcome::NeedsConfirmation { .. } => (false, true),
-        ActivityOutcome::Failed { error, .. } => return retry_later(sh, core, trigger, &error),
+        ActivityOutcome::Failed { error, .. } => return Ok(retry_later(sh, &mut core, trigger, &error)),
     };
     let agent = trigger
         .payload
@@ -162,7 +196,12 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         .unwrap_or(0);
     // An unknown worker index falls back to worker 0 (the task still runs).
     let Some(id) = core.agents.get(agent).or(core.agents.first()).cloned() else {
-        return retry_later(sh, core, trigger, "no worker agent to run the trigger");
+        return Ok(retry_later(
+            sh,
+            &mut core,
+            trigger,
+            "no worker agent to run the trigger",
+        ));
     };
     let note = trigger.overdue_note();
     let prompt = format!(
@@ -171,13 +210,61 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
     );
     // The turn and the ack: exactly-once for the turn's effects across any
-    // crash and re-claim (see `System::fire`).
-    match core.system.fire(trigger, &id, &prompt) {
+    // crash and re-claim (see `System::fire`, whose steps these are).
+    // The agent may be in a turn of its own (pinned): wait for it a few
+    // provider latencies, then retry with backoff like any busy handler.
+    let mut waits = 0;
+    let started = loop {
+        let started = core.system.start_fire(trigger, &id, &prompt);
+        let busy = matches!(
+            started,
+            Err(SystemError::Runtime(
+                RuntimeError::TurnInFlight(_) | RuntimeError::SlotsBusy { .. }
+            ))
+        );
+        if !busy || waits >= BUSY_WAITS {
+            break started;
+        }
+        waits += 1;
+        drop(core);
+        sleep_ms(draw_ms(rng, sh.config.latency_ms)).await;
+        core = sh.lock().await?;
+    };
+    let outside = core.system.runtime().outside();
+    drop(core);
+    let ended = match started {
+        Ok(Started::Running(task, step)) => match drive(sh, &outside, task, step, rng).await? {
+            Ok(outcome) => Ok(Fired::Ran {
+                tool_calls: outcome.tool_calls.len(),
+            }),
+            Err(e) => Err(SystemError::Runtime(e)),
+        },
+        Ok(Started::AlreadyDone) => Ok(Fired::AlreadyDone),
+        Err(e) => Err(e),
+    };
+    let mut core = sh.lock().await?;
+    let acked = match ended {
+        Ok(fired) => core.system.ack_fire(trigger, fired),
+        Err(e) => Err(e),
+    };
+    match acked {
         Ok(_) => {}
         Err(SystemError::Runtime(
-            e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. }),
-        )) => return retry_later(sh, core, trigger, &e.to_string()),
-        Err(e) => return Err(e.into()),
+            e @ (RuntimeError::Provider { .. }
+            | RuntimeError::TooManyToolRounds { .. }
+            | RuntimeError::TurnInFlight(_)
+            | RuntimeError::SlotsBusy { .. }),
+        )) => return Ok(retry_later(sh, &mut core, trigger, &e.to_string())),
+        Err(SystemError::Store(StoreError::LeaseLost { .. })) => {
+            // The lease ran out mid-firing and a newer claim owns the
+            // trigger: its handler finds the work done and only acks.
+            sh.record(DaemonEvent::LeaseLost {
+                key,
+                attempt: trigger.attempts,
+            });
+            return Ok(Ok(()));
+        }
+        Err(e) => return Ok(Err(e.into())),
     }
     sh.record(DaemonEvent::TriggerFired {
         key,
@@ -185,7 +272,7 @@ fn fire(sh: &Shared, core: &mut Core, trigger: &Trigger, fail: bool) -> Result<(
         from_ledger,
         needs_confirmation,
     });
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// Whether `trigger` is still CLAIMED by this claim with a live lease: a
@@ -205,9 +292,22 @@ fn still_claimed(sh: &Shared, core: &Core, trigger: &Trigger) -> Result<bool, Da
 
 fn retry_later(sh: &Shared, core: &mut Core, trigger: &Trigger, error: &str) -> Result<(), DaemonError> {
     let system = &core.system;
-    let status = system
+    let acked = system
         .triggers()
-        .ack_failed(system.db().conn(), trigger, sh.now(), error, true)?;
+        .ack_failed(system.db().conn(), trigger, sh.now(), error, true);
+    let status = match acked {
+        Ok(status) => status,
+        Err(StoreError::LeaseLost { .. }) => {
+            // The lease ran out while the handler worked: the newer claim
+            // owns the trigger and retries it itself.
+            sh.record(DaemonEvent::LeaseLost {
+                key: key_of(trigger),
+                attempt: trigger.attempts,
+            });
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
     sh.record(DaemonEvent::TriggerFailed {
         key: key_of(trigger),
         attempt: trigger.attempts,

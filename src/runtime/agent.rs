@@ -30,4 +30,8 @@ pub(crate) struct AgentSlot {
     /// Consecutive failed provider calls (the attempt number of the next
     /// failure); process state, reset by a success.
     pub provider_failures: u32,
+    /// The token of the turn in flight (started, not finished or
+    /// abandoned): the agent is pinned to its slot and refuses a second
+    /// turn, eviction and termination until it ends. Process state.
+    pub in_turn: Option<u64>,
 }

@@ -36,6 +36,7 @@ pub mod state;
 pub mod tools;
 pub mod tree;
 pub mod turn;
+pub mod turn_task;
 
 use std::sync::Arc;
 
@@ -53,6 +54,9 @@ pub use tools::{
 };
 pub use tree::{AgentTree, TreeError};
 pub use turn::{ConversationItem, OpenTurn, TurnOutcome, WorkTurn};
+pub use turn_task::{
+    CallResult, Outside, OutsideCall, ProviderCall, Started, ToolJob, TurnKind, TurnStep, TurnTask,
+};
 
 use crate::canary::Canaries;
 use crate::log::LogError;
@@ -185,6 +189,17 @@ pub enum RuntimeError {
     TooManyToolRounds { agent: AgentId, limit: u32 },
     #[error("persisting the provider call of agent {agent}: {cause} (outcome unknown: reopen to recover)")]
     CallLog { agent: AgentId, cause: String },
+    /// The agent has a turn in flight ([`Runtime::start_turn`]): a second
+    /// turn, an eviction or a termination waits until it ends.
+    #[error("agent {0} has a turn in flight; try again when it ends")]
+    TurnInFlight(AgentId),
+    /// Every provider slot is held by an agent with a turn in flight.
+    #[error("all {limit} provider slots have a turn in flight; try again when one ends")]
+    SlotsBusy { limit: usize },
+    /// A turn step was handed to a turn that is not in flight (it ended
+    /// with an error, or the runtime was reopened): a caller's bug.
+    #[error("agent {0}: no such turn in flight (it ended, or the runtime was reopened)")]
+    TurnNotInFlight(AgentId),
     #[error("runtime is poisoned by an earlier failure ({cause}); its outcome is unknown: reopen with Runtime::open to recover")]
     Poisoned { cause: String },
     #[error("recovery: {0}")]

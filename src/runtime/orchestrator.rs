@@ -168,6 +168,7 @@ impl Runtime {
                 done_work: Default::default(),
                 open: None,
                 provider_failures: 0,
+                in_turn: None,
             },
         );
         self.lru.push(id.clone());
@@ -192,6 +193,9 @@ impl Runtime {
             .tree
             .get(agent)
             .ok_or_else(|| RuntimeError::UnknownAgent(agent.clone()))?;
+        if self.agents.get(agent).is_some_and(|s| s.in_turn.is_some()) {
+            return Err(RuntimeError::TurnInFlight(agent.clone()));
+        }
         if !node.children.is_empty() {
             return Err(super::TreeError::HasChildren {
                 agent: agent.clone(),

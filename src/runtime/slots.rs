@@ -15,12 +15,19 @@ impl Runtime {
         self.config.slots.max(1)
     }
 
-    /// Suspend least recently used agents (never `keep`) until one more
-    /// session fits.
+    /// Suspend least recently used agents (never `keep`, never one with a
+    /// turn in flight) until one more session fits.
     pub(super) fn make_room(&mut self, keep: Option<&AgentId>) -> Result<(), RuntimeError> {
         while self.lru.len() >= self.slot_limit() {
-            let Some(victim) = self.lru.iter().find(|a| Some(*a) != keep).cloned() else {
-                return Ok(());
+            let victim = self
+                .lru
+                .iter()
+                .find(|a| Some(*a) != keep && self.agents.get(*a).is_some_and(|s| s.in_turn.is_none()))
+                .cloned();
+            let Some(victim) = victim else {
+                return Err(RuntimeError::SlotsBusy {
+                    limit: self.slot_limit(),
+                });
             };
             self.suspend(&victim)?;
         }
@@ -85,6 +92,9 @@ impl Runtime {
         self.live()?;
         if self.slot(agent)?.record.state != SessionState::Active {
             return Ok(());
+        }
+        if self.slot(agent)?.in_turn.is_some() {
+            return Err(RuntimeError::TurnInFlight(agent.clone()));
         }
         let r = self.suspend(agent);
         self.poison_on(r)

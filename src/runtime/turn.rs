@@ -16,13 +16,13 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::canary::Canary;
 use crate::log::{Event, LogEntry};
 
 use super::ids::{AgentId, MessageId};
-use super::provider::{ProviderRequest, ToolRequest};
-use super::tools::{idempotency_key, turn_identity, work_idempotency_key, ToolContext, ToolOutput};
-use super::{CallSite, Runtime, RuntimeError};
+use super::provider::ToolRequest;
+use super::tools::ToolOutput;
+use super::turn_task::{Started, TurnKind};
+use super::{Runtime, RuntimeError};
 
 /// One item of an agent's conversation, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,7 +175,7 @@ pub fn done_work_from_log(entries: &[LogEntry]) -> BTreeSet<String> {
 
 /// The (call id, request, output) of every call in `items` (pairs of
 /// `ToolCall` then `ToolResult`, as a turn logs them).
-fn completed_calls(items: &[ConversationItem]) -> Vec<(String, ToolRequest, ToolOutput)> {
+pub(super) fn completed_calls(items: &[ConversationItem]) -> Vec<(String, ToolRequest, ToolOutput)> {
     items
         .chunks(2)
         .filter_map(|pair| match pair {
@@ -213,12 +213,14 @@ pub enum WorkTurn {
 
 impl Runtime {
     /// Run one turn of `agent` with `prompt` (restoring its session if
-    /// suspended). Acknowledged once `turn.complete` is durable.
+    /// suspended), its calls inline. Acknowledged once `turn.complete` is
+    /// durable. (A caller that must not hold the runtime across the
+    /// provider and tool calls drives [`Runtime::start_turn`] itself.)
     pub fn run_turn(&mut self, agent: &AgentId, prompt: &str) -> Result<TurnOutcome, RuntimeError> {
-        self.live()?;
-        self.slot(agent)?;
-        let r = self.run_turn_inner(agent, prompt, None, &[]);
-        self.poison_on(r)
+        match self.start_turn(agent, prompt, TurnKind::Plain)? {
+            Started::Running(task, step) => self.drive(task, step),
+            Started::AlreadyDone => Err(RuntimeError::TurnNotInFlight(agent.clone())),
+        }
     }
 
     /// Run one turn of `agent` that reads the pending messages `consumed`
@@ -233,33 +235,10 @@ impl Runtime {
         prompt: &str,
         consumed: &[MessageId],
     ) -> Result<TurnOutcome, RuntimeError> {
-        self.live()?;
-        self.slot(agent)?;
-        let pending: Vec<MessageId> = self
-            .inbox
-            .peek(agent)
-            .iter()
-            .filter(|m| consumed.contains(&m.id))
-            .map(|m| m.id.clone())
-            .collect();
-        if self.config.canaries.has(Canary::DeliveredAtCollect) && !pending.is_empty() {
-            // Canary (seed 002's known gap): the delivery is logged when
-            // the messages are collected, before the turn that reads them.
-            let logged = self.log_to(
-                agent,
-                Event::MessageDelivered {
-                    message_ids: pending.clone(),
-                },
-            );
-            self.poison_on(logged)?;
-            let taken = self.inbox.take(agent, &pending);
-            let ids = taken.into_iter().map(|m| m.id);
-            self.slot_mut(agent)?.delivered.extend(ids);
-            let r = self.run_turn_inner(agent, prompt, None, &[]);
-            return self.poison_on(r);
+        match self.start_turn(agent, prompt, TurnKind::Consuming(consumed))? {
+            Started::Running(task, step) => self.drive(task, step),
+            Started::AlreadyDone => Err(RuntimeError::TurnNotInFlight(agent.clone())),
         }
-        let r = self.run_turn_inner(agent, prompt, None, &pending);
-        self.poison_on(r)
     }
 
     /// Run the turn that performs `work` (e.g. `trigger:{dedup_key}`) for
@@ -268,20 +247,18 @@ impl Runtime {
     /// `work` ([`work_idempotency_key`]), not from the turn number, so a
     /// turn re-run after a crash (same work, same calls) presents the same
     /// keys to the activity ledger whatever else the agent did meanwhile.
+    ///
+    /// [`work_idempotency_key`]: super::tools::work_idempotency_key
     pub fn run_work_turn(
         &mut self,
         agent: &AgentId,
         prompt: &str,
         work: &str,
     ) -> Result<WorkTurn, RuntimeError> {
-        self.live()?;
-        // Canary: forget which work completed, so a lost ack re-runs it.
-        let rerun = self.config.canaries.has(Canary::TriggerTurnRerun);
-        if self.work_done(agent, work)? && !rerun {
-            return Ok(WorkTurn::AlreadyDone);
+        match self.start_turn(agent, prompt, TurnKind::Work(work))? {
+            Started::Running(task, step) => self.drive(task, step).map(WorkTurn::Ran),
+            Started::AlreadyDone => Ok(WorkTurn::AlreadyDone),
         }
-        let r = self.run_turn_inner(agent, prompt, Some(work), &[]);
-        self.poison_on(r).map(WorkTurn::Ran)
     }
 
     /// `agent`'s interrupted turn, if any: running the same turn again
@@ -290,202 +267,13 @@ impl Runtime {
         Ok(self.slot(agent)?.open.as_ref())
     }
 
+    /// Whether `agent` has a turn in flight ([`Runtime::start_turn`]).
+    pub fn turn_in_flight(&self, agent: &AgentId) -> Result<bool, RuntimeError> {
+        Ok(self.slot(agent)?.in_turn.is_some())
+    }
+
     /// Whether a turn performing `work` completed durably for `agent`.
     pub fn work_done(&self, agent: &AgentId, work: &str) -> Result<bool, RuntimeError> {
         Ok(self.slot(agent)?.done_work.contains(work))
-    }
-
-    fn run_turn_inner(
-        &mut self,
-        agent: &AgentId,
-        prompt: &str,
-        work: Option<&str>,
-        consumed: &[MessageId],
-    ) -> Result<TurnOutcome, RuntimeError> {
-        self.acquire(agent)?;
-        let slot = self.slot(agent)?;
-        let resumed = slot
-            .open
-            .clone()
-            .filter(|o| o.prompt == prompt && o.work.as_deref() == work);
-        let mut working = slot.conversation.clone();
-        let turn_no = working
-            .iter()
-            .filter(|i| matches!(i, ConversationItem::Prompt { .. }))
-            .count();
-        let same_prompt = working
-            .iter()
-            .filter(|i| matches!(i, ConversationItem::Prompt { text } if text == prompt))
-            .count();
-        let identity = turn_identity(prompt, same_prompt);
-        working.push(ConversationItem::Prompt {
-            text: prompt.to_string(),
-        });
-        let mut round = 0;
-        let mut done_calls = Vec::new();
-        match resumed {
-            Some(open) => {
-                // Continue after the last completed round; its calls and
-                // results come from the log, not from the provider again.
-                self.log_to(agent, Event::TurnResume { round: open.round })?;
-                round = open.round;
-                done_calls = completed_calls(&open.items);
-                working.extend(open.items);
-                tracing::info!(%agent, round, "resuming an interrupted turn");
-            }
-            None => {
-                self.log_to(
-                    agent,
-                    Event::TurnStart {
-                        prompt: prompt.to_string(),
-                        work: work.map(str::to_string),
-                    },
-                )?;
-            }
-        }
-        self.slot_mut(agent)?.open = Some(OpenTurn {
-            prompt: prompt.to_string(),
-            work: work.map(str::to_string),
-            items: working[working.len() - done_calls.len() * 2..].to_vec(),
-            round,
-        });
-        let mut tool_calls = done_calls;
-        let provider = self.config.provider.clone();
-        let tools = self.config.tools.clone();
-        let response = loop {
-            let slot = self.slot(agent)?;
-            let request = ProviderRequest {
-                agent,
-                instructions: &slot.instructions,
-                history: &working,
-                round,
-            };
-            let session = slot.record.session_id.clone();
-            let completed = provider.complete(&request);
-            let site = CallSite {
-                agent,
-                session: &session,
-                turn: turn_no as u64,
-                round,
-            };
-            let calls = self.config.calls.clone();
-            let logged = match &completed {
-                Ok(reply) => {
-                    self.slot_mut(agent)?.provider_failures = 0;
-                    calls.completed(&site, reply.usage)
-                }
-                Err(e) => {
-                    let slot = self.slot_mut(agent)?;
-                    let attempt = slot.provider_failures;
-                    slot.provider_failures = attempt.saturating_add(1);
-                    calls.failed(&site, &e.0, attempt)
-                }
-            };
-            logged.map_err(|cause| RuntimeError::CallLog {
-                agent: agent.clone(),
-                cause,
-            })?;
-            let reply = completed.map_err(|source| RuntimeError::Provider {
-                agent: agent.clone(),
-                source,
-            })?;
-            if reply.tool_calls.is_empty() {
-                break reply.text;
-            }
-            if round >= self.config.max_tool_rounds {
-                return Err(RuntimeError::TooManyToolRounds {
-                    agent: agent.clone(),
-                    limit: self.config.max_tool_rounds,
-                });
-            }
-            for (index, call) in reply.tool_calls.into_iter().enumerate() {
-                let slot = self.slot(agent)?;
-                let session = slot.record.session_id.clone();
-                let call_id = format!("{session}-{}", slot.log.next_seq());
-                let call_entry = self.log_to(
-                    agent,
-                    Event::ToolCall {
-                        call_id: call_id.clone(),
-                        tool: call.tool.clone(),
-                        args: call.args.clone(),
-                        irreversible: call.irreversible,
-                    },
-                )?;
-                // Canary: key the calls by the agent's turn count instead.
-                let by_turn = self.config.canaries.has(Canary::TriggerTurnKeyedByTurn);
-                let key = match work {
-                    _ if by_turn => idempotency_key(&session, &turn_no.to_string(), round, index, &call),
-                    Some(work) => work_idempotency_key(work, round, index, &call),
-                    None => idempotency_key(&session, &identity, round, index, &call),
-                };
-                let ctx = ToolContext {
-                    agent,
-                    session: &session,
-                    call_id: &call_id,
-                    idempotency_key: &key,
-                    now: call_entry.ts,
-                };
-                let output = tools.execute(&ctx, &call).map_err(|source| RuntimeError::Tool {
-                    agent: agent.clone(),
-                    source,
-                })?;
-                self.log_to(
-                    agent,
-                    Event::ToolResult {
-                        call_id: call_id.clone(),
-                        ok: output.ok,
-                        output: output.output.clone(),
-                    },
-                )?;
-                working.push(ConversationItem::ToolCall {
-                    call_id: call_id.clone(),
-                    tool: call.tool.clone(),
-                    args: call.args.clone(),
-                    irreversible: call.irreversible,
-                });
-                working.push(ConversationItem::ToolResult {
-                    call_id: call_id.clone(),
-                    ok: output.ok,
-                    output: output.output.clone(),
-                });
-                tool_calls.push((call_id, call, output));
-            }
-            // The round's checkpoint: a crash from here on resumes after it.
-            let calls = u32::try_from(tool_calls.len()).unwrap_or(u32::MAX);
-            self.log_to(
-                agent,
-                Event::RoundComplete {
-                    round,
-                    tool_calls: calls,
-                },
-            )?;
-            round += 1;
-            let open_items = working[working.len() - tool_calls.len() * 2..].to_vec();
-            if let Some(open) = self.slot_mut(agent)?.open.as_mut() {
-                open.items = open_items;
-                open.round = round;
-            }
-        };
-        self.log_to(
-            agent,
-            Event::TurnComplete {
-                response: response.clone(),
-                delivered: consumed.to_vec(),
-            },
-        )?;
-        // Acknowledged: the consumed messages leave the inbox with the turn.
-        let taken = self.inbox.take(agent, consumed);
-        let ids: Vec<MessageId> = taken.into_iter().map(|m| m.id).collect();
-        self.slot_mut(agent)?.delivered.extend(ids);
-        working.push(ConversationItem::Response {
-            text: response.clone(),
-        });
-        let slot = self.slot_mut(agent)?;
-        slot.conversation = working;
-        slot.open = None;
-        if let Some(work) = work {
-            slot.done_work.insert(work.to_string());
-        }
-        Ok(TurnOutcome { response, tool_calls })
     }
 }

@@ -43,7 +43,9 @@ use serde::Serialize;
 use crate::canary::Canaries;
 use crate::fs::{Fs, FsLock};
 use crate::recovery::{recover_stores, RecoveryReport, StoreRecovery, StoreRecoveryError};
-use crate::runtime::{AgentId, Provider, Runtime, RuntimeConfig, RuntimeError, ToolExecutor, WorkTurn};
+use crate::runtime::{
+    AgentId, Provider, Runtime, RuntimeConfig, RuntimeError, Started, ToolExecutor, TurnKind,
+};
 use crate::sqlite::{Db, SqliteOptions};
 use crate::store::activities::{ActivityGate, ActivityStore};
 use crate::store::checkpoints::CheckpointStore;
@@ -338,7 +340,32 @@ impl System {
     /// A provider failure is returned as is, the trigger still CLAIMED:
     /// the caller acks it failed ([`TriggerStore::ack_failed`]) to retry
     /// with backoff.
+    ///
+    /// This runs the turn's provider and tool calls inline; a caller that
+    /// must not hold the system across them uses [`Self::start_fire`], drives
+    /// the turn ([`Runtime::continue_turn`]) and ends with
+    /// [`Self::ack_fire`] — the same steps.
     pub fn fire(&mut self, claim: &Trigger, agent: &AgentId, prompt: &str) -> Result<Fired, SystemError> {
+        let fired = match self.start_fire(claim, agent, prompt)? {
+            Started::Running(task, step) => {
+                let outcome = self.runtime.drive(task, step)?;
+                Fired::Ran {
+                    tool_calls: outcome.tool_calls.len(),
+                }
+            }
+            Started::AlreadyDone => Fired::AlreadyDone,
+        };
+        self.ack_fire(claim, fired)
+    }
+
+    /// [`Self::fire`]'s first step: check the claim, then start the turn
+    /// performing [`Self::trigger_work`] (or learn that it completed).
+    pub fn start_fire(
+        &mut self,
+        claim: &Trigger,
+        agent: &AgentId,
+        prompt: &str,
+    ) -> Result<Started, SystemError> {
         if claim.status != TriggerStatus::Claimed {
             return Err(SystemError::Store(StoreError::WrongState {
                 table: "triggers",
@@ -349,12 +376,12 @@ impl System {
             }));
         }
         let work = Self::trigger_work(claim);
-        let fired = match self.runtime.run_work_turn(agent, prompt, &work)? {
-            WorkTurn::Ran(outcome) => Fired::Ran {
-                tool_calls: outcome.tool_calls.len(),
-            },
-            WorkTurn::AlreadyDone => Fired::AlreadyDone,
-        };
+        Ok(self.runtime.start_turn(agent, prompt, TurnKind::Work(&work))?)
+    }
+
+    /// [`Self::fire`]'s last step, once the turn completed (or had
+    /// completed): ack `claim` DONE, proving it still holds the lease.
+    pub fn ack_fire(&mut self, claim: &Trigger, fired: Fired) -> Result<Fired, SystemError> {
         let now = self.now_ms();
         self.triggers.ack_done(self.db().conn(), claim, now)?;
         Ok(fired)

@@ -1,0 +1,563 @@
+//! A turn as a sequence of persistence steps between the calls that leave
+//! the process: [`Runtime::start_turn`] logs `turn.start` (or
+//! `turn.resume`) and hands back the first [`OutsideCall`] — a provider
+//! completion — and [`Runtime::continue_turn`] takes each call's result,
+//! persists it (`tool.call` before a tool runs, `tool.result`,
+//! `round.complete`, finally `turn.complete`) and hands back the next call
+//! or the finished turn. The caller performs each call with [`Outside`]
+//! wherever it likes: inline ([`Runtime::run_turn`] and its siblings do),
+//! or with the runtime's lock released, so a completion that takes seconds
+//! stalls no other agent, timer or API request, while every persistence
+//! step still happens one at a time under the caller's lock.
+//!
+//! Invariants: this is the only turn loop — the inline turns drive it too.
+//! While a turn is in flight its agent is pinned ([`AgentSlot::in_turn`]):
+//! it is never evicted to make room, and a second turn, an eviction or a
+//! termination of it is refused with [`RuntimeError::TurnInFlight`]. A
+//! turn ends (the pin is released) when it completes or fails; a failed
+//! step leaves the interrupted turn as the agent's [`OpenTurn`], exactly as
+//! a crash at that point would. A result handed to a task whose turn is no
+//! longer in flight (it failed, or the runtime was reopened) is refused
+//! with [`RuntimeError::TurnNotInFlight`], never applied.
+//!
+//! [`AgentSlot::in_turn`]: super::AgentSlot
+//! [`OpenTurn`]: super::OpenTurn
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::canary::Canary;
+use crate::log::Event;
+
+use super::ids::{AgentId, MessageId, SessionId};
+use super::provider::{Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
+use super::tools::{
+    idempotency_key, turn_identity, work_idempotency_key, ToolContext, ToolError, ToolExecutor, ToolOutput,
+};
+use super::turn::{completed_calls, ConversationItem, OpenTurn, TurnOutcome};
+use super::{CallSite, Runtime, RuntimeError};
+
+/// Turn tokens, unique in the process: a task from before a reopen can
+/// never match a turn of the new runtime. (Never in a trace or on disk.)
+static NEXT_TURN: AtomicU64 = AtomicU64::new(1);
+
+/// Which turn to start.
+#[derive(Debug, Clone, Copy)]
+pub enum TurnKind<'a> {
+    /// A plain turn (its keys derive from the prompt's identity).
+    Plain,
+    /// A turn that reads these pending messages: they count as delivered
+    /// only with the turn (see [`Runtime::run_turn_consuming`]).
+    Consuming(&'a [MessageId]),
+    /// The turn performing this work, at most once (see
+    /// [`Runtime::run_work_turn`]).
+    Work(&'a str),
+}
+
+/// What [`Runtime::start_turn`] did.
+#[derive(Debug)]
+pub enum Started {
+    /// The turn is in flight: perform the call, then
+    /// [`Runtime::continue_turn`].
+    Running(Box<TurnTask>, TurnStep),
+    /// A turn for this work had already completed: nothing ran.
+    AlreadyDone,
+}
+
+/// What the turn needs next.
+#[derive(Debug)]
+pub enum TurnStep {
+    /// Perform this outside the runtime, then hand the result to
+    /// [`Runtime::continue_turn`].
+    Call(OutsideCall),
+    /// The turn completed (acknowledged: `turn.complete` is durable).
+    Done(TurnOutcome),
+}
+
+/// A call that leaves the process: no runtime state is borrowed.
+#[derive(Debug, Clone)]
+pub enum OutsideCall {
+    Provider(ProviderCall),
+    Tool(ToolJob),
+}
+
+/// The result of an [`OutsideCall`].
+#[derive(Debug)]
+pub enum CallResult {
+    Provider(Result<ProviderReply, ProviderError>),
+    Tool(Result<ToolOutput, ToolError>),
+}
+
+/// One completion to ask for (an owned [`ProviderRequest`]).
+#[derive(Debug, Clone)]
+pub struct ProviderCall {
+    pub agent: AgentId,
+    pub instructions: String,
+    pub history: Vec<ConversationItem>,
+    pub round: u32,
+}
+
+impl ProviderCall {
+    pub fn request(&self) -> ProviderRequest<'_> {
+        ProviderRequest {
+            agent: &self.agent,
+            instructions: &self.instructions,
+            history: &self.history,
+            round: self.round,
+        }
+    }
+}
+
+/// One tool call to run (an owned [`ToolContext`] and its request); its
+/// `tool.call` entry is already durable.
+#[derive(Debug, Clone)]
+pub struct ToolJob {
+    pub agent: AgentId,
+    pub session: SessionId,
+    pub call_id: String,
+    pub idempotency_key: String,
+    pub now: u64,
+    pub call: ToolRequest,
+}
+
+impl ToolJob {
+    pub fn context(&self) -> ToolContext<'_> {
+        ToolContext {
+            agent: &self.agent,
+            session: &self.session,
+            call_id: &self.call_id,
+            idempotency_key: &self.idempotency_key,
+            now: self.now,
+        }
+    }
+}
+
+/// The provider and tools a runtime was configured with, to perform
+/// [`OutsideCall`]s without holding the runtime.
+#[derive(Debug, Clone)]
+pub struct Outside {
+    pub provider: Arc<dyn Provider>,
+    pub tools: Arc<dyn ToolExecutor>,
+}
+
+impl Outside {
+    pub fn perform(&self, call: &OutsideCall) -> CallResult {
+        match call {
+            OutsideCall::Provider(call) => CallResult::Provider(self.provider.complete(&call.request())),
+            OutsideCall::Tool(job) => CallResult::Tool(self.tools.execute(&job.context(), &job.call)),
+        }
+    }
+}
+
+/// A turn in flight. Only the runtime that started it can advance it.
+#[derive(Debug)]
+pub struct TurnTask {
+    agent: AgentId,
+    token: u64,
+    work: Option<String>,
+    consumed: Vec<MessageId>,
+    /// [`turn_identity`]: the plain turn's key material.
+    identity: String,
+    turn_no: usize,
+    /// The conversation so far, this turn's prompt and items included.
+    working: Vec<ConversationItem>,
+    round: u32,
+    /// Every call of the turn that has its result, in order.
+    tool_calls: Vec<(String, ToolRequest, ToolOutput)>,
+    /// The current round's calls not yet started, and the index of the
+    /// next one within the round.
+    batch: VecDeque<ToolRequest>,
+    index: usize,
+    /// The call out now: a provider completion (`None`) or this tool call.
+    out: Option<(String, ToolRequest)>,
+}
+
+impl TurnTask {
+    /// The agent whose turn this is.
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+}
+
+impl Runtime {
+    /// The provider and tools, to perform a turn's calls outside the
+    /// runtime (see the [module docs](self)).
+    pub fn outside(&self) -> Outside {
+        Outside {
+            provider: self.config.provider.clone(),
+            tools: self.config.tools.clone(),
+        }
+    }
+
+    /// Start a turn of `agent` with `prompt` (restoring its session if
+    /// suspended): `turn.start` is durable, or `turn.resume` when the same
+    /// turn (same prompt and work) was interrupted — it continues after its
+    /// last completed round. The first step is a provider call.
+    pub fn start_turn(
+        &mut self,
+        agent: &AgentId,
+        prompt: &str,
+        kind: TurnKind<'_>,
+    ) -> Result<Started, RuntimeError> {
+        self.live()?;
+        let (work, consumed) = match kind {
+            TurnKind::Plain => (None, Vec::new()),
+            TurnKind::Consuming(ids) => {
+                self.slot(agent)?;
+                let pending: Vec<MessageId> = self
+                    .inbox
+                    .peek(agent)
+                    .iter()
+                    .filter(|m| ids.contains(&m.id))
+                    .map(|m| m.id.clone())
+                    .collect();
+                (None, pending)
+            }
+            TurnKind::Work(work) => {
+                // Canary: forget which work completed, so a lost ack re-runs it.
+                let rerun = self.config.canaries.has(Canary::TriggerTurnRerun);
+                if self.slot(agent)?.done_work.contains(work) && !rerun {
+                    return Ok(Started::AlreadyDone);
+                }
+                (Some(work.to_string()), Vec::new())
+            }
+        };
+        if self.slot(agent)?.in_turn.is_some() {
+            return Err(RuntimeError::TurnInFlight(agent.clone()));
+        }
+        let consumed = if self.config.canaries.has(Canary::DeliveredAtCollect) && !consumed.is_empty() {
+            // Canary (seed 002's known gap): the delivery is logged when
+            // the messages are collected, before the turn that reads them.
+            let logged = self.log_to(
+                agent,
+                Event::MessageDelivered {
+                    message_ids: consumed.clone(),
+                },
+            );
+            self.poison_on(logged)?;
+            let taken = self.inbox.take(agent, &consumed);
+            let ids = taken.into_iter().map(|m| m.id);
+            self.slot_mut(agent)?.delivered.extend(ids);
+            Vec::new()
+        } else {
+            consumed
+        };
+        let token = NEXT_TURN.fetch_add(1, Ordering::Relaxed);
+        let r = self.begin(agent, prompt, work, consumed, token);
+        let r = self.end_on_error(agent, token, r);
+        self.poison_on(r)
+            .map(|(task, step)| Started::Running(Box::new(task), step))
+    }
+
+    /// Hand the result of `task`'s outstanding call to the turn: persist
+    /// it and get the next step. An error ends the turn (see the module
+    /// docs); the I/O ones poison the runtime.
+    pub fn continue_turn(
+        &mut self,
+        task: &mut TurnTask,
+        result: CallResult,
+    ) -> Result<TurnStep, RuntimeError> {
+        self.live()?;
+        let agent = task.agent.clone();
+        match self.agents.get(&agent) {
+            Some(slot) if slot.in_turn == Some(task.token) => {}
+            _ => return Err(RuntimeError::TurnNotInFlight(agent)),
+        }
+        let r = match result {
+            CallResult::Provider(reply) if task.out.is_none() => self.provider_replied(task, reply),
+            CallResult::Tool(output) if task.out.is_some() => self.tool_ran(task, output),
+            _ => Err(RuntimeError::TurnNotInFlight(agent.clone())),
+        };
+        let r = self.end_on_error(&agent, task.token, r);
+        self.poison_on(r)
+    }
+
+    /// Perform `task`'s calls inline until it completes.
+    pub fn drive(
+        &mut self,
+        mut task: Box<TurnTask>,
+        mut step: TurnStep,
+    ) -> Result<TurnOutcome, RuntimeError> {
+        let outside = self.outside();
+        loop {
+            match step {
+                TurnStep::Done(outcome) => return Ok(outcome),
+                TurnStep::Call(call) => {
+                    let result = outside.perform(&call);
+                    step = self.continue_turn(&mut task, result)?;
+                }
+            }
+        }
+    }
+
+    fn end_on_error<T>(
+        &mut self,
+        agent: &AgentId,
+        token: u64,
+        r: Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        if r.is_err() {
+            if let Some(slot) = self.agents.get_mut(agent) {
+                if slot.in_turn == Some(token) {
+                    slot.in_turn = None;
+                }
+            }
+        }
+        r
+    }
+
+    fn begin(
+        &mut self,
+        agent: &AgentId,
+        prompt: &str,
+        work: Option<String>,
+        consumed: Vec<MessageId>,
+        token: u64,
+    ) -> Result<(TurnTask, TurnStep), RuntimeError> {
+        self.acquire(agent)?;
+        let slot = self.slot(agent)?;
+        let resumed = slot.open.clone().filter(|o| o.prompt == prompt && o.work == work);
+        let mut working = slot.conversation.clone();
+        let turn_no = working
+            .iter()
+            .filter(|i| matches!(i, ConversationItem::Prompt { .. }))
+            .count();
+        let same_prompt = working
+            .iter()
+            .filter(|i| matches!(i, ConversationItem::Prompt { text } if text == prompt))
+            .count();
+        let identity = turn_identity(prompt, same_prompt);
+        working.push(ConversationItem::Prompt {
+            text: prompt.to_string(),
+        });
+        let mut round = 0;
+        let mut done_calls = Vec::new();
+        match resumed {
+            Some(open) => {
+                // Continue after the last completed round; its calls and
+                // results come from the log, not from the provider again.
+                self.log_to(agent, Event::TurnResume { round: open.round })?;
+                round = open.round;
+                done_calls = completed_calls(&open.items);
+                working.extend(open.items);
+                tracing::info!(%agent, round, "resuming an interrupted turn");
+            }
+            None => {
+                self.log_to(
+                    agent,
+                    Event::TurnStart {
+                        prompt: prompt.to_string(),
+                        work: work.clone(),
+                    },
+                )?;
+            }
+        }
+        let slot = self.slot_mut(agent)?;
+        slot.open = Some(OpenTurn {
+            prompt: prompt.to_string(),
+            work: work.clone(),
+            items: working[working.len() - done_calls.len() * 2..].to_vec(),
+            round,
+        });
+        slot.in_turn = Some(token);
+        let mut task = TurnTask {
+            agent: agent.clone(),
+            token,
+            work,
+            consumed,
+            identity,
+            turn_no,
+            working,
+            round,
+            tool_calls: done_calls,
+            batch: VecDeque::new(),
+            index: 0,
+            out: None,
+        };
+        let step = self.ask(&mut task)?;
+        Ok((task, step))
+    }
+
+    /// The next provider completion of `task`.
+    fn ask(&self, task: &mut TurnTask) -> Result<TurnStep, RuntimeError> {
+        task.out = None;
+        Ok(TurnStep::Call(OutsideCall::Provider(ProviderCall {
+            agent: task.agent.clone(),
+            instructions: self.slot(&task.agent)?.instructions.clone(),
+            history: task.working.clone(),
+            round: task.round,
+        })))
+    }
+
+    fn provider_replied(
+        &mut self,
+        task: &mut TurnTask,
+        completed: Result<ProviderReply, ProviderError>,
+    ) -> Result<TurnStep, RuntimeError> {
+        let agent = task.agent.clone();
+        let session = self.slot(&agent)?.record.session_id.clone();
+        let site = CallSite {
+            agent: &agent,
+            session: &session,
+            turn: task.turn_no as u64,
+            round: task.round,
+        };
+        let calls = self.config.calls.clone();
+        let logged = match &completed {
+            Ok(reply) => {
+                self.slot_mut(&agent)?.provider_failures = 0;
+                calls.completed(&site, reply.usage)
+            }
+            Err(e) => {
+                let slot = self.slot_mut(&agent)?;
+                let attempt = slot.provider_failures;
+                slot.provider_failures = attempt.saturating_add(1);
+                calls.failed(&site, &e.0, attempt)
+            }
+        };
+        logged.map_err(|cause| RuntimeError::CallLog {
+            agent: agent.clone(),
+            cause,
+        })?;
+        let reply = completed.map_err(|source| RuntimeError::Provider {
+            agent: agent.clone(),
+            source,
+        })?;
+        if reply.tool_calls.is_empty() {
+            return self.finish(task, reply.text).map(TurnStep::Done);
+        }
+        if task.round >= self.config.max_tool_rounds {
+            return Err(RuntimeError::TooManyToolRounds {
+                agent,
+                limit: self.config.max_tool_rounds,
+            });
+        }
+        task.batch = reply.tool_calls.into();
+        task.index = 0;
+        self.next_call(task)
+    }
+
+    /// Log the next call of the round (`tool.call` durable before it runs)
+    /// and hand it out.
+    fn next_call(&mut self, task: &mut TurnTask) -> Result<TurnStep, RuntimeError> {
+        let Some(call) = task.batch.pop_front() else {
+            return Err(RuntimeError::TurnNotInFlight(task.agent.clone()));
+        };
+        let agent = task.agent.clone();
+        let slot = self.slot(&agent)?;
+        let session = slot.record.session_id.clone();
+        let call_id = format!("{session}-{}", slot.log.next_seq());
+        let call_entry = self.log_to(
+            &agent,
+            Event::ToolCall {
+                call_id: call_id.clone(),
+                tool: call.tool.clone(),
+                args: call.args.clone(),
+                irreversible: call.irreversible,
+            },
+        )?;
+        // Canary: key the calls by the agent's turn count instead.
+        let by_turn = self.config.canaries.has(Canary::TriggerTurnKeyedByTurn);
+        let (round, index) = (task.round, task.index);
+        let key = match &task.work {
+            _ if by_turn => idempotency_key(&session, &task.turn_no.to_string(), round, index, &call),
+            Some(work) => work_idempotency_key(work, round, index, &call),
+            None => idempotency_key(&session, &task.identity, round, index, &call),
+        };
+        task.out = Some((call_id.clone(), call.clone()));
+        Ok(TurnStep::Call(OutsideCall::Tool(ToolJob {
+            agent,
+            session,
+            call_id,
+            idempotency_key: key,
+            now: call_entry.ts,
+            call,
+        })))
+    }
+
+    fn tool_ran(
+        &mut self,
+        task: &mut TurnTask,
+        executed: Result<ToolOutput, ToolError>,
+    ) -> Result<TurnStep, RuntimeError> {
+        let agent = task.agent.clone();
+        let output = executed.map_err(|source| RuntimeError::Tool {
+            agent: agent.clone(),
+            source,
+        })?;
+        let Some((call_id, call)) = task.out.take() else {
+            return Err(RuntimeError::TurnNotInFlight(agent));
+        };
+        self.log_to(
+            &agent,
+            Event::ToolResult {
+                call_id: call_id.clone(),
+                ok: output.ok,
+                output: output.output.clone(),
+            },
+        )?;
+        task.working.push(ConversationItem::ToolCall {
+            call_id: call_id.clone(),
+            tool: call.tool.clone(),
+            args: call.args.clone(),
+            irreversible: call.irreversible,
+        });
+        task.working.push(ConversationItem::ToolResult {
+            call_id: call_id.clone(),
+            ok: output.ok,
+            output: output.output.clone(),
+        });
+        task.tool_calls.push((call_id, call, output));
+        task.index += 1;
+        if !task.batch.is_empty() {
+            return self.next_call(task);
+        }
+        // The round's checkpoint: a crash from here on resumes after it.
+        let calls = u32::try_from(task.tool_calls.len()).unwrap_or(u32::MAX);
+        self.log_to(
+            &agent,
+            Event::RoundComplete {
+                round: task.round,
+                tool_calls: calls,
+            },
+        )?;
+        task.round += 1;
+        let open_items = task.working[task.working.len() - task.tool_calls.len() * 2..].to_vec();
+        if let Some(open) = self.slot_mut(&agent)?.open.as_mut() {
+            open.items = open_items;
+            open.round = task.round;
+        }
+        self.ask(task)
+    }
+
+    fn finish(&mut self, task: &mut TurnTask, response: String) -> Result<TurnOutcome, RuntimeError> {
+        let agent = task.agent.clone();
+        self.log_to(
+            &agent,
+            Event::TurnComplete {
+                response: response.clone(),
+                delivered: task.consumed.clone(),
+            },
+        )?;
+        // Acknowledged: the consumed messages leave the inbox with the turn.
+        let taken = self.inbox.take(&agent, &task.consumed);
+        let ids: Vec<MessageId> = taken.into_iter().map(|m| m.id).collect();
+        let mut working = std::mem::take(&mut task.working);
+        working.push(ConversationItem::Response {
+            text: response.clone(),
+        });
+        let slot = self.slot_mut(&agent)?;
+        slot.delivered.extend(ids);
+        slot.conversation = working;
+        slot.open = None;
+        slot.in_turn = None;
+        if let Some(work) = &task.work {
+            slot.done_work.insert(work.clone());
+        }
+        Ok(TurnOutcome {
+            response,
+            tool_calls: std::mem::take(&mut task.tool_calls),
+        })
+    }
+}
