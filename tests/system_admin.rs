@@ -396,7 +396,22 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
 #[test]
 fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_need() {
     let bench = Bench::new(World::without_dedup());
-    let (mut system, _mailer, nc_key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:nc");
+    let (mut system, mailer, nc_key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:nc");
+    // Boot turned the interrupted job into its RESUME trigger; fired, the
+    // turn completes with its email still waiting for a human (DONE).
+    let resume = {
+        let db = system.db();
+        system
+            .triggers()
+            .claim(db.conn(), 0, 60_000)
+            .expect("claim")
+            .expect("the RESUME trigger is due")
+    };
+    assert_eq!(resume.dedup_key.as_deref(), Some("resume:job:nc"));
+    assert!(matches!(
+        system.fire(&resume, &mailer, EMAIL),
+        Ok(Fired::Ran { tool_calls: 1 })
+    ));
     let agent = system.runtime_mut().create_root("a", "work").expect("agent");
     // A trigger fired at t=0 whose turn sends one email: DONE in both stores.
     let id = emit(&system, "scheduled-once:mail", 0).id().to_string();
@@ -428,7 +443,7 @@ fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_nee
 
     bench.clock.set(DEFAULT_GC_TTL_MS + 1);
     let report = system.gc(DEFAULT_GC_TTL_MS).expect("gc");
-    assert_eq!(report.triggers.deleted, vec![id.clone()]);
+    assert_eq!(report.triggers.deleted, vec![resume.id.clone(), id.clone()]);
     assert_eq!(report.activities.deleted.len(), 1, "{report:?}");
     assert_eq!(system.gc(DEFAULT_GC_TTL_MS).expect("gc again"), {
         let mut empty = report.clone();

@@ -11,7 +11,8 @@ use durable_agent::fs::{CrashMode, DirModel, Fault, SimConfig, SimFs};
 use durable_agent::runtime::{
     ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, ToolRequest, Usage,
 };
-use durable_agent::system::{Deps, LogicalClock, System, SystemConfig};
+use durable_agent::store::triggers::TriggerSource;
+use durable_agent::system::{resume_key, BootReport, Deps, Fired, LogicalClock, System, SystemConfig};
 use durable_agent::world::World;
 use serde_json::json;
 
@@ -23,6 +24,8 @@ const PROMPT: &str = "three rounds";
 #[derive(Debug, Default)]
 struct CountingProvider {
     calls: Mutex<Vec<u32>>,
+    /// Fail the next completion of this round, once.
+    fail_once_at: Mutex<Option<u32>>,
 }
 
 impl CountingProvider {
@@ -44,6 +47,12 @@ impl Provider for CountingProvider {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(request.round);
+        let mut fail = self.fail_once_at.lock().unwrap_or_else(|e| e.into_inner());
+        if *fail == Some(request.round) {
+            *fail = None;
+            return Err(ProviderError("503 from the provider".into()));
+        }
+        drop(fail);
         if request.round >= ROUNDS {
             return Ok(ProviderReply {
                 text: "all rounds done".into(),
@@ -392,4 +401,79 @@ fn in_flight_calls_replay_through_the_tool_call_ledger_and_repeated_failure_wait
         runs,
         "a finished call ran again"
     );
+}
+
+/// Boot turns an interrupted work turn into a RESUME trigger keyed
+/// `resume:{work}` — once: a second boot emits nothing — and firing it
+/// continues the turn after its last completed round with the same keys.
+#[test]
+fn an_interrupted_work_turn_is_resumed_by_one_resume_trigger_across_boots() {
+    let fs = SimFs::new(SimConfig::new(2));
+    let provider = Arc::new(CountingProvider::default());
+    let world = World::without_dedup();
+    let mut system = boot(&fs, &provider, &world);
+    let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+    *provider.fail_once_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(2);
+    let failed = system.runtime_mut().run_work_turn(&agent, PROMPT, "run:job-1");
+    assert!(failed.is_err(), "round 2's completion failed");
+    drop(system);
+
+    let (mut system, report) = boot_reported(&fs, &provider, &world);
+    assert_eq!(report.resumes_emitted, vec![resume_key("run:job-1")]);
+    drop(system);
+    // A double boot cannot double-resume.
+    let (_, report) = boot_reported(&fs, &provider, &world);
+    assert!(report.resumes_emitted.is_empty(), "{report:?}");
+    (system, _) = boot_reported(&fs, &provider, &world);
+
+    let claim = {
+        let db = system.db();
+        system
+            .triggers()
+            .claim(db.conn(), 0, 60_000)
+            .expect("claim")
+            .expect("the RESUME trigger is due")
+    };
+    assert_eq!(claim.source, TriggerSource::Resume);
+    assert_eq!(claim.dedup_key.as_deref(), Some("resume:run:job-1"));
+    assert_eq!(System::trigger_work(&claim), "run:job-1");
+    let prompt = claim.payload["prompt"].as_str().expect("prompt").to_string();
+    let fired = system.fire(&claim, &agent, &prompt).expect("fire");
+    assert_eq!(
+        fired,
+        Fired::Ran {
+            tool_calls: ROUNDS as usize
+        }
+    );
+    for round in 0..2 {
+        assert_eq!(
+            provider.calls_of(round),
+            1,
+            "completed round {round} was asked again"
+        );
+    }
+    assert_eq!(
+        provider.calls_of(2),
+        2,
+        "the failed completion, then the resumed one"
+    );
+    assert_eq!(provider.calls_of(ROUNDS), 1);
+    assert_eq!(world.deliveries_len(), 1, "the email went out once");
+    assert!(system.runtime().work_done(&agent, "run:job-1").expect("agent"));
+    drop(system);
+    let (_, report) = boot_reported(&fs, &provider, &world);
+    assert!(
+        report.resumes_emitted.is_empty(),
+        "a finished work is not resumed"
+    );
+}
+
+fn boot_reported(fs: &SimFs, provider: &Arc<CountingProvider>, world: &World) -> (System, BootReport) {
+    let deps = Deps {
+        provider: provider.clone(),
+        tools: Arc::new(PureTools),
+        outbox: Arc::new(world.clone()),
+        clock: Arc::new(Zero),
+    };
+    System::boot(Arc::new(fs.clone()), SystemConfig::new("/r", 5), deps).expect("boot")
 }

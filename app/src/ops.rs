@@ -13,8 +13,8 @@ use durable_agent::runtime::{
     WorkTurn,
 };
 use durable_agent::store::activities::{ActivityStatus, ActivityStore};
-use durable_agent::store::tool_calls::ToolCallStore;
-use durable_agent::store::triggers::{EmitOutcome, Trigger, TriggerSource, TriggerSpec};
+use durable_agent::store::tool_calls::{RunStatus, ToolCallStore};
+use durable_agent::store::triggers::{EmitOutcome, Trigger, TriggerSource, TriggerSpec, TriggerStatus};
 use durable_agent::store::StoreError;
 use durable_agent::system::{Fired, System, SystemError};
 use serde::Deserialize;
@@ -622,7 +622,12 @@ pub fn claim_next(
                 continue;
             }
         };
-        if let Some(note) = claim.overdue_note() {
+        // A RESUME trigger continues an interrupted turn: its prompt must
+        // stay the turn's own (a note would make it another turn).
+        if let Some(note) = claim
+            .overdue_note()
+            .filter(|_| claim.source != TriggerSource::Resume)
+        {
             prompt.push_str(&format!("\n\n[{note}]"));
         }
         tracing::info!(id = %claim.id, key = ?claim.dedup_key, agent = %agent, attempt = claim.attempts, "firing trigger");
@@ -642,6 +647,7 @@ pub fn settle_fire(
     let (error, retryable) = match outcome {
         Ok(fired) => {
             tracing::info!(id = %claim.id, ?fired, "trigger done");
+            settle_run(system, claim, RunStatus::Succeeded)?;
             return Ok(Some(FireResult::Fired {
                 id: claim.id.clone(),
                 fired,
@@ -671,10 +677,36 @@ pub fn settle_fire(
         .triggers()
         .ack_failed(system.db().conn(), claim, now, &error, retryable)?;
     tracing::warn!(id = %claim.id, error, next = status.as_str(), "trigger failed");
+    if status != TriggerStatus::Pending {
+        settle_run(system, claim, RunStatus::Failed)?;
+    }
     Ok(Some(FireResult::Failed {
         id: claim.id.clone(),
         error,
     }))
+}
+
+/// A RESUME trigger of a job run (`run:{id}`, see `durable_agent::system`'s
+/// boot) settles the run's status as `run --resume` would.
+fn settle_run(system: &System, claim: &Trigger, status: RunStatus) -> Result<(), OpError> {
+    let work = System::trigger_work(claim);
+    let Some(run_id) = work
+        .strip_prefix("run:")
+        .filter(|_| claim.source == TriggerSource::Resume)
+    else {
+        return Ok(());
+    };
+    let store = ToolCallStore::default();
+    let db = system.db();
+    if store.get_run(db.conn(), run_id)?.is_some() {
+        store.set_run_status(db.conn(), run_id, status, system.now_ms())?;
+        tracing::info!(
+            run_id,
+            status = status.as_str(),
+            "run resumed by its RESUME trigger"
+        );
+    }
+    Ok(())
 }
 
 /// The `turn_end` payload of a firing.

@@ -323,3 +323,64 @@ fn a_slow_completion_stalls_no_other_request_and_no_other_agent() -> TestResult 
     assert!(status.success(), "serve exited {status}");
     Ok(())
 }
+
+/// A job run killed mid-turn (its round 0's email sent, round 1's
+/// completion awaited) is finished by the next `serve`: boot emits the
+/// RESUME trigger `resume:run:{id}` and the scheduler fires it — the turn
+/// continues after its completed round (not asked again, the email not
+/// re-sent) and the run is recorded succeeded.
+#[test]
+fn a_job_killed_mid_turn_is_finished_by_serve_through_its_resume_trigger() -> TestResult {
+    use durable_agent_cli::mock_llm::{Reply, Script};
+    let dir = tempfile::tempdir()?;
+    let replies = vec![
+        Reply::tool_call("send_email", json!({"to": "ada@example.com", "body": "hi"})),
+        Reply::text("never seen").delayed(15_000),
+        Reply::text("finished by serve"),
+    ];
+    let mock = MockLlm::scripted(loopback(), Script::new(replies)?)?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let job = write_job(dir.path(), "job.toml", Some("job-1"), "tell ada")?;
+    let child = spawn(&["run", path_str(&job), "--config", path_str(&config)])?;
+    wait_for("the delivery and the slow completion", || {
+        sink.deliveries_len() == 1 && mock.requests().len() == 2
+    })?;
+    signal(&child, "KILL")?;
+    let _ = finish(child)?;
+
+    let (mut serve, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    let mut status = Value::Null;
+    wait_for("the RESUME trigger to finish the run", || {
+        status = api.call("GET", "/status", None).unwrap_or(Value::Null);
+        trigger_statuses(&status).contains(&("resume:run:job-1".to_string(), "DONE".to_string()))
+    })?;
+    let runs = status["runs"].as_array().cloned().unwrap_or_default();
+    assert!(
+        runs.iter()
+            .any(|r| r["run_id"] == "job-1" && r["status"] == "succeeded"),
+        "{status}"
+    );
+    assert_eq!(mock.requests().len(), 3, "round 0 was asked for again");
+    assert_eq!(sink.requests(), 1, "the email was re-sent");
+    signal(&serve, "TERM")?;
+    assert!(serve.wait()?.success());
+    // The next boot finds the work done: no second RESUME.
+    let (mut again, url) = start_serve(&config)?;
+    let status = client(&url)?.call("GET", "/status", None)?;
+    let resumes = trigger_statuses(&status)
+        .into_iter()
+        .filter(|(key, _)| key.starts_with("resume:"))
+        .count();
+    assert_eq!(resumes, 1, "{status}");
+    signal(&again, "TERM")?;
+    assert!(again.wait()?.success());
+    Ok(())
+}

@@ -91,6 +91,11 @@ impl Runtime {
         self.poisoned.is_some()
     }
 
+    /// The session id of a live agent.
+    pub fn session_id(&self, agent: &AgentId) -> Option<&super::SessionId> {
+        self.agents.get(agent).map(|a| &a.record.session_id)
+    }
+
     /// The session directory of a live agent.
     pub fn session_dir(&self, agent: &AgentId) -> Option<PathBuf> {
         self.agents

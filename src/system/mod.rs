@@ -21,7 +21,9 @@
 //!    (INTENTs decided, every lease reclaimed — the lock proves their
 //!    holders dead), then the runtime (logs, records, tree, inboxes), then
 //!    loop resume (every checkpointed run rolled back to its last completed
-//!    round); the runtime's invariants must hold afterwards.
+//!    round); the runtime's invariants must hold afterwards;
+//! 5. every interrupted work turn (a job run, an API turn with a work id)
+//!    gets a RESUME trigger keyed `resume:{work}` (`resume.rs`).
 //!
 //! Invariant: while a [`System`] lives it is the root's only writer, and
 //! every irreversible tool call of its agent loop goes through the activity
@@ -32,6 +34,7 @@
 mod admin;
 mod calls;
 mod outbox;
+mod resume;
 mod tools;
 
 use std::io;
@@ -58,6 +61,7 @@ use crate::world::Outbox;
 pub use admin::{Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
 pub use calls::StoreCallLog;
 pub use outbox::OutboxRoutes;
+pub use resume::resume_key;
 pub use tools::{session_run, SystemTools};
 
 /// The stores' database, inside the root.
@@ -132,6 +136,9 @@ pub struct BootReport {
     pub runtime: RecoveryReport,
     /// Checkpointed runs resumed: (run id, messages rolled back).
     pub loops_resumed: Vec<(String, usize)>,
+    /// RESUME triggers emitted for interrupted work turns (their dedup
+    /// keys, `resume:{work}`; see `resume.rs`).
+    pub resumes_emitted: Vec<String>,
 }
 
 /// Boot failed, or a system operation did. Every variant but `Locked`,
@@ -254,10 +261,13 @@ impl System {
                 .map(|(run, resume)| (run, resume.rolled_back))
                 .collect()
         };
+        // Then every interrupted work turn gets its RESUME trigger.
+        let resumes_emitted = resume::emit_resumes(&runtime, &triggers, &db, now)?;
         let report = BootReport {
             stores,
             runtime: runtime_report,
             loops_resumed,
+            resumes_emitted,
         };
         tracing::info!(
             root = %root.display(),
@@ -324,8 +334,12 @@ impl System {
     }
 
     /// The work id of the turn a trigger starts: its dedup key (else its
-    /// id), stable across every crash and re-claim.
+    /// id), stable across every crash and re-claim — or, for a RESUME
+    /// trigger boot emitted, the interrupted work it resumes.
     pub fn trigger_work(trigger: &Trigger) -> String {
+        if let Some(work) = resume::resumed_work(trigger) {
+            return work.to_string();
+        }
         format!("trigger:{}", trigger.dedup_key.as_deref().unwrap_or(&trigger.id))
     }
 

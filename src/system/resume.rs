@@ -1,0 +1,77 @@
+//! Boot's last step (seed 001 §6.3/§8): every interrupted turn performing
+//! a work of its own — a job run (`run:{id}`), an API turn with a work id
+//! (`api:{id}`) — becomes a RESUME trigger, emitted with the dedup key
+//! `resume:{work}`, whose firing runs that same work again
+//! ([`super::System::trigger_work`]): the turn continues after its last
+//! completed round with the same idempotency keys, or only acks if the
+//! work completed meanwhile (e.g. `run --resume` by hand).
+//!
+//! Invariants: a work is resumed by at most one trigger — a second boot
+//! (or a boot after the trigger ran) finds the key and emits nothing, so a
+//! double boot cannot double-resume; a trigger's own turn (`trigger:…`) is
+//! never given one, its trigger is reclaimed instead; plain turns (no work)
+//! are not resumed behind the caller's back — the caller that retries the
+//! same prompt resumes them, and a second, automatic resume could run the
+//! prompt twice.
+
+use std::sync::Mutex;
+
+use serde_json::json;
+
+use crate::runtime::Runtime;
+use crate::sqlite::Db;
+use crate::store::triggers::{EmitOutcome, Trigger, TriggerSource, TriggerSpec, TriggerStore};
+use crate::store::StoreError;
+
+use super::lock_db;
+
+/// The dedup key of the RESUME trigger of `work`.
+pub fn resume_key(work: &str) -> String {
+    format!("resume:{work}")
+}
+
+/// The work a RESUME trigger resumes (its payload's `work`), if it is one.
+pub(super) fn resumed_work(trigger: &Trigger) -> Option<&str> {
+    if trigger.source != TriggerSource::Resume {
+        return None;
+    }
+    trigger.payload.get("work").and_then(serde_json::Value::as_str)
+}
+
+/// Emit the RESUME triggers of `runtime`'s interrupted work turns; returns
+/// the dedup keys of the new ones (in agent order).
+pub(super) fn emit_resumes(
+    runtime: &Runtime,
+    triggers: &TriggerStore,
+    db: &Mutex<Db>,
+    now_ms: u64,
+) -> Result<Vec<String>, StoreError> {
+    let mut emitted = Vec::new();
+    for agent in runtime.tree().nodes().keys() {
+        let Ok(Some(open)) = runtime.open_turn(agent) else {
+            continue;
+        };
+        let Some(work) = open.work.as_deref() else {
+            continue;
+        };
+        if work.starts_with("trigger:") {
+            continue;
+        }
+        let key = resume_key(work);
+        let spec = TriggerSpec {
+            source: TriggerSource::Resume,
+            dedup_key: Some(key.clone()),
+            session_id: runtime.session_id(agent).map(|s| s.to_string()),
+            fire_at_ms: now_ms,
+            priority: 0,
+            description: format!("resume the interrupted {work}"),
+            payload: json!({"agent": agent.as_str(), "prompt": open.prompt, "work": work}),
+        };
+        let db = lock_db(db);
+        if let EmitOutcome::Inserted(_) = triggers.emit(db.conn(), &spec, now_ms)? {
+            tracing::info!(%agent, work, "interrupted work: RESUME trigger emitted");
+            emitted.push(key);
+        }
+    }
+    Ok(emitted)
+}
