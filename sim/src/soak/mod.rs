@@ -475,9 +475,6 @@ impl Generation {
 
     fn check_sink(&self, report: &mut SoakReport) -> Result<(), Failed> {
         let deliveries = self.world.sink.deliveries();
-        report.irreversible_delivered = report
-            .irreversible_delivered
-            .max(deliveries.iter().filter(|d| d.request.path == "/send").count() as u64);
         match check::sink(&deliveries, &self.issued).first() {
             Some(v) => Err(Failed(v.clone())),
             None => Ok(()),
@@ -608,6 +605,8 @@ impl Generation {
         self.check_sink(report)?;
         serve.stop()?;
         let deliveries = self.world.sink.deliveries();
+        report.irreversible_delivered +=
+            deliveries.iter().filter(|d| d.request.path == "/send").count() as u64;
         let (checked, violations) = check::final_state(
             &self.workload,
             &self.program.config,
