@@ -319,22 +319,43 @@ fn prepare_turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Prepa
         // Refused before the messages are handed out.
         return Err(RuntimeError::TurnInFlight(id).into());
     }
-    // Messages waiting for the agent are handed to it with this turn.
-    let messages = system.runtime_mut().deliver(&id)?;
-    let mut prompt = String::new();
-    if !messages.is_empty() {
-        prompt.push_str("Messages for you:\n");
-        for m in &messages {
-            prompt.push_str(&format!("- from {}: {}\n", m.from, m.payload));
+    let work = r.work_id.as_ref().map(|w| format!("api:{w}"));
+    // A retried request whose turn was cut short (a crash, a stop) resumes
+    // that turn as it began — its prompt, with the messages it was handed
+    // — so its calls keep their idempotency keys. Collecting messages
+    // again would make it another turn with other keys, and an
+    // irreversible call already sent would be sent again (found by the
+    // kill -9 soak: `durable-agent-sim soak --kill --seed 2`).
+    let reopened = match &work {
+        Some(w) => system
+            .runtime()
+            .open_turn(&id)?
+            .filter(|open| open.work.as_deref() == Some(w.as_str()))
+            .map(|open| open.prompt.clone()),
+        None => None,
+    };
+    let (prompt, messages) = match reopened {
+        Some(prompt) => (prompt, 0),
+        None => {
+            // Messages waiting for the agent are handed to it with this turn.
+            let messages = system.runtime_mut().deliver(&id)?;
+            let mut prompt = String::new();
+            if !messages.is_empty() {
+                prompt.push_str("Messages for you:\n");
+                for m in &messages {
+                    prompt.push_str(&format!("- from {}: {}\n", m.from, m.payload));
+                }
+                prompt.push('\n');
+            }
+            prompt.push_str(&r.prompt);
+            (prompt, messages.len())
         }
-        prompt.push('\n');
-    }
-    prompt.push_str(&r.prompt);
+    };
     Ok(PreparedTurn {
         agent: id,
         prompt,
-        work: r.work_id.as_ref().map(|w| format!("api:{w}")),
-        messages: messages.len(),
+        work,
+        messages,
     })
 }
 
