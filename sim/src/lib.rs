@@ -10,9 +10,12 @@
 //! [`sweep`] (every I/O point) and `repro` all go through [`exec::run_case`]
 //! or [`exec::Exec::step`].
 
+pub mod campaign;
 pub mod canaries;
 pub mod driver;
 pub mod exec;
+pub mod fuzz;
+pub mod jobs;
 pub mod machine;
 pub mod madsim_sim;
 pub mod model;

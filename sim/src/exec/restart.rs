@@ -133,6 +133,9 @@ impl Exec {
         }
         match oracle::judge(before, after, action, &state) {
             Ok(accepted) => {
+                if self.crashes > 0 && self.crash_side.is_none() {
+                    self.crash_side = Some(accepted.side);
+                }
                 self.model = accepted.adopted;
                 if accepted.side == oracle::Side::Before {
                     // The turn was rolled back: remember it for resume_turn,
