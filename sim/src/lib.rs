@@ -27,6 +27,7 @@ pub mod report;
 pub mod search;
 pub mod standins;
 pub mod sweep;
+pub mod sweep_report;
 pub mod tour;
 
 pub use exec::{run_case, Case, Exec, GlobalCrash, RunStats};

@@ -28,6 +28,7 @@ use durable_agent::canary::Canaries;
 use durable_agent_sim::canaries::{self, Verdict};
 use durable_agent_sim::fuzz::{self, FuzzArgs};
 use durable_agent_sim::replay::replay;
+use durable_agent_sim::sweep_report;
 use durable_agent_sim::tour::tour;
 use durable_agent_sim::{sweep, Case, Profile, SweepMethod, SweepOptions};
 
@@ -90,6 +91,11 @@ enum Command {
         /// reference method).
         #[arg(long)]
         replay: bool,
+        /// Also write a picture of the sweep (one self-contained HTML
+        /// page: every point x mode coloured by verdict, labels and trace
+        /// on hover, failing cells' repro commands); forked.
+        #[arg(long, value_name = "FILE.html")]
+        report: Option<PathBuf>,
     },
     /// Replay a saved case.
     Repro {
@@ -161,7 +167,12 @@ fn run(cli: Cli) -> Result<bool, String> {
             }
             Ok(rows.iter().all(|r| matches!(r.verdict, Verdict::Caught { .. })))
         }
-        Command::Sweep { case, seed, replay } => {
+        Command::Sweep {
+            case,
+            seed,
+            replay,
+            report,
+        } => {
             let (seed, ops, canaries) = match case {
                 Some(path) => {
                     let text =
@@ -180,6 +191,12 @@ fn run(cli: Cli) -> Result<bool, String> {
                 },
                 ..SweepOptions::default()
             };
+            if let Some(path) = report {
+                if replay {
+                    return Err("--report maps a forked sweep; drop --replay".into());
+                }
+                return sweep_report(seed, &ops, &canaries, &options, &path);
+            }
             let started = std::time::Instant::now();
             let s = sweep(seed, &ops, &canaries, &options);
             let secs = started.elapsed().as_secs_f64().max(1e-9);
@@ -205,6 +222,43 @@ fn run(cli: Cli) -> Result<bool, String> {
             Ok(passed)
         }
     }
+}
+
+/// `sweep --report`: the sweep, mapped and written as HTML.
+fn sweep_report(
+    seed: u64,
+    ops: &[durable_agent_sim::op::Op],
+    canaries: &Canaries,
+    options: &SweepOptions,
+    path: &std::path::Path,
+) -> Result<bool, String> {
+    let started = std::time::Instant::now();
+    let (map, s) = match sweep_report::map_sweep(seed, ops, canaries, &options.kinds) {
+        Ok(done) => done,
+        Err(f) => {
+            println!("the dry run failed, nothing to map:\n{}", f.report());
+            return Ok(false);
+        }
+    };
+    let title = format!("{} ops, seed {seed}", map.ops.len().saturating_sub(1));
+    let html = sweep_report::render_html(&map, &title);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::write(path, html).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "swept {} points × {} crash modes = {} crash points judged (Fork), {} failing, {:.1}s; report: {}",
+        s.points,
+        options.kinds.len(),
+        s.runs,
+        s.failures.len(),
+        started.elapsed().as_secs_f64(),
+        path.display()
+    );
+    if let Some(f) = s.failures.first() {
+        println!("{}", f.report());
+    }
+    Ok(s.failures.is_empty())
 }
 
 fn main() -> ExitCode {
