@@ -343,7 +343,7 @@ pub fn render_html(map: &SweepMap, title: &str) -> String {
         h.push_str("</table>\n");
     }
     h.push_str("</div>\n<div class=\"side\">\n<div id=\"hover\"><b>Hover a cell</b></div>\n");
-    let _ = write!(h, "<h2>Failing cells ({})</h2>\n", map.failures.len());
+    let _ = writeln!(h, "<h2>Failing cells ({})</h2>", map.failures.len());
     if map.failures.is_empty() {
         h.push_str("<p>none: every crash point recovered to an accepted state.</p>\n");
     } else {
@@ -354,9 +354,9 @@ pub fn render_html(map: &SweepMap, title: &str) -> String {
                 .get(f.point.saturating_sub(1) as usize)
                 .map(|p| p.label.as_str())
                 .unwrap_or("?");
-            let _ = write!(
+            let _ = writeln!(
                 h,
-                "<li id=\"f-{p}-{m}\" data-p=\"{p}\" data-m=\"{m}\"><b>point {p} {m}</b> \"{l}\": {w}<br><code>{r}</code></li>\n",
+                "<li id=\"f-{p}-{m}\" data-p=\"{p}\" data-m=\"{m}\"><b>point {p} {m}</b> \"{l}\": {w}<br><code>{r}</code></li>",
                 p = f.point,
                 m = mode_name(f.mode),
                 l = esc(label),
