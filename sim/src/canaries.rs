@@ -110,3 +110,16 @@ impl fmt::Display for Row {
         }
     }
 }
+
+/// The canary named `name` (its snake_case serde name, as `--canary`
+/// takes it), or an error listing them all.
+pub fn parse(name: &str) -> Result<Canary, String> {
+    serde_json::from_value(serde_json::Value::String(name.to_string())).map_err(|_| {
+        let names: Vec<String> = Canary::ALL
+            .iter()
+            .filter_map(|c| serde_json::to_value(c).ok())
+            .map(|v| v.to_string())
+            .collect();
+        format!("unknown canary {name:?}; one of {}", names.join(", "))
+    })
+}

@@ -11,9 +11,12 @@
 //! [`sweep`] (every I/O point) and `repro` all go through [`exec::run_case`]
 //! or [`exec::Exec::step`].
 
+pub mod campaign;
 pub mod canaries;
 pub mod driver;
 pub mod exec;
+pub mod fuzz;
+pub mod jobs;
 pub mod machine;
 pub mod madsim_sim;
 pub mod model;
@@ -27,6 +30,7 @@ pub mod search;
 pub mod soak;
 pub mod standins;
 pub mod sweep;
+pub mod sweep_report;
 pub mod tour;
 
 pub use exec::{run_case, Case, Exec, GlobalCrash, RunStats};

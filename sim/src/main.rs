@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! durable-agent-sim fuzz [--profile ci|nightly|default] [--cases N] [--time 10m] [--canary no_dir_fsync]
+//!                        [--jobs N] [--seed S] [--json FILE]
 //! durable-agent-sim canaries [--profile ci]
-//! durable-agent-sim sweep [--case FILE] [--seed N] [--replay]
+//! durable-agent-sim sweep [--case FILE] [--seed N] [--replay] [--report FILE.html]
 //! durable-agent-sim repro --case FILE [--sweep]
 //! durable-agent-sim soak --kill [--time 60s] [--seed N] [--min-crashes 30] [--bin PATH]
 //! ```
@@ -21,17 +22,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use durable_agent::canary::{Canaries, Canary};
+use durable_agent::canary::Canaries;
 use durable_agent_sim::canaries::{self, Verdict};
+use durable_agent_sim::fuzz::{self, FuzzArgs};
 use durable_agent_sim::replay::replay;
+use durable_agent_sim::sweep_report;
 use durable_agent_sim::tour::tour;
-use durable_agent_sim::{
-    generated, search_with_progress, sweep, Case, Failure, Profile, SweepMethod, SweepOptions,
-};
-use indicatif::{ProgressBar, ProgressStyle};
+use durable_agent_sim::{sweep, Case, Profile, SweepMethod, SweepOptions};
 
 #[derive(Debug, Parser)]
 #[command(about = "Crash-fuzz durable-agent: search, sweep, canaries, repro")]
@@ -57,6 +57,24 @@ enum Command {
         /// Switch one canary on (snake_case name) to watch it get caught.
         #[arg(long)]
         canary: Option<String>,
+        /// Worker processes, each a campaign with its own seed (default:
+        /// 1 for the `ci` profile, the PR gate's one derandomized run;
+        /// else every core).
+        #[arg(long)]
+        jobs: Option<u32>,
+        /// Campaign seed (decimal or 0x-hex): replays a whole campaign
+        /// (with the same --jobs, profile, budget and canary).
+        #[arg(long, value_parser = seed_arg)]
+        seed: Option<u64>,
+        /// Also write the summary as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// A `fuzz --jobs` worker (internal: started by `fuzz`).
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        spec: String,
     },
     /// Every canary: the search must catch it; prints cases needed.
     Canaries {
@@ -74,6 +92,11 @@ enum Command {
         /// reference method).
         #[arg(long)]
         replay: bool,
+        /// Also write a picture of the sweep (one self-contained HTML
+        /// page: every point x mode coloured by verdict, labels and trace
+        /// on hover, failing cells' repro commands); forked.
+        #[arg(long, value_name = "FILE.html")]
+        report: Option<PathBuf>,
     },
     /// Replay a saved case.
     Repro {
@@ -189,13 +212,15 @@ fn soak(args: SoakArgs) -> Result<bool, String> {
 }
 
 fn profile(name: Option<&str>) -> Result<Profile, String> {
-    match name {
-        None => Ok(Profile::from_env()),
-        Some("ci") => Ok(Profile::ci()),
-        Some("nightly") => Ok(Profile::nightly()),
-        Some("default") | Some("local") => Ok(Profile::local()),
-        Some(other) => Err(format!("unknown profile {other:?}: use ci, nightly or default")),
+    Profile::named(name)
+}
+
+fn seed_arg(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => s.replace('_', "").parse(),
     }
+    .map_err(|_| format!("bad seed {s:?} (decimal or 0x-hex)"))
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -212,152 +237,6 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-fn canary(name: &str) -> Result<Canary, String> {
-    serde_json::from_value(serde_json::Value::String(name.to_string())).map_err(|_| {
-        let names: Vec<String> = Canary::ALL
-            .iter()
-            .filter_map(|c| serde_json::to_value(c).ok())
-            .map(|v| v.to_string())
-            .collect();
-        format!("unknown canary {name:?}; one of {}", names.join(", "))
-    })
-}
-
-/// Sweep totals of a campaign.
-#[derive(Default)]
-struct Swept {
-    sequences: u64,
-    points: u64,
-    judged: u64,
-    time: Duration,
-}
-
-/// One round's sweeps: the tour (first round only: it is deterministic),
-/// then `p.sweeps` generated sequences from `seed`, every point and mode,
-/// stopping at the first failure.
-fn sweep_round(
-    p: &Profile,
-    round: u32,
-    seed: u64,
-    canaries: &Canaries,
-    swept: &mut Swept,
-) -> Option<Box<Failure>> {
-    let started = Instant::now();
-    let mut sequences = Vec::new();
-    if round == 1 {
-        sequences.push(Case {
-            seed: 7,
-            ops: tour(),
-            canaries: canaries.clone(),
-            crash_at: None,
-        });
-    }
-    for mut case in generated(seed, p.sweeps as usize, p.max_steps) {
-        case.canaries = canaries.clone();
-        sequences.push(case);
-    }
-    let options = SweepOptions {
-        stop_at_first: true,
-        ..SweepOptions::default()
-    };
-    let bar = ProgressBar::new(sequences.len() as u64);
-    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} sequences") {
-        bar.set_style(style);
-    }
-    bar.set_prefix(format!("sweep ({}, round {round})", p.name));
-    let mut failure = None;
-    for case in &sequences {
-        let s = sweep(case.seed, &case.ops, &case.canaries, &options);
-        swept.sequences += 1;
-        swept.points += s.points;
-        swept.judged += s.runs;
-        bar.inc(1);
-        if let Some(f) = s.failures.into_iter().next() {
-            failure = Some(f);
-            break;
-        }
-    }
-    bar.finish_and_clear();
-    swept.time += started.elapsed();
-    failure
-}
-
-fn fuzz(
-    mut p: Profile,
-    cases: Option<u32>,
-    time: Option<Duration>,
-    canaries: Canaries,
-) -> Result<bool, String> {
-    if let Some(n) = cases {
-        p.cases = n;
-    }
-    let started = Instant::now();
-    let (mut total, mut points, mut restarts, mut round) = (0u64, 0u64, 0u64, 0u32);
-    let mut search_time = Duration::ZERO;
-    let mut swept = Swept::default();
-    // Fixed in `ci`; otherwise drawn once and printed (each failure's case
-    // file holds its own seed and ops, so it replays without this).
-    let sweep_seed = p.seed.unwrap_or_else(rand::random);
-    let failure = loop {
-        round += 1;
-        let bar = ProgressBar::new(u64::from(p.cases));
-        bar.set_style(
-            ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} cases {per_sec} {msg}")
-                .map_err(|e| e.to_string())?,
-        );
-        bar.set_prefix(format!("search ({}, round {round})", p.name));
-        let searched = Instant::now();
-        let out = search_with_progress(&p, &canaries, canaries == Canaries::none(), &|n| {
-            bar.set_position(n)
-        });
-        bar.finish_and_clear();
-        search_time += searched.elapsed();
-        total += out.runs;
-        points += out.points;
-        restarts += out.restarts;
-        if let Some(f) = out.failure {
-            println!("{}", f.report());
-            let first = out.first_failure_at.unwrap_or(out.runs);
-            println!(
-                "found at case {first} of round {round} ({total} runs with shrinking) in {:.1?}",
-                started.elapsed()
-            );
-            return Ok(false);
-        }
-        let seed = sweep_seed.wrapping_add(u64::from(round - 1));
-        let failure = sweep_round(&p, round, seed, &canaries, &mut swept);
-        if failure.is_some() || time.is_none_or(|t| started.elapsed() >= t) {
-            break failure;
-        }
-        p.seed = None; // later rounds explore fresh random seeds
-    };
-    let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64().max(1e-9);
-    println!("\n== durable-agent-sim fuzz: summary ==");
-    println!("profile    {} ({round} round(s)), canaries {canaries:?}", p.name);
-    println!(
-        "search     {total} cases, {restarts} crash/restart recoveries judged, {points} I/O points  ({:.0} cases/s)",
-        rate(total, search_time)
-    );
-    println!(
-        "sweep      {} sequences (the 40-op tour, then {} generated {}-op ones a round; sweep seed {sweep_seed:#x} + round - 1): {} I/O points x {} modes = {} crash points judged  ({:.0} points/s, forked)",
-        swept.sequences,
-        p.sweeps,
-        p.max_steps,
-        swept.points,
-        SweepOptions::default().kinds.len(),
-        swept.judged,
-        rate(swept.judged, swept.time)
-    );
-    println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager)");
-    println!("failures   {}", usize::from(failure.is_some()));
-    println!("time       {:.1?}", started.elapsed());
-    if let Some(f) = failure {
-        println!("{}", f.report());
-        return Ok(false);
-    }
-    Ok(true)
-}
-
 fn run(cli: Cli) -> Result<bool, String> {
     match cli.command {
         Command::Fuzz {
@@ -365,14 +244,26 @@ fn run(cli: Cli) -> Result<bool, String> {
             cases,
             time,
             canary: c,
+            jobs,
+            seed,
+            json,
         } => {
-            let canaries = match c {
-                Some(name) => Canaries::only(canary(&name)?),
+            let canaries = match &c {
+                Some(name) => Canaries::only(canaries::parse(name)?),
                 None => Canaries::none(),
             };
-            let time = time.as_deref().map(duration).transpose()?;
-            fuzz(profile(name.as_deref())?, cases, time, canaries)
+            fuzz::fuzz(FuzzArgs {
+                profile: profile(name.as_deref())?,
+                cases,
+                budget: time.as_deref().map(duration).transpose()?,
+                canary_name: c,
+                canaries,
+                jobs,
+                seed,
+                json,
+            })
         }
+        Command::Worker { spec } => fuzz::worker(&spec),
         Command::Canaries { profile: name } => {
             let rows = canaries::run(&profile(name.as_deref())?, None);
             println!("canary                     result");
@@ -383,7 +274,12 @@ fn run(cli: Cli) -> Result<bool, String> {
                 .iter()
                 .all(|r| matches!(r.verdict, Verdict::Caught { .. } | Verdict::RealFsOnly)))
         }
-        Command::Sweep { case, seed, replay } => {
+        Command::Sweep {
+            case,
+            seed,
+            replay,
+            report,
+        } => {
             let (seed, ops, canaries) = match case {
                 Some(path) => {
                     let text =
@@ -402,6 +298,12 @@ fn run(cli: Cli) -> Result<bool, String> {
                 },
                 ..SweepOptions::default()
             };
+            if let Some(path) = report {
+                if replay {
+                    return Err("--report maps a forked sweep; drop --replay".into());
+                }
+                return sweep_report(seed, &ops, &canaries, &options, &path);
+            }
             let started = std::time::Instant::now();
             let s = sweep(seed, &ops, &canaries, &options);
             let secs = started.elapsed().as_secs_f64().max(1e-9);
@@ -429,6 +331,43 @@ fn run(cli: Cli) -> Result<bool, String> {
         #[cfg(not(madsim))]
         Command::Soak(args) => soak(args),
     }
+}
+
+/// `sweep --report`: the sweep, mapped and written as HTML.
+fn sweep_report(
+    seed: u64,
+    ops: &[durable_agent_sim::op::Op],
+    canaries: &Canaries,
+    options: &SweepOptions,
+    path: &std::path::Path,
+) -> Result<bool, String> {
+    let started = std::time::Instant::now();
+    let (map, s) = match sweep_report::map_sweep(seed, ops, canaries, &options.kinds) {
+        Ok(done) => done,
+        Err(f) => {
+            println!("the dry run failed, nothing to map:\n{}", f.report());
+            return Ok(false);
+        }
+    };
+    let title = format!("{} ops, seed {seed}", map.ops.len().saturating_sub(1));
+    let html = sweep_report::render_html(&map, &title);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::write(path, html).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "swept {} points × {} crash modes = {} crash points judged (Fork), {} failing, {:.1}s; report: {}",
+        s.points,
+        options.kinds.len(),
+        s.runs,
+        s.failures.len(),
+        started.elapsed().as_secs_f64(),
+        path.display()
+    );
+    if let Some(f) = s.failures.first() {
+        println!("{}", f.report());
+    }
+    Ok(s.failures.is_empty())
 }
 
 fn main() -> ExitCode {

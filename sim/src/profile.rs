@@ -77,6 +77,18 @@ impl Profile {
         }
     }
 
+    /// The profile `--profile` names (`ci`, `nightly`, `default` or
+    /// `local`); `None`: [`Profile::from_env`].
+    pub fn named(name: Option<&str>) -> Result<Profile, String> {
+        match name {
+            None => Ok(Profile::from_env()),
+            Some("ci") => Ok(Profile::ci()),
+            Some("nightly") => Ok(Profile::nightly()),
+            Some("default") | Some("local") => Ok(Profile::local()),
+            Some(other) => Err(format!("unknown profile {other:?}: use ci, nightly or default")),
+        }
+    }
+
     /// The profile `DA_PROFILE` names (`ci`, `nightly`, else default), with
     /// `DA_CASES` overriding the case count.
     pub fn from_env() -> Profile {

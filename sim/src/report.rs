@@ -130,7 +130,13 @@ pub fn state_diff(expected: &State, recovered: &State) -> String {
 impl Failure {
     /// Save the case and render the report with the command that replays it.
     pub fn report(&self) -> String {
-        let command = match self.case.save() {
+        format!("{self}\nREPRODUCE WITH:\n  {}\n", self.repro_command())
+    }
+
+    /// Save the case under [`failures_dir`] and return the one command
+    /// that replays it (or, if it cannot be saved, why, and the case JSON).
+    pub fn repro_command(&self) -> String {
+        match self.case.save() {
             Ok(path) => format!(
                 "cargo run -p durable-agent-sim --bin repro -- --case {}",
                 path.display()
@@ -139,8 +145,7 @@ impl Failure {
                 "(could not save the case: {e}; the JSON is below)\n{}",
                 serde_json::to_string(&self.case).unwrap_or_default()
             ),
-        };
-        format!("{self}\nREPRODUCE WITH:\n  {command}\n")
+        }
     }
 }
 

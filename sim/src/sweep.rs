@@ -34,6 +34,7 @@ use durable_agent::canary::Canaries;
 use crate::exec::{run_case, Case, Exec, GlobalCrash};
 use crate::model::Model;
 use crate::op::{CrashKind, Op};
+use crate::oracle::Side;
 use crate::report::Failure;
 
 /// What a sweep did.
@@ -93,6 +94,9 @@ pub struct PointVerdict {
     pub kind: CrashKind,
     /// Whether the crash point was hit (a replay may end before it).
     pub hit: bool,
+    /// The candidate the oracle accepted the recovered state as (`None`
+    /// when the point was not hit or the recovery failed).
+    pub side: Option<Side>,
     pub outcome: Result<Model, Box<Failure>>,
 }
 
@@ -226,16 +230,17 @@ impl Sweeper<'_> {
                 }
                 exec.step(op)?;
             }
-            Ok::<_, Box<Failure>>((exec.stats().crashes > 0, exec.model().clone()))
+            Ok::<_, Box<Failure>>((exec.stats().crashes > 0, exec.crash_side(), exec.model().clone()))
         })();
-        let (hit, outcome) = match result {
-            Ok((hit, model)) => (hit, Ok(model)),
-            Err(f) => (true, Err(f)),
+        let (hit, side, outcome) = match result {
+            Ok((hit, side, model)) => (hit, side, Ok(model)),
+            Err(f) => (true, None, Err(f)),
         };
         PointVerdict {
             point,
             kind,
             hit,
+            side,
             outcome,
         }
     }
@@ -271,13 +276,18 @@ impl Sweeper<'_> {
                 let mut images: Vec<_> = (1..kinds.len()).map(|_| fork.image.clone()).collect();
                 images.push(fork.image);
                 for (&kind, image) in kinds.iter().zip(images) {
-                    let outcome = exec
+                    let judged = exec
                         .judge_fork(image, &fork.judging, kind)
                         .map_err(|fast| self.confirm(point, kind, fast));
+                    let (side, outcome) = match judged {
+                        Ok((side, model)) => (Some(side), Ok(model)),
+                        Err(f) => (None, Err(f)),
+                    };
                     let verdict = PointVerdict {
                         point,
                         kind,
                         hit: true,
+                        side,
                         outcome,
                     };
                     if visit(verdict).is_break() {

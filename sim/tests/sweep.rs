@@ -5,6 +5,7 @@ use std::ops::ControlFlow;
 
 use durable_agent_sim::model::Model;
 use durable_agent_sim::op::{CrashKind, Op};
+use durable_agent_sim::oracle::Side;
 use durable_agent_sim::tour::tour;
 use durable_agent_sim::{generated, run_case, sweep, sweep_points, Case, Profile, SweepMethod, SweepOptions};
 
@@ -97,7 +98,7 @@ fn same_case_gives_the_same_verdict_and_stats() {
     assert_eq!(run_case(&case).unwrap(), run_case(&case).unwrap());
 }
 
-type Verdicts = Vec<(u64, String, bool, Result<Model, String>)>;
+type Verdicts = Vec<(u64, String, bool, Option<Side>, Result<Model, String>)>;
 
 fn verdicts(
     seed: u64,
@@ -114,7 +115,7 @@ fn verdicts(
     let mut out = Vec::new();
     let points = sweep_points(seed, ops, canaries, &options, |v| {
         let outcome = v.outcome.map_err(|f| format!("{}\n{}", f.what, f.detail));
-        out.push((v.point, format!("{:?}", v.kind), v.hit, outcome));
+        out.push((v.point, format!("{:?}", v.kind), v.hit, v.side, outcome));
         ControlFlow::Continue(())
     })
     .unwrap_or_else(|f| panic!("dry run failed:\n{}", f.report()));
@@ -124,7 +125,7 @@ fn verdicts(
 
 /// The fast sweep is the replay sweep, faster: at every point of the
 /// sequence, under every mode, forking the crash image gives the same
-/// verdict and the same adopted model as replaying into the crash. With a
+/// verdict, the same accepted side and the same adopted model as replaying into the crash. With a
 /// canary some points fail, and they must fail on both sides.
 fn fork_matches_replay(seed: u64, ops: &[Op], canaries: &Canaries, kinds: &[CrashKind]) -> usize {
     let (fork_points, fork) = verdicts(seed, ops, canaries, kinds, SweepMethod::Fork);
@@ -139,7 +140,7 @@ fn fork_matches_replay(seed: u64, ops: &[Op], canaries: &Canaries, kinds: &[Cras
             "seed {seed} canaries {canaries:?}: fork and replay disagree at point {} ({})",
             r.0, r.1
         );
-        failing += usize::from(r.3.is_err());
+        failing += usize::from(r.4.is_err());
     }
     failing
 }

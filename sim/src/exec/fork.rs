@@ -22,6 +22,7 @@ use super::{Exec, GlobalCrash};
 use crate::driver::Names;
 use crate::model::{Action, Model};
 use crate::op::CrashKind;
+use crate::oracle::Side;
 use crate::report::Failure;
 
 /// What a replay crashed inside one phase of the run hands the oracle.
@@ -123,9 +124,15 @@ impl Exec {
     }
 
     /// Judge a fork (`image`, taken under `j`) as a run killed at its point
-    /// with `kind`: reboot the image, recover, check the invariants and ask the oracle. `Ok` holds
-    /// the model the run would go on from. The live run is not touched.
-    pub fn judge_fork(&self, image: CrashImage, j: &Judging, kind: CrashKind) -> Result<Model, Box<Failure>> {
+    /// with `kind`: reboot the image, recover, check the invariants and
+    /// ask the oracle. `Ok` holds the side the oracle accepted and the
+    /// model the run would go on from. The live run is not touched.
+    pub fn judge_fork(
+        &self,
+        image: CrashImage,
+        j: &Judging,
+        kind: CrashKind,
+    ) -> Result<(Side, Model), Box<Failure>> {
         let point = image.point();
         let driver = self
             .driver
@@ -146,6 +153,7 @@ impl Exec {
             boundary: None,
             restart_notes: self.restart_notes.clone(),
             forks: None,
+            crash_side: None,
         };
         with_saved_prng(|| {
             let judged = exec.reopen_and_judge(kind, &j.before, j.after.as_ref(), j.action.as_ref());
@@ -154,6 +162,8 @@ impl Exec {
             exec.driver.crash(durable_agent::fs::CrashMode::ProcessCrash);
             judged
         })?;
-        Ok(exec.model)
+        // A fork is one crash, judged once: its side is always known.
+        let side = exec.crash_side.unwrap_or(Side::After);
+        Ok((side, exec.model))
     }
 }

@@ -83,6 +83,9 @@ pub struct Exec {
     /// Capture mode (the fast sweep): crash images taken so far, each with
     /// what a replay crashed at its point would be judged against.
     forks: Option<Vec<Fork>>,
+    /// The side the oracle accepted at the first restart after an
+    /// injected crash was hit (what a sweep's picture colours a cell by).
+    crash_side: Option<oracle::Side>,
 }
 
 fn suspended(state: &State) -> State {
@@ -131,6 +134,7 @@ impl Exec {
             boundary: None,
             restart_notes: Vec::new(),
             forks: None,
+            crash_side: None,
         };
         let install = match installed_disk(&canaries) {
             Ok(disk) => disk,
@@ -185,6 +189,12 @@ impl Exec {
     /// The model the harness currently holds (the acknowledged state).
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The side the oracle accepted for the recovery from the first
+    /// injected crash that was hit (`None`: none hit, or not judged yet).
+    pub fn crash_side(&self) -> Option<oracle::Side> {
+        self.crash_side
     }
 
     /// Stats so far.

@@ -128,11 +128,15 @@ impl Exec {
         violations.extend(oracle::state_invariants(&state));
         violations.extend(oracle::recovery_invariants(&state));
         violations.extend(oracle::log_invariants(&self.driver.logs()));
+        violations.extend(self.driver.disk_violations());
         if !violations.is_empty() {
             return Err(self.fail("an invariant broke after recovery", violations.join("\n"), None));
         }
         match oracle::judge(before, after, action, &state) {
             Ok(accepted) => {
+                if self.crashes > 0 && self.crash_side.is_none() {
+                    self.crash_side = Some(accepted.side);
+                }
                 self.model = accepted.adopted;
                 if accepted.side == oracle::Side::Before {
                     // The turn was rolled back: remember it for resume_turn,
