@@ -351,6 +351,10 @@ impl Runtime {
                         work: work.clone(),
                     },
                 )?;
+                if let Some(w) = &work {
+                    let started = &mut self.slot_mut(agent)?.started_work;
+                    started.entry(w.clone()).or_insert_with(|| prompt.to_string());
+                }
             }
         }
         let slot = self.slot_mut(agent)?;
@@ -554,6 +558,7 @@ impl Runtime {
         slot.in_turn = None;
         if let Some(work) = &task.work {
             slot.done_work.insert(work.clone());
+            slot.started_work.remove(work);
         }
         Ok(TurnOutcome {
             response,

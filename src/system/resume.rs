@@ -1,7 +1,8 @@
-//! Boot's last step (seed 001 §6.3/§8): every interrupted turn performing
-//! a work of its own — a job run (`run:{id}`), an API turn with a work id
-//! (`api:{id}`) — becomes a RESUME trigger, emitted with the dedup key
-//! `resume:{work}`, whose firing runs that same work again
+//! Boot's last step (seed 001 §6.3/§8): every work an agent started and
+//! never completed — a job run (`run:{id}`), an API turn with a work id
+//! (`api:{id}`), interrupted or since superseded by another turn — becomes
+//! a RESUME trigger, emitted with the dedup key `resume:{work}` and the
+//! prompt the work began with, whose firing runs that same work again
 //! ([`super::System::trigger_work`]): the turn continues after its last
 //! completed round with the same idempotency keys, or only acks if the
 //! work completed meanwhile (e.g. `run --resume` by hand).
@@ -48,29 +49,29 @@ pub(super) fn emit_resumes(
 ) -> Result<Vec<String>, StoreError> {
     let mut emitted = Vec::new();
     for agent in runtime.tree().nodes().keys() {
-        let Ok(Some(open)) = runtime.open_turn(agent) else {
+        let Ok(unfinished) = runtime.unfinished_work(agent) else {
             continue;
         };
-        let Some(work) = open.work.as_deref() else {
-            continue;
-        };
-        if work.starts_with("trigger:") {
-            continue;
-        }
-        let key = resume_key(work);
-        let spec = TriggerSpec {
-            source: TriggerSource::Resume,
-            dedup_key: Some(key.clone()),
-            session_id: runtime.session_id(agent).map(|s| s.to_string()),
-            fire_at_ms: now_ms,
-            priority: 0,
-            description: format!("resume the interrupted {work}"),
-            payload: json!({"agent": agent.as_str(), "prompt": open.prompt, "work": work}),
-        };
-        let db = lock_db(db);
-        if let EmitOutcome::Inserted(_) = triggers.emit(db.conn(), &spec, now_ms)? {
-            tracing::info!(%agent, work, "interrupted work: RESUME trigger emitted");
-            emitted.push(key);
+        for (work, prompt) in unfinished {
+            // A trigger's own turn is resumed by re-claiming its trigger.
+            if work.starts_with("trigger:") {
+                continue;
+            }
+            let key = resume_key(work);
+            let spec = TriggerSpec {
+                source: TriggerSource::Resume,
+                dedup_key: Some(key.clone()),
+                session_id: runtime.session_id(agent).map(|s| s.to_string()),
+                fire_at_ms: now_ms,
+                priority: 0,
+                description: format!("resume the interrupted {work}"),
+                payload: json!({"agent": agent.as_str(), "prompt": prompt, "work": work}),
+            };
+            let db = lock_db(db);
+            if let EmitOutcome::Inserted(_) = triggers.emit(db.conn(), &spec, now_ms)? {
+                tracing::info!(%agent, work, "interrupted work: RESUME trigger emitted");
+                emitted.push(key);
+            }
         }
     }
     Ok(emitted)
