@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use durable_agent::fs::{CrashMode, DirModel, SimConfig};
+use durable_agent::fs::{CrashMode, DirModel, SimConfig, SimFs};
 use fuser::{BackgroundSession, Config, MountOption};
 
 use crate::disk;
@@ -32,6 +32,8 @@ pub enum PowerCutError {
          kill the program before cutting power)"
     )]
     Unmount { mountpoint: PathBuf, source: io::Error },
+    #[error("harness bug: the mount's SimFs made a random draw before the cut, so the cut's seed would not decide it")]
+    NotQuiet,
     #[error("backing directory {path}: {step}: {source}")]
     Backing {
         path: PathBuf,
@@ -40,21 +42,21 @@ pub enum PowerCutError {
     },
 }
 
-/// The fault model of one mount: SimFs's config (the seed and the
-/// survival probabilities of unsynced writes and directory operations)
-/// and the directory model a cut applies.
+/// The fault model of one mount: the directory model a cut applies and
+/// SimFs's probabilities (unsynced write kept, kept write torn, unsynced
+/// directory op kept). `sim.seed` is not used: each cut brings its own.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
-    pub sim: SimConfig,
     pub dir_model: DirModel,
+    pub sim: SimConfig,
 }
 
 impl MountConfig {
-    /// SimFs's default probabilities, with `seed` and `dir_model`.
-    pub fn new(seed: u64, dir_model: DirModel) -> Self {
+    /// SimFs's default probabilities under `dir_model`.
+    pub fn new(dir_model: DirModel) -> Self {
         MountConfig {
-            sim: SimConfig::new(seed),
             dir_model,
+            sim: SimConfig::new(0),
         }
     }
 }
@@ -72,7 +74,7 @@ pub struct Cut {
 pub struct PowerCutMount {
     backing: PathBuf,
     mountpoint: PathBuf,
-    dir_model: DirModel,
+    config: MountConfig,
     shared: Arc<Shared>,
     session: Option<BackgroundSession>,
 }
@@ -81,7 +83,7 @@ impl PowerCutMount {
     /// Mount the disk in `backing` (an existing directory) at `mountpoint`
     /// (an existing, empty directory).
     pub fn mount(backing: &Path, mountpoint: &Path, config: MountConfig) -> Result<Self, PowerCutError> {
-        let sim = disk::load(backing, config.sim)?;
+        let sim = disk::load(backing, config.sim.clone())?;
         let mount_err = |source| PowerCutError::Mount {
             mountpoint: mountpoint.to_path_buf(),
             source,
@@ -99,7 +101,7 @@ impl PowerCutMount {
         Ok(PowerCutMount {
             backing: backing.to_path_buf(),
             mountpoint: mountpoint.to_path_buf(),
-            dir_model: config.dir_model,
+            config,
             shared,
             session: Some(session),
         })
@@ -114,18 +116,28 @@ impl PowerCutMount {
     }
 
     /// Cut the power: from now on every request fails with EIO; the disk
-    /// falls back to what was synced plus the seeded subset of the rest
-    /// (SimFs `PowerLoss` with this mount's directory model); that disk is
-    /// written to the backing directory and the mount is torn down. Kill
-    /// the program using the mount first (its open files keep the mount
-    /// busy); mount the backing directory again to restart it.
-    pub fn cut_power(mut self) -> Result<Cut, PowerCutError> {
+    /// falls back to what was synced plus the subset of the rest that
+    /// `seed` picks (SimFs `PowerLoss` with this mount's directory model
+    /// and probabilities: same seed and same requests, same disk); that
+    /// disk is written to the backing directory and the mount is torn
+    /// down. Kill the program using the mount first (its open files keep
+    /// the mount busy); mount the backing directory again to restart it.
+    pub fn cut_power(mut self, seed: u64) -> Result<Cut, PowerCutError> {
         let undecided = {
             let mut state = self.shared.lock();
             state.powered = false;
             let undecided = self.shared.sim.undecided();
-            self.shared.sim.restart(CrashMode::PowerLoss(self.dir_model));
-            disk::store(&self.shared.sim, &self.backing)?;
+            // The mount's SimFs made no random draw (no fault is ever
+            // armed), so its snapshot always exists; a SimFs from it with
+            // the cut's seed makes this cut's draws.
+            let snapshot = self.shared.sim.snapshot().ok_or(PowerCutError::NotQuiet)?;
+            let config = SimConfig {
+                seed,
+                ..self.config.sim.clone()
+            };
+            let disk_after = SimFs::from_snapshot(&snapshot, config);
+            disk_after.restart(CrashMode::PowerLoss(self.config.dir_model));
+            disk::store(&disk_after, &self.backing)?;
             undecided
         };
         self.teardown()?;

@@ -67,14 +67,15 @@ impl Disk {
     }
 }
 
-/// SimFs's defaults with the three survival choices pinned.
-fn pinned(seed: u64, model: DirModel, writes: f64, torn: f64, dir_ops: f64) -> MountConfig {
-    let mut config = MountConfig::new(seed, model);
+/// SimFs's defaults with the three survival choices pinned (the seed
+/// then decides nothing).
+fn pinned(model: DirModel, writes: f64, torn: f64, dir_ops: f64) -> MountConfig {
+    let mut config = MountConfig::new(model);
     config.sim = SimConfig {
         unsynced_write_survival: writes,
         torn_write_probability: torn,
         dir_op_survival: dir_ops,
-        ..SimConfig::new(seed)
+        ..SimConfig::new(0)
     };
     config
 }
@@ -94,7 +95,7 @@ fn sync_dir(path: &Path) {
 #[test]
 fn reads_see_unsynced_writes_and_a_clean_unmount_keeps_them() {
     let disk = Disk::new();
-    let m = disk.mount(pinned(1, DirModel::Strict, 0.0, 0.0, 0.0));
+    let m = disk.mount(pinned(DirModel::Strict, 0.0, 0.0, 0.0));
     fs::create_dir(m.mountpoint().join("d")).expect("mkdir");
     write_file(&m.mountpoint().join("d/a"), b"hello", false);
     let mut f = OpenOptions::new()
@@ -123,14 +124,14 @@ fn reads_see_unsynced_writes_and_a_clean_unmount_keeps_them() {
 #[test]
 fn unsynced_write_is_gone_after_a_cut() {
     let disk = Disk::new();
-    let m = disk.mount(pinned(2, DirModel::Strict, 0.0, 0.0, 1.0));
+    let m = disk.mount(pinned(DirModel::Strict, 0.0, 0.0, 1.0));
     let path = m.mountpoint().join("f");
     write_file(&path, b"durable", true);
     sync_dir(m.mountpoint());
     let mut f = OpenOptions::new().append(true).open(&path).expect("open");
     f.write_all(b" and more").expect("append");
     drop(f);
-    let cut = m.cut_power().expect("cut");
+    let cut = m.cut_power(1).expect("cut");
     assert!(!cut.undecided.is_empty(), "the append was undecided");
     assert_eq!(disk.files()[Path::new("f")], b"durable");
 }
@@ -138,26 +139,26 @@ fn unsynced_write_is_gone_after_a_cut() {
 #[test]
 fn fsynced_write_and_dir_survive_a_cut() {
     let disk = Disk::new();
-    let m = disk.mount(pinned(3, DirModel::Strict, 0.0, 0.0, 0.0));
+    let m = disk.mount(pinned(DirModel::Strict, 0.0, 0.0, 0.0));
     fs::create_dir(m.mountpoint().join("d")).expect("mkdir");
     sync_dir(m.mountpoint());
     write_file(&m.mountpoint().join("d/f"), b"kept", true);
     sync_dir(&m.mountpoint().join("d"));
-    m.cut_power().expect("cut");
+    m.cut_power(1).expect("cut");
     assert_eq!(disk.files()[Path::new("d/f")], b"kept");
     // And the remounted disk shows it to the next program.
-    let m = disk.mount(pinned(4, DirModel::Strict, 0.0, 0.0, 0.0));
+    let m = disk.mount(pinned(DirModel::Strict, 0.0, 0.0, 0.0));
     assert_eq!(fs::read(m.mountpoint().join("d/f")).expect("read"), b"kept");
-    m.cut_power().expect("cut");
+    m.cut_power(1).expect("cut");
 }
 
 #[test]
 fn created_file_without_fsyncdir_is_dropped_under_strict_and_kept_under_eager() {
     for (model, kept) in [(DirModel::Strict, false), (DirModel::Eager, true)] {
         let disk = Disk::new();
-        let m = disk.mount(pinned(5, model, 0.0, 0.0, 0.0));
+        let m = disk.mount(pinned(model, 0.0, 0.0, 0.0));
         write_file(&m.mountpoint().join("f"), b"data", true);
-        m.cut_power().expect("cut");
+        m.cut_power(1).expect("cut");
         assert_eq!(
             disk.files().contains_key(Path::new("f")),
             kept,
@@ -171,12 +172,12 @@ fn rename_over_a_file_is_atomic_across_seeds() {
     let mut seen = std::collections::BTreeSet::new();
     for seed in 0..12 {
         let disk = Disk::new();
-        let m = disk.mount(MountConfig::new(seed, DirModel::Strict));
+        let m = disk.mount(MountConfig::new(DirModel::Strict));
         write_file(&m.mountpoint().join("a"), b"old", true);
         sync_dir(m.mountpoint());
         write_file(&m.mountpoint().join("tmp"), b"new", true);
         fs::rename(m.mountpoint().join("tmp"), m.mountpoint().join("a")).expect("rename");
-        m.cut_power().expect("cut");
+        m.cut_power(seed).expect("cut");
         let files = disk.files();
         let a = files.get(Path::new("a")).cloned();
         assert!(
@@ -201,7 +202,7 @@ fn rename_over_a_file_is_atomic_across_seeds() {
 fn what_survives_is_decided_by_the_seed() {
     let run = |seed: u64| {
         let disk = Disk::new();
-        let m = disk.mount(MountConfig::new(seed, DirModel::Strict));
+        let m = disk.mount(MountConfig::new(DirModel::Strict));
         write_file(&m.mountpoint().join("base"), b"", true);
         sync_dir(m.mountpoint());
         let mut f = OpenOptions::new()
@@ -214,7 +215,7 @@ fn what_survives_is_decided_by_the_seed() {
         }
         drop(f);
         write_file(&m.mountpoint().join("new"), b"unsynced entry", false);
-        m.cut_power().expect("cut");
+        m.cut_power(seed).expect("cut");
         disk.files()
     };
     assert_eq!(run(42), run(42));
@@ -242,7 +243,7 @@ fn runtime_on_realfs_recovers_every_acknowledged_op_after_a_cut() {
     ] {
         let disk = Disk::new();
         let fs: Arc<dyn Fs> = Arc::new(RealFs::new());
-        let m = disk.mount(MountConfig::new(seed, model));
+        let m = disk.mount(MountConfig::new(model));
         let root = m.mountpoint().join("runtime");
         let (mut rt, _) = Runtime::open(fs.clone(), &root, RuntimeConfig::new(3)).expect("open");
         let a = rt.create_root("a", "x").expect("root");
@@ -251,14 +252,14 @@ fn runtime_on_realfs_recovers_every_acknowledged_op_after_a_cut() {
         rt.send_message(&b, &a, "hi").expect("send");
         let before = rt.state();
         drop(rt);
-        m.cut_power().expect("cut");
-        let m = disk.mount(MountConfig::new(seed + 1000, model));
+        m.cut_power(seed).expect("cut");
+        let m = disk.mount(MountConfig::new(model));
         let (rt, _) = Runtime::open(fs.clone(), &root, RuntimeConfig::new(3))
             .unwrap_or_else(|e| panic!("seed {seed} {model:?}: recovery failed: {e}"));
         assert_eq!(rt.state(), before.normalized(), "seed {seed} {model:?}");
         check_invariants(fs.as_ref(), &root).expect("invariants");
         drop(rt);
-        m.cut_power().expect("cut");
+        m.cut_power(seed + 1000).expect("cut");
     }
 }
 
@@ -290,7 +291,7 @@ fn system_on_realfs_keeps_every_emitted_trigger_after_a_cut() {
             description: format!("trigger {i}"),
             payload: serde_json::json!({}),
         };
-        let m = disk.mount(MountConfig::new(seed, model));
+        let m = disk.mount(MountConfig::new(model));
         let root = m.mountpoint().join("root");
         let system = boot(&root);
         let mut ids = Vec::new();
@@ -306,8 +307,8 @@ fn system_on_realfs_keeps_every_emitted_trigger_after_a_cut() {
             }
         }
         drop(system);
-        m.cut_power().expect("cut");
-        let m = disk.mount(MountConfig::new(seed + 1000, model));
+        m.cut_power(seed).expect("cut");
+        let m = disk.mount(MountConfig::new(model));
         let system = boot(&root);
         for (i, id) in (0..5).zip(&ids) {
             let now = system.now_ms();
@@ -322,6 +323,6 @@ fn system_on_realfs_keeps_every_emitted_trigger_after_a_cut() {
             );
         }
         drop(system);
-        m.cut_power().expect("cut");
+        m.cut_power(seed + 1000).expect("cut");
     }
 }
