@@ -69,7 +69,7 @@ fn log_append(c: &mut Criterion) {
     let session_dir = dir.path().join("session");
     std::fs::create_dir(&session_dir).expect("session dir");
     let session = IdGen::new(1).session();
-    let mut log = EventLog::create(Arc::new(RealFs), &session_dir, session, Canaries::none())
+    let mut log = EventLog::create(Arc::new(RealFs::new()), &session_dir, session, Canaries::none())
         .expect("create events.jsonl");
     let mut ts = 0u64;
     g.bench_function("event_log_realfs", |b| {
@@ -110,7 +110,7 @@ fn log_append(c: &mut Criterion) {
 
 /// Our VFS over the `Fs` seam: the runtime's one way to open the stores.
 fn ours(path: &Path) -> Db {
-    open_store(Arc::new(RealFs), path, &SqliteOptions::default()).expect("open_store on RealFs")
+    open_store(Arc::new(RealFs::new()), path, &SqliteOptions::default()).expect("open_store on RealFs")
 }
 
 /// rusqlite's default (unix) VFS, configured as `Db::configure` does, and

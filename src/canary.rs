@@ -47,11 +47,17 @@ pub enum Canary {
     /// Messages a turn reads are logged delivered when collected, before
     /// the turn (seed 002's known gap): a turn lost in a crash loses them.
     DeliveredAtCollect,
+    /// `RealFs::sync` returns without calling fsync (a process death
+    /// cannot see it: only a power cut, e.g. the soak's `--power-cut`).
+    RealFsSyncNoop,
+    /// `RealFs::sync_dir` returns without fsyncing the directory (likewise
+    /// visible only to a power cut).
+    RealFsSyncDirNoop,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 12] = [
+    pub const ALL: [Canary; 14] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -64,6 +70,8 @@ impl Canary {
         Canary::TriggerTurnRerun,
         Canary::AckIgnoresLease,
         Canary::DeliveredAtCollect,
+        Canary::RealFsSyncNoop,
+        Canary::RealFsSyncDirNoop,
     ];
 }
 

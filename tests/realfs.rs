@@ -157,3 +157,74 @@ fn realfs_errors_name_the_step_and_the_file_and_keep_their_kind() {
     assert!(msg.contains("session.json read"), "{msg}");
     assert!(msg.contains("missing.json"), "{msg}");
 }
+
+/// Descriptors of this process whose target is `path`.
+fn fds_on(path: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if std::fs::read_link(entry.path()).is_ok_and(|t| t == path) {
+            out.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out
+}
+
+/// fsyncgate: the fsync must go to the descriptor open when the data was
+/// written, or a writeback error in between can be missed. So RealFs
+/// opens a file once, writes and syncs through that one descriptor, and
+/// keeps it across renames until the file is removed.
+#[test]
+fn realfs_syncs_through_the_descriptor_that_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let fs = RealFs::new();
+    let tmp = root.join("session.json.tmp");
+    let done = root.join("session.json");
+    fs.open(&tmp, OpenMode::CreateNew, "create").unwrap();
+    let first = fds_on(&tmp);
+    assert_eq!(first.len(), 1, "one descriptor from the create on: {first:?}");
+    fs.append(&tmp, b"{}", "write").unwrap();
+    fs.write_at(&tmp, 0, b"[", "write").unwrap();
+    fs.sync(&tmp, "fsync").unwrap();
+    assert_eq!(fds_on(&tmp), first, "the fsync reopened the file");
+    fs.rename(&tmp, &done, "rename").unwrap();
+    fs.sync_dir(&root, "fsync dir").unwrap();
+    assert_eq!(fds_on(&done), first, "the descriptor follows the rename");
+    let dir_fds = fds_on(&root);
+    assert_eq!(
+        dir_fds.len(),
+        1,
+        "the directory's descriptor is held: {dir_fds:?}"
+    );
+    fs.append(&done, b"]", "write").unwrap();
+    fs.sync(&done, "fsync").unwrap();
+    assert_eq!(fds_on(&done), first);
+    assert_eq!(std::fs::read(&done).unwrap(), b"[}]");
+    fs.remove(&done, "remove").unwrap();
+    let deleted = root.join("session.json (deleted)");
+    assert!(
+        fds_on(&deleted).is_empty(),
+        "a removed file's descriptor is closed"
+    );
+}
+
+#[test]
+fn realfs_keeps_a_bounded_number_of_clean_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = RealFs::new();
+    let n = RealFs::MAX_KEPT + 50;
+    for i in 0..n {
+        let p = dir.path().join(format!("f{i}"));
+        fs.open(&p, OpenMode::CreateNew, "create").unwrap();
+        fs.append(&p, b"x", "write").unwrap();
+        fs.sync(&p, "fsync").unwrap();
+    }
+    assert!(fs.kept_len() <= RealFs::MAX_KEPT + 1, "{}", fs.kept_len());
+    // Unsynced files are never closed before their fsync.
+    let fs = RealFs::new();
+    for i in 0..n {
+        fs.append(&dir.path().join(format!("f{i}")), b"y", "write")
+            .unwrap();
+    }
+    assert_eq!(fs.kept_len(), n, "a dirty descriptor was closed");
+}

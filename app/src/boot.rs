@@ -60,8 +60,48 @@ impl LogicalClock for HostClock {
     }
 }
 
+/// The variable a `--features canaries` build reads to switch one canary
+/// on (a test build only; see [`real_fs`]).
+pub const CANARY_ENV: &str = "DURABLE_AGENT_CANARY";
+
+/// The known bugs a test build was asked for: none, unless built with the
+/// `canaries` feature and [`CANARY_ENV`] names one. Said loudly on stderr
+/// (the soak checks the line) — a canary build must never pass quietly
+/// for a production one.
+#[cfg(feature = "canaries")]
+pub fn canaries() -> Result<durable_agent::canary::Canaries, BootError> {
+    use durable_agent::canary::{Canaries, Canary};
+    let Ok(name) = std::env::var(CANARY_ENV) else {
+        return Ok(Canaries::none());
+    };
+    let canary: Canary = serde_json::from_value(serde_json::Value::String(name.clone()))
+        .map_err(|_| BootError::Canary(name.clone()))?;
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!("canary on: {name} (a test build re-introducing a known bug; never use it for real work)");
+    });
+    Ok(Canaries::only(canary))
+}
+
+/// The production build has no canaries to switch on.
+#[cfg(not(feature = "canaries"))]
+pub fn canaries() -> Result<durable_agent::canary::Canaries, BootError> {
+    Ok(durable_agent::canary::Canaries::none())
+}
+
+/// The filesystem every command persists through: [`RealFs`] (with the
+/// test build's canaries, if any).
+pub fn real_fs() -> Result<RealFs, BootError> {
+    #[cfg(feature = "canaries")]
+    return Ok(RealFs::with_canaries(canaries()?));
+    #[cfg(not(feature = "canaries"))]
+    Ok(RealFs::new())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
+    #[error("{CANARY_ENV}={0:?} names no canary (snake_case, e.g. real_fs_sync_noop)")]
+    Canary(String),
     #[error("provider: {0}")]
     Provider(#[from] OpenAiError),
     #[error("telemetry: {0}")]
@@ -96,6 +136,7 @@ pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport, Lifecyc
     let mut system_config = SystemConfig::new(config.runtime.root.clone(), SYSTEM_SEED);
     system_config.slots = config.runtime.slots;
     system_config.max_tool_rounds = config.runtime.max_tool_rounds;
+    system_config.canaries = canaries()?;
     let deps = Deps {
         provider: Arc::new(InterruptibleProvider::new(Arc::new(provider), stop.clone())),
         tools: Arc::new(ObservedTools {
@@ -108,7 +149,7 @@ pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport, Lifecyc
         }),
         clock: Arc::new(HostClock::start()),
     };
-    let (system, report) = System::boot(Arc::new(RealFs::new()), system_config, deps)?;
+    let (system, report) = System::boot(Arc::new(real_fs()?), system_config, deps)?;
     tracing::info!(
         root = %config.runtime.root.display(),
         intents_settled = report.stores.activities.len(),

@@ -26,7 +26,6 @@
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use durable_agent::fs::RealFs;
 use durable_agent::system::{BootReport, System};
 use serde_json::{json, Value};
 
@@ -206,7 +205,11 @@ fn worker(
             return Ok(());
         }
     };
-    let mut schedules = match Schedules::load(Arc::new(RealFs), &config.runtime.root) {
+    let fs = match crate::boot::real_fs() {
+        Ok(fs) => fs,
+        Err(e) => return Err(OpError::UnknownOutcome(e.to_string())),
+    };
+    let mut schedules = match Schedules::load(Arc::new(fs), &config.runtime.root) {
         Ok(schedules) => schedules,
         Err(e) => {
             // The boot was reported good; a bad schedules file stops the daemon.

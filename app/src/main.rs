@@ -10,9 +10,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use durable_agent::fs::RealFs;
 use durable_agent_cli::api::{self, Client};
-use durable_agent_cli::boot::boot;
+use durable_agent_cli::boot::{boot, real_fs};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::daemon::{Daemon, ServeSettings};
 use durable_agent_cli::interrupt::Stop;
@@ -303,8 +302,11 @@ fn control(
     let value = match boot(&config, &Stop::new()) {
         Ok((mut system, _report, lifecycle)) => {
             let request = api::route(method, path, &text).map_err(|r| r.message)?;
-            let mut schedules =
-                Schedules::load(Arc::new(RealFs), &config.runtime.root).map_err(|e| e.to_string())?;
+            let mut schedules = Schedules::load(
+                Arc::new(real_fs().map_err(|e| e.to_string())?),
+                &config.runtime.root,
+            )
+            .map_err(|e| e.to_string())?;
             ops::apply(&mut system, &mut schedules, &lifecycle, request).map_err(|e| e.to_string())?
         }
         Err(e) if e.is_locked() => {

@@ -3,7 +3,8 @@
 //! without an API key.
 //!
 //! Echo mode is deterministic: if the request offers tools and its last
-//! message is the user's, it asks for the first offered tool (arguments
+//! message is the user's, it asks for the first offered tool whose name
+//! the user's message contains, else the first offered tool (arguments
 //! filled from the schema's required properties); otherwise it answers
 //! `echo: <last user message>`, quoting the last tool result if any.
 //!
@@ -262,7 +263,14 @@ fn echo(request: &Value) -> Message {
         .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
         .map(content)
         .unwrap_or_default();
-    if let (Some("user"), Some(tool)) = (last_role, tools.first()) {
+    // The first offered tool the user's message names, else the first
+    // offered tool: a prompt can pick its tool ("... use note").
+    let named = tools.iter().find(|t| {
+        t["function"]["name"]
+            .as_str()
+            .is_some_and(|name| last_user.contains(name))
+    });
+    if let (Some("user"), Some(tool)) = (last_role, named.or(tools.first())) {
         let function = &tool["function"];
         let name = function["name"].as_str().unwrap_or("unnamed").to_string();
         let args = example_args(&function["parameters"], &last_user);
@@ -329,6 +337,16 @@ mod tests {
         let m = echo(&second);
         assert!(m.calls.is_empty());
         assert_eq!(m.text.as_deref(), Some("echo: hi (tool said: 42)"));
+        // A message naming an offered tool picks it.
+        let two = json!([tools[0], {"type": "function", "function": {"name": "note",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}]);
+        let named = json!({"messages": [{"role": "user", "content": "use note"}], "tools": two});
+        assert_eq!(
+            echo(&named).calls,
+            vec![("note".to_string(), r#"{"text":"use note"}"#.to_string())]
+        );
+        let unnamed = json!({"messages": [{"role": "user", "content": "hi"}], "tools": two});
+        assert_eq!(echo(&unnamed).calls[0].0, "lookup");
         let no_tools = json!({"messages": [{"role": "user", "content": "yo"}]});
         assert_eq!(echo(&no_tools).text.as_deref(), Some("echo: yo"));
     }

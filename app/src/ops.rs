@@ -268,18 +268,38 @@ fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) 
         return Err(OpError::BadRequest("`prompt` must not be empty".into()));
     }
     let id = resolve(system, name)?;
-    // Messages waiting for the agent are handed to it with this turn.
-    let messages = system.runtime_mut().deliver(&id)?;
-    let mut prompt = String::new();
-    if !messages.is_empty() {
-        prompt.push_str("Messages for you:\n");
-        for m in &messages {
-            prompt.push_str(&format!("- from {}: {}\n", m.from, m.payload));
-        }
-        prompt.push('\n');
-    }
-    prompt.push_str(&r.prompt);
     let work = r.work_id.as_ref().map(|w| format!("api:{w}"));
+    // A retried request whose turn was cut short (a crash, a stop) resumes
+    // that turn as it began — its prompt, with the messages it was handed
+    // — so its calls keep their idempotency keys. Collecting messages
+    // again would make it another turn with other keys, and an
+    // irreversible call already sent would be sent again (found by the
+    // kill -9 soak: `durable-agent-sim soak --kill --seed 2`).
+    let reopened = match &work {
+        Some(w) => system
+            .runtime()
+            .open_turn(&id)?
+            .filter(|open| open.work.as_deref() == Some(w.as_str()))
+            .map(|open| open.prompt.clone()),
+        None => None,
+    };
+    let (prompt, messages) = match reopened {
+        Some(prompt) => (prompt, Vec::new()),
+        None => {
+            // Messages waiting for the agent are handed to it with this turn.
+            let messages = system.runtime_mut().deliver(&id)?;
+            let mut prompt = String::new();
+            if !messages.is_empty() {
+                prompt.push_str("Messages for you:\n");
+                for m in &messages {
+                    prompt.push_str(&format!("- from {}: {}\n", m.from, m.payload));
+                }
+                prompt.push('\n');
+            }
+            prompt.push_str(&r.prompt);
+            (prompt, messages)
+        }
+    };
     let outcome = lifecycle.turn(
         system,
         &id,

@@ -320,7 +320,7 @@ mod tests {
     #[test]
     fn acknowledged_schedules_are_read_back_and_bad_ones_refused() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let fs: Arc<dyn Fs> = Arc::new(RealFs);
+        let fs: Arc<dyn Fs> = Arc::new(RealFs::new());
         let mut book = Schedules::load(fs.clone(), dir.path())?;
         assert!(book.add(schedule("daily", 1_000))?);
         assert!(!book.add(schedule("daily", 1_000))?, "same definition: no-op");

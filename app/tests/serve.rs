@@ -260,3 +260,61 @@ fn recurring_schedule_fires_each_bucket_at_most_once_across_kill_9_restarts_of_s
     assert!(buckets.windows(2).any(|w| w[1] - w[0] >= 2), "{buckets:?}");
     Ok(())
 }
+
+/// A turn cut by kill -9 inside its irreversible call (the sink has the
+/// effect, the daemon not yet its answer), re-asked with the same work id:
+/// it resumes the turn it began — with the messages it was handed then —
+/// so the call keeps its idempotency key and the ledger does not send it
+/// again. (Collecting the messages anew made it another turn with other
+/// keys: the soak's first find.)
+#[test]
+fn a_retried_work_turn_cut_mid_tool_keeps_its_keys_and_sends_nothing_twice() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mock = MockLlm::echo(loopback())?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let (first, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    api.call("POST", "/agents", Some(&json!({"name": "boss"})))?;
+    api.call("POST", "/agents", Some(&json!({"name": "mailer"})))?;
+    api.call(
+        "POST",
+        "/messages",
+        Some(&json!({"from": "boss", "to": "mailer", "payload": "cc the board"})),
+    )?;
+    // The sink takes the effect at once and answers 3 s later.
+    sink.delay_replies(3_000);
+    let turn = json!({"prompt": "mail the release note", "work_id": "w1"});
+    let cut = {
+        let turn = turn.clone();
+        std::thread::spawn(move || api.call("POST", "/agents/mailer/turn", Some(&turn)).is_err())
+    };
+    wait_for("the effect to land", || sink.deliveries_len() == 1)?;
+    signal(&first, "KILL")?;
+    finish(first)?;
+    assert!(cut.join().map_err(|_| "panicked")?, "the cut turn was answered");
+    sink.delay_replies(0);
+
+    let (second, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    let retried = api.call("POST", "/agents/mailer/turn", Some(&turn))?;
+    // Not sent again: the ledger holds its INTENT and the sink cannot
+    // deduplicate, so it needs a human's confirmation instead.
+    assert_eq!(sink.requests(), 1, "{retried}");
+    assert_eq!(retried["tool_calls"][0]["ok"], false, "{retried}");
+    let status = api.call("GET", "/status", None)?;
+    assert_eq!(
+        status["needs_confirmation"].as_array().map(Vec::len),
+        Some(1),
+        "{status}"
+    );
+    signal(&second, "TERM")?;
+    assert!(finish(second)?.status.success());
+    Ok(())
+}

@@ -1,7 +1,8 @@
 //! The harness: a reference model of the runtime's acknowledged state (the
 //! oracle), operation generators, the crash driver, and the `repro` binary.
 //! It drives `durable-agent` on [`durable_agent::fs::SimFs`] and never
-//! touches a real disk (except to save failing cases under `target/`).
+//! touches a real disk (except to save failing cases under `target/`) —
+//! but for [`soak`], which runs the real binary on a real directory.
 //!
 //! One path for every entry point: an [`op::Op`] sequence is resolved
 //! against the [`model::Model`], run on the runtime by [`driver::Driver`],
@@ -22,6 +23,8 @@ pub mod profile;
 pub mod replay;
 pub mod report;
 pub mod search;
+#[cfg(not(madsim))]
+pub mod soak;
 pub mod standins;
 pub mod sweep;
 pub mod tour;

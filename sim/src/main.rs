@@ -6,6 +6,7 @@
 //! durable-agent-sim canaries [--profile ci]
 //! durable-agent-sim sweep [--case FILE] [--seed N] [--replay]
 //! durable-agent-sim repro --case FILE [--sweep]
+//! durable-agent-sim soak --kill [--time 60s] [--seed N] [--min-crashes 30] [--bin PATH]
 //! ```
 //! Exit code 0: nothing found; 1: a failure (its report and repro command
 //! are printed); 2: bad arguments or files. Wall-clock time is used only
@@ -81,6 +82,110 @@ enum Command {
         #[arg(long)]
         sweep: bool,
     },
+    /// Soak the real binary: `serve` under a seeded API workload, crashed
+    /// again and again, checked after every restart (see `soak` docs).
+    #[cfg(not(madsim))]
+    Soak(SoakArgs),
+}
+
+#[cfg(not(madsim))]
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("crash").required(true).args(["kill"])))]
+struct SoakArgs {
+    /// Crash by SIGKILL on a plain directory (the page cache survives).
+    #[arg(long)]
+    kill: bool,
+    /// Start no new crash after this long (`90s`, `10m`).
+    #[arg(long, default_value = "60s")]
+    time: String,
+    /// The workload's seed (default: random, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Fail unless at least this many crashes were survived.
+    #[arg(long, default_value_t = 0)]
+    min_crashes: u64,
+    /// Stop after this many crashes, even with time left.
+    #[arg(long)]
+    max_crashes: Option<u64>,
+    /// Start a fresh root after this many crashes.
+    #[arg(long, default_value_t = 100)]
+    crashes_per_root: u64,
+    /// The `durable-agent` binary (default: next to this one).
+    #[arg(long)]
+    bin: Option<PathBuf>,
+    /// Keep logs, configs and roots here (default: a temp dir, kept only
+    /// on failure).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Switch one canary on in a `--features canaries` build of the binary.
+    #[arg(long)]
+    canary: Option<String>,
+    /// One line per crash on stderr.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+#[cfg(not(madsim))]
+fn soak(args: SoakArgs) -> Result<bool, String> {
+    use durable_agent_sim::soak::{self, Kill, SoakOptions};
+    let bin = soak::serve::locate(args.bin.as_deref())?;
+    if let Some(dir) = &args.work_dir {
+        if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
+            return Err(format!(
+                "--work-dir {}: not empty (each soak starts from nothing)",
+                dir.display()
+            ));
+        }
+    }
+    let temp = match &args.work_dir {
+        Some(_) => None,
+        None => Some(
+            tempfile::Builder::new()
+                .prefix("da-soak-")
+                .tempdir()
+                .map_err(|e| format!("cannot create a temp dir: {e}"))?,
+        ),
+    };
+    let work_dir = match (&args.work_dir, &temp) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(t)) => t.path().to_path_buf(),
+        (None, None) => return Err("no work dir".into()),
+    };
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let options = SoakOptions {
+        seed,
+        time: duration(&args.time)?,
+        min_crashes: args.min_crashes,
+        max_crashes: args.max_crashes,
+        crashes_per_root: args.crashes_per_root.max(1),
+        bin: bin.clone(),
+        work_dir: work_dir.clone(),
+        canary: args.canary.clone(),
+        verbose: args.verbose,
+    };
+    let mut crash = Kill::new(&work_dir.join("data"))?;
+    eprintln!(
+        "soak --kill: seed {seed}, {} on {}",
+        bin.display(),
+        work_dir.display()
+    );
+    let report = soak::run(&options, &mut crash);
+    println!("{}", report.summary(options.min_crashes));
+    let passed = report.passed(options.min_crashes);
+    if !passed {
+        if let Some(t) = temp {
+            // Keep the evidence: logs, roots, configs.
+            println!("work dir kept: {}", t.keep().display());
+        }
+        println!(
+            "repro: durable-agent-sim soak --{} --seed {seed} --time {} --bin {}{}",
+            report.crash,
+            args.time,
+            bin.display(),
+            args.canary.map(|c| format!(" --canary {c}")).unwrap_or_default()
+        );
+    }
+    Ok(passed)
 }
 
 fn profile(name: Option<&str>) -> Result<Profile, String> {
@@ -274,7 +379,9 @@ fn run(cli: Cli) -> Result<bool, String> {
             for row in &rows {
                 println!("{row}");
             }
-            Ok(rows.iter().all(|r| matches!(r.verdict, Verdict::Caught { .. })))
+            Ok(rows
+                .iter()
+                .all(|r| matches!(r.verdict, Verdict::Caught { .. } | Verdict::RealFsOnly)))
         }
         Command::Sweep { case, seed, replay } => {
             let (seed, ops, canaries) = match case {
@@ -319,6 +426,8 @@ fn run(cli: Cli) -> Result<bool, String> {
             println!("{out}");
             Ok(passed)
         }
+        #[cfg(not(madsim))]
+        Command::Soak(args) => soak(args),
     }
 }
 

@@ -79,7 +79,7 @@ fn the_root_lock_holds_on_a_real_directory_against_other_processes() {
         let fs = SimFs::new(SimConfig::new(1));
         deps(&fs, &World::without_dedup(), &SteppedClock::default())
     };
-    let boot_real = || System::boot(Arc::new(RealFs), SystemConfig::new(&root, 1), deps());
+    let boot_real = || System::boot(Arc::new(RealFs::new()), SystemConfig::new(&root, 1), deps());
     let (held, _) = boot_real().expect("first boot");
     let err = boot_real().expect_err("a second writer booted");
     assert!(matches!(err, SystemError::Locked { .. }), "{err}");

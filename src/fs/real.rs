@@ -1,31 +1,92 @@
 //! [`RealFs`]: the production [`Fs`] over `std::fs`.
 //!
-//! Invariant: `sync` is `File::sync_all` and `sync_dir` opens the directory
-//! and fsyncs it — the two calls POSIX needs for a write, a create or a
-//! rename to survive power loss. Files are opened per call: the seam is
-//! path-based so that every call is one countable I/O point in simulation,
-//! and production I/O here is rare (a few appends per turn).
+//! Invariant: `sync` is `File::sync_all` on the descriptor that did the
+//! writes, and `sync_dir` fsyncs a descriptor of the directory held since
+//! its entries changed — the two calls POSIX needs for a write, a create
+//! or a rename to survive power loss. Why the descriptors are kept: Linux
+//! reports a writeback error (the page cache failed to reach the disk)
+//! to the descriptors open when it happened, and forgets it once the
+//! inode leaves the cache; a descriptor opened just for the fsync can miss
+//! it and report success for lost data (PostgreSQL's "fsyncgate", 2018).
+//! So a written file's descriptor stays open until the file is removed,
+//! and a failed fsync is sticky: every later `sync` of that file fails too
+//! ("the data it held is unknown"), because a retried fsync would succeed
+//! on pages the kernel already marked clean.
+//!
+//! The table is bounded ([`RealFs::MAX_KEPT`]): past it, descriptors with nothing
+//! unsynced are closed first; one with unsynced writes is never closed
+//! before its fsync.
 //!
 //! Errors keep their `ErrorKind` (callers branch on `NotFound`,
 //! `AlreadyExists`, `StorageFull`) and gain the label and path, because a
 //! bare "No such file or directory" names neither the file nor the step.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[cfg(feature = "canaries")]
+use crate::canary::{Canaries, Canary};
 
 use super::{lock_held, Fs, FsLock, OpenMode};
 
-/// The real filesystem. Paths are used as given (absolute, or relative to
-/// the process's working directory).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RealFs;
+/// One kept descriptor: a file opened read-write, or a directory opened
+/// read-only.
+#[derive(Debug)]
+struct Kept {
+    file: File,
+    /// Written (or, for a directory, an entry changed) since the last
+    /// successful fsync.
+    dirty: AtomicBool,
+    /// The error of a failed fsync: sticky (see the module doc).
+    failed: Mutex<Option<String>>,
+}
 
-impl RealFs {
-    pub fn new() -> Self {
-        RealFs
+impl Kept {
+    fn new(file: File) -> Arc<Kept> {
+        Arc::new(Kept {
+            file,
+            dirty: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        })
     }
+
+    fn failed(&self) -> MutexGuard<'_, Option<String>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// fsync, unless an earlier one failed.
+    fn sync(&self) -> io::Result<()> {
+        let mut failed = self.failed();
+        if let Some(first) = failed.as_ref() {
+            return Err(io::Error::other(format!(
+                "an earlier fsync of this file failed ({first}); the data it held is unknown"
+            )));
+        }
+        // Cleared before the fsync: a write racing it stays dirty.
+        self.dirty.store(false, Ordering::SeqCst);
+        match self.file.sync_all() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.dirty.store(true, Ordering::SeqCst);
+                *failed = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The real filesystem. Paths are used as given (absolute, or relative to
+/// the process's working directory). Clones share the kept descriptors.
+#[derive(Debug, Default, Clone)]
+pub struct RealFs {
+    kept: Arc<Mutex<BTreeMap<PathBuf, Arc<Kept>>>>,
+    #[cfg(feature = "canaries")]
+    canaries: Canaries,
 }
 
 fn open_rw(path: &Path) -> io::Result<File> {
@@ -37,7 +98,7 @@ fn ctx<T>(result: io::Result<T>, label: &str, path: &Path) -> io::Result<T> {
     result.map_err(|e| io::Error::new(e.kind(), format!("{label}: {}: {e}", path.display())))
 }
 
-fn open_with(path: &Path, mode: OpenMode) -> io::Result<()> {
+fn open_with(path: &Path, mode: OpenMode) -> io::Result<File> {
     let mut opts = OpenOptions::new();
     opts.read(true).write(true);
     match mode {
@@ -52,18 +113,10 @@ fn open_with(path: &Path, mode: OpenMode) -> io::Result<()> {
             opts.create(true).truncate(true);
         }
     }
-    opts.open(path).map(drop)
+    opts.open(path)
 }
 
-fn append_at_end(path: &Path, data: &[u8]) -> io::Result<u64> {
-    let mut file = open_rw(path)?;
-    let offset = file.seek(SeekFrom::End(0))?;
-    file.write_all(data)?;
-    Ok(offset)
-}
-
-fn read_fully_at(path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-    let file = File::open(path)?;
+fn read_fully_at(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match file.read_at(&mut buf[filled..], offset + filled as u64) {
@@ -76,12 +129,6 @@ fn read_fully_at(path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> 
     Ok(filled)
 }
 
-fn read_all(path: &Path) -> io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    File::open(path)?.read_to_end(&mut out)?;
-    Ok(out)
-}
-
 fn list_sorted(dir: &Path) -> io::Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in fs::read_dir(dir)? {
@@ -92,30 +139,174 @@ fn list_sorted(dir: &Path) -> io::Result<Vec<String>> {
     Ok(names)
 }
 
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+impl RealFs {
+    /// Kept descriptors beyond which clean ones are closed.
+    pub const MAX_KEPT: usize = 256;
+
+    pub fn new() -> Self {
+        RealFs::default()
+    }
+
+    /// The same filesystem with known bugs switched on (harness and test
+    /// builds only; see [`Canary::RealFsSyncNoop`]).
+    #[cfg(feature = "canaries")]
+    pub fn with_canaries(canaries: Canaries) -> Self {
+        RealFs {
+            canaries,
+            ..RealFs::default()
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, BTreeMap<PathBuf, Arc<Kept>>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Descriptors currently kept open (for tests and diagnostics).
+    pub fn kept_len(&self) -> usize {
+        self.table().len()
+    }
+
+    /// Keep `file` as `path`'s descriptor, closing clean ones past the bound.
+    fn keep(&self, path: &Path, file: File) -> Arc<Kept> {
+        let mut table = self.table();
+        if table.len() >= Self::MAX_KEPT {
+            // Never a dirty one: its fsync must see its writeback errors.
+            table.retain(|_, k| k.dirty.load(Ordering::SeqCst) || k.failed().is_some());
+        }
+        let kept = Kept::new(file);
+        table.insert(path.to_path_buf(), Arc::clone(&kept));
+        kept
+    }
+
+    /// `path`'s kept read-write descriptor, opened and kept if missing.
+    fn file(&self, path: &Path) -> io::Result<Arc<Kept>> {
+        if let Some(k) = self.table().get(path) {
+            return Ok(Arc::clone(k));
+        }
+        Ok(self.keep(path, open_rw(path)?))
+    }
+
+    /// The directory's kept descriptor (read-only: Linux's dir fsync needs
+    /// one), opened and kept if missing.
+    fn dir(&self, path: &Path) -> io::Result<Arc<Kept>> {
+        if let Some(k) = self.table().get(path) {
+            return Ok(Arc::clone(k));
+        }
+        Ok(self.keep(path, File::open(path)?))
+    }
+
+    /// An entry of `path`'s directory is about to change: hold the
+    /// directory's descriptor across the change and its fsync.
+    fn dir_changes(&self, path: &Path) -> io::Result<()> {
+        self.dir(parent_of(path))?.dirty.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The descriptor to read through: the kept one, else a fresh one.
+    fn reader(&self, path: &Path) -> io::Result<ReadVia> {
+        match self.table().get(path) {
+            Some(k) => Ok(ReadVia::Kept(Arc::clone(k))),
+            None => Ok(ReadVia::Fresh(File::open(path)?)),
+        }
+    }
+
+    fn written(kept: &Kept) {
+        kept.dirty.store(true, Ordering::SeqCst);
+    }
+}
+
+enum ReadVia {
+    Kept(Arc<Kept>),
+    Fresh(File),
+}
+
+impl ReadVia {
+    fn file(&self) -> &File {
+        match self {
+            ReadVia::Kept(k) => &k.file,
+            ReadVia::Fresh(f) => f,
+        }
+    }
+}
+
 impl Fs for RealFs {
     fn create_dir_all(&self, path: &Path, label: &str) -> io::Result<()> {
-        ctx(fs::create_dir_all(path), label, path)
+        let result = (|| {
+            if !path.is_dir() {
+                // The new entry lands in the nearest existing ancestor.
+                let mut top = path;
+                while let Some(up) = top.parent().filter(|p| !p.as_os_str().is_empty() && !p.is_dir()) {
+                    top = up;
+                }
+                self.dir_changes(top)?;
+            }
+            fs::create_dir_all(path)
+        })();
+        ctx(result, label, path)
     }
 
     fn open(&self, path: &Path, mode: OpenMode, label: &str) -> io::Result<()> {
-        ctx(open_with(path, mode), label, path)
+        let result = (|| {
+            if mode != OpenMode::Existing {
+                self.dir_changes(path)?;
+            }
+            let file = open_with(path, mode)?;
+            let kept = self.keep(path, file);
+            if mode != OpenMode::Existing {
+                Self::written(&kept);
+            }
+            Ok(())
+        })();
+        ctx(result, label, path)
     }
 
     fn write_at(&self, path: &Path, offset: u64, data: &[u8], label: &str) -> io::Result<()> {
-        let result = open_rw(path).and_then(|f| f.write_all_at(data, offset));
+        let result = self.file(path).and_then(|k| {
+            Self::written(&k);
+            k.file.write_all_at(data, offset)
+        });
         ctx(result, label, path)
     }
 
     fn append(&self, path: &Path, data: &[u8], label: &str) -> io::Result<u64> {
-        ctx(append_at_end(path, data), label, path)
+        let result = self.file(path).and_then(|k| {
+            Self::written(&k);
+            // pwrite at the length, not the descriptor's offset: the kept
+            // descriptor is shared, and the log has one writer.
+            let offset = k.file.metadata()?.len();
+            k.file.write_all_at(data, offset)?;
+            Ok(offset)
+        });
+        ctx(result, label, path)
     }
 
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize> {
-        ctx(read_fully_at(path, offset, buf), label, path)
+        let result = self
+            .reader(path)
+            .and_then(|r| read_fully_at(r.file(), offset, buf));
+        ctx(result, label, path)
     }
 
     fn read(&self, path: &Path, label: &str) -> io::Result<Vec<u8>> {
-        ctx(read_all(path), label, path)
+        let result = self.reader(path).and_then(|r| {
+            let mut out = Vec::new();
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                let n = read_fully_at(r.file(), out.len() as u64, &mut chunk)?;
+                out.extend_from_slice(&chunk[..n]);
+                if n < chunk.len() {
+                    return Ok(out);
+                }
+            }
+        });
+        ctx(result, label, path)
     }
 
     fn len(&self, path: &Path, label: &str) -> io::Result<u64> {
@@ -123,28 +314,66 @@ impl Fs for RealFs {
     }
 
     fn truncate(&self, path: &Path, len: u64, label: &str) -> io::Result<()> {
-        ctx(open_rw(path).and_then(|f| f.set_len(len)), label, path)
+        let result = self.file(path).and_then(|k| {
+            Self::written(&k);
+            k.file.set_len(len)
+        });
+        ctx(result, label, path)
     }
 
     fn sync(&self, path: &Path, label: &str) -> io::Result<()> {
-        ctx(open_rw(path).and_then(|f| f.sync_all()), label, path)
+        #[cfg(feature = "canaries")]
+        if self.canaries.has(Canary::RealFsSyncNoop) {
+            return Ok(());
+        }
+        ctx(self.file(path).and_then(|k| k.sync()), label, path)
     }
 
     fn sync_dir(&self, path: &Path, label: &str) -> io::Result<()> {
-        // A directory fsync on Linux needs a read-only descriptor of the dir.
-        ctx(File::open(path).and_then(|d| d.sync_all()), label, path)
+        #[cfg(feature = "canaries")]
+        if self.canaries.has(Canary::RealFsSyncDirNoop) {
+            return Ok(());
+        }
+        ctx(self.dir(path).and_then(|k| k.sync()), label, path)
     }
 
     fn rename(&self, from: &Path, to: &Path, label: &str) -> io::Result<()> {
-        let result = fs::rename(from, to);
-        result.map_err(|e| {
+        let result = (|| {
+            self.dir_changes(from)?;
+            self.dir_changes(to)?;
+            fs::rename(from, to)?;
+            // The descriptors follow their inodes: whatever was kept under
+            // `from` (a file, or a directory's entries) is now under `to`;
+            // what `to` named is gone.
+            let mut table = self.table();
+            table.retain(|p, _| !p.starts_with(to));
+            let moved: Vec<PathBuf> = table.keys().filter(|p| p.starts_with(from)).cloned().collect();
+            for old in moved {
+                if let (Some(k), Ok(rest)) = (table.remove(&old), old.strip_prefix(from)) {
+                    let new = if rest.as_os_str().is_empty() {
+                        to.to_path_buf()
+                    } else {
+                        to.join(rest)
+                    };
+                    table.insert(new, k);
+                }
+            }
+            Ok(())
+        })();
+        result.map_err(|e: io::Error| {
             let (from, to) = (from.display(), to.display());
             io::Error::new(e.kind(), format!("{label}: {from} -> {to}: {e}"))
         })
     }
 
     fn remove(&self, path: &Path, label: &str) -> io::Result<()> {
-        ctx(fs::remove_file(path), label, path)
+        let result = (|| {
+            self.dir_changes(path)?;
+            fs::remove_file(path)?;
+            self.table().remove(path);
+            Ok(())
+        })();
+        ctx(result, label, path)
     }
 
     fn list(&self, dir: &Path, label: &str) -> io::Result<Vec<String>> {
@@ -174,5 +403,27 @@ impl Fs for RealFs {
             Err(std::fs::TryLockError::WouldBlock) => Err(lock_held(path, label)),
             Err(std::fs::TryLockError::Error(e)) => ctx(Err(e), label, path),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed fsync is sticky: retrying it would report success for
+    /// pages the kernel already dropped (fsyncgate). A pipe cannot be
+    /// fsynced (EINVAL), which stands in for a writeback error.
+    #[test]
+    fn a_failed_fsync_fails_every_later_sync_of_the_file() {
+        let (_reader, writer) = std::io::pipe().expect("pipe");
+        let kept = Kept::new(File::from(std::os::fd::OwnedFd::from(writer)));
+        let first = kept.sync().expect_err("fsync of a pipe fails");
+        let again = kept.sync().expect_err("a retry must not succeed");
+        assert!(
+            again.to_string().contains("an earlier fsync of this file failed"),
+            "{again}"
+        );
+        assert!(again.to_string().contains(&first.to_string()), "{again}");
+        assert!(kept.dirty.load(Ordering::SeqCst));
     }
 }
