@@ -37,6 +37,7 @@
 
 pub mod check;
 pub mod crash;
+pub mod power_cut;
 pub mod expect;
 pub mod serve;
 pub mod workload;
@@ -54,6 +55,7 @@ use serde_json::json;
 
 use check::StatusView;
 pub use crash::{Crash, Kill};
+pub use power_cut::PowerCut;
 use serve::{Program, Serve};
 use workload::{Op, Outcome, Workload};
 use world::World;
