@@ -37,8 +37,8 @@
 
 pub mod check;
 pub mod crash;
-pub mod power_cut;
 pub mod expect;
+pub mod power_cut;
 pub mod serve;
 pub mod workload;
 pub mod world;

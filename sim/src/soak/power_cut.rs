@@ -80,7 +80,10 @@ impl Crash for PowerCut {
     }
 
     fn after_kill(&mut self, seed: u64) -> Result<String, String> {
-        let mount = self.mount.take().ok_or("the disk is not mounted (an earlier remount failed)")?;
+        let mount = self
+            .mount
+            .take()
+            .ok_or("the disk is not mounted (an earlier remount failed)")?;
         let model = self.model;
         let cut = mount.cut_power(seed).map_err(|e| e.to_string())?;
         self.model = draw_model(&mut ChaCha8Rng::seed_from_u64(seed ^ 0x5eed));
