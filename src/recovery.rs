@@ -43,7 +43,9 @@ use crate::fs::Fs;
 use crate::log::{self, Event, EventLog, LogEntry, LogRepair};
 use crate::runtime::inbox::{Inboxes, Message};
 use crate::runtime::tree::AgentTree;
-use crate::runtime::turn::{conversation_from_log, done_work_from_log, open_turn_from_log};
+use crate::runtime::turn::{
+    conversation_from_log, done_work_from_log, open_turn_from_log, started_work_from_log,
+};
 use crate::runtime::{AgentId, AgentSlot, MessageId, RuntimeConfig, RuntimeError, SessionId};
 use crate::store::session::{ScannedSession, SessionRecord, SessionState, SessionStore};
 
@@ -368,6 +370,7 @@ fn rebuild_slot(
         parent,
         conversation: conversation_from_log(&c.entries),
         done_work: done_work_from_log(&c.entries),
+        started_work: started_work_from_log(&c.entries),
         open: open_turn_from_log(&c.entries),
         provider_failures: 0,
         delivered,

@@ -393,3 +393,93 @@ fn in_flight_calls_replay_through_the_tool_call_ledger_and_repeated_failure_wait
         "a finished call ran again"
     );
 }
+
+/// A work turn crashed after its irreversible call reached the world (its
+/// answer lost), then superseded by another turn on the agent before
+/// anyone retried the work: the runtime still knows the prompt the work
+/// began with — in memory, and from the log after a reboot — so a retry
+/// runs that prompt, its call keeps its key, and the ledger does not send
+/// it again. (A retry whose prompt changed got new keys: the soak's find.)
+#[test]
+fn a_superseded_work_turn_keeps_its_first_prompt_and_its_keys() {
+    const WORK: &str = "api:w1";
+    let (first, last) = {
+        let fs = SimFs::new(SimConfig::new(2));
+        let provider = Arc::new(CountingProvider::default());
+        let mut system = boot(&fs, &provider, &World::without_dedup());
+        let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+        let first = fs.points() + 1;
+        system
+            .runtime_mut()
+            .run_work_turn(&agent, PROMPT, WORK)
+            .expect("turn");
+        (first, fs.points())
+    };
+    let mut cases = 0;
+    for point in first..=last {
+        let repro = format!("point={point}");
+        let fs = SimFs::new(SimConfig::new(2));
+        let provider = Arc::new(CountingProvider::default());
+        let world = World::without_dedup();
+        let mut system = boot(&fs, &provider, &world);
+        let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+        fs.set_fault(Some(Fault::CrashAt(point)));
+        assert!(
+            system.runtime_mut().run_work_turn(&agent, PROMPT, WORK).is_err(),
+            "{repro}"
+        );
+        drop(system);
+        fs.restart(CrashMode::ProcessCrash);
+        let sent = |world: &World| {
+            world
+                .deliveries()
+                .iter()
+                .filter(|d| d.idem_key.starts_with(WORK))
+                .count()
+        };
+        let mut system = boot(&fs, &provider, &world);
+        if sent(&world) != 1 || system.runtime().work_done(&agent, WORK).expect("agent") {
+            continue; // not the case under test: effect not out, or turn done
+        }
+        cases += 1;
+        let started = |s: &System| {
+            s.runtime()
+                .started_work_prompt(&agent, WORK)
+                .expect("agent")
+                .map(str::to_string)
+        };
+        assert_eq!(started(&system).as_deref(), Some(PROMPT), "{repro}");
+        // Another turn supersedes the interrupted one.
+        system
+            .runtime_mut()
+            .run_turn(&agent, "something else")
+            .expect(&repro);
+        assert_eq!(
+            system.runtime().open_turn(&agent).expect("agent"),
+            None,
+            "{repro}"
+        );
+        assert_eq!(
+            started(&system).as_deref(),
+            Some(PROMPT),
+            "{repro}: forgotten in memory"
+        );
+        drop(system);
+        let mut system = boot(&fs, &provider, &world);
+        assert_eq!(
+            started(&system).as_deref(),
+            Some(PROMPT),
+            "{repro}: forgotten by the log"
+        );
+        system
+            .runtime_mut()
+            .run_work_turn(&agent, PROMPT, WORK)
+            .expect(&repro);
+        assert_eq!(sent(&world), 1, "{repro}: the retried work sent its email again");
+        assert_eq!(started(&system), None, "{repro}: done work still listed");
+        drop(system);
+        let system = boot(&fs, &provider, &world);
+        assert_eq!(started(&system), None, "{repro}: done work listed after a reboot");
+    }
+    assert!(cases > 0, "no crash point fell between the delivery and its DONE");
+}

@@ -269,18 +269,16 @@ fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) 
     }
     let id = resolve(system, name)?;
     let work = r.work_id.as_ref().map(|w| format!("api:{w}"));
-    // A retried request whose turn was cut short (a crash, a stop) resumes
-    // that turn as it began — its prompt, with the messages it was handed
-    // — so its calls keep their idempotency keys. Collecting messages
-    // again would make it another turn with other keys, and an
-    // irreversible call already sent would be sent again (found by the
-    // kill -9 soak: `durable-agent-sim soak --kill --seed 2`).
+    // A retried request whose turn was cut short (a crash, a stop) runs
+    // the prompt that turn began with — the messages it was handed
+    // included — even if another turn (a trigger's) ran in between: its
+    // calls keep their idempotency keys, so the ledger recognises an
+    // irreversible call the lost attempt made. Collecting messages again
+    // would make it another turn with other keys, and the email would go
+    // out twice (found by the kill -9 soak: `soak --kill --seed 2`, then
+    // `--seed 7` with a schedule's turn in between).
     let reopened = match &work {
-        Some(w) => system
-            .runtime()
-            .open_turn(&id)?
-            .filter(|open| open.work.as_deref() == Some(w.as_str()))
-            .map(|open| open.prompt.clone()),
+        Some(w) => system.runtime().started_work_prompt(&id, w)?.map(str::to_string),
         None => None,
     };
     let (prompt, messages) = match reopened {

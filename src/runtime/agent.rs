@@ -4,7 +4,7 @@
 //! Invariant: every field is derivable from the session's `session.json`
 //! and `events.jsonl` (recovery rebuilds it from them).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::log::EventLog;
 use crate::store::session::SessionRecord;
@@ -25,6 +25,11 @@ pub(crate) struct AgentSlot {
     pub delivered: BTreeSet<MessageId>,
     /// Work ids (`turn.start`'s `work`) whose turn completed.
     pub done_work: BTreeSet<String>,
+    /// Work ids whose turn started and never completed, with the prompt
+    /// it first started with: a retry of the work runs that prompt again,
+    /// so its calls keep their idempotency keys even after another turn
+    /// superseded the interrupted one (see [`super::Runtime::started_work_prompt`]).
+    pub started_work: BTreeMap<String, String>,
     /// The interrupted turn, up to its last completed round.
     pub open: Option<OpenTurn>,
     /// Consecutive failed provider calls (the attempt number of the next

@@ -166,6 +166,7 @@ impl Runtime {
                 conversation: Vec::new(),
                 delivered: Default::default(),
                 done_work: Default::default(),
+                started_work: Default::default(),
                 open: None,
                 provider_failures: 0,
             },

@@ -11,7 +11,7 @@
 //! paid again and their tool calls are not re-executed, and the calls it
 //! does repeat carry the same idempotency keys.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -173,6 +173,30 @@ pub fn done_work_from_log(entries: &[LogEntry]) -> BTreeSet<String> {
     done
 }
 
+/// The work ids whose turn started in `entries` and never completed, with
+/// the prompt each first started with (see `AgentSlot::started_work`).
+pub fn started_work_from_log(entries: &[LogEntry]) -> BTreeMap<String, String> {
+    let mut started = BTreeMap::new();
+    let mut open: Option<Option<&String>> = None;
+    for entry in entries {
+        match &entry.event {
+            Event::TurnStart { prompt, work } => {
+                if let Some(w) = work {
+                    started.entry(w.clone()).or_insert_with(|| prompt.clone());
+                }
+                open = Some(work.as_ref());
+            }
+            Event::TurnComplete { .. } => {
+                if let Some(Some(work)) = open.take() {
+                    started.remove(work);
+                }
+            }
+            _ => {}
+        }
+    }
+    started
+}
+
 /// The (call id, request, output) of every call in `items` (pairs of
 /// `ToolCall` then `ToolResult`, as a turn logs them).
 fn completed_calls(items: &[ConversationItem]) -> Vec<(String, ToolRequest, ToolOutput)> {
@@ -290,6 +314,16 @@ impl Runtime {
         Ok(self.slot(agent)?.open.as_ref())
     }
 
+    /// The prompt a turn performing `work` first started with on `agent`,
+    /// if it started and never completed (interrupted, or superseded by
+    /// another turn since). A retry of the work must run this prompt: the
+    /// calls' idempotency keys derive from the work and the call (whose
+    /// arguments follow from the prompt), so the activity ledger then
+    /// recognises an irreversible call the lost attempt already made.
+    pub fn started_work_prompt(&self, agent: &AgentId, work: &str) -> Result<Option<&str>, RuntimeError> {
+        Ok(self.slot(agent)?.started_work.get(work).map(String::as_str))
+    }
+
     /// Whether a turn performing `work` completed durably for `agent`.
     pub fn work_done(&self, agent: &AgentId, work: &str) -> Result<bool, RuntimeError> {
         Ok(self.slot(agent)?.done_work.contains(work))
@@ -341,6 +375,10 @@ impl Runtime {
                         work: work.map(str::to_string),
                     },
                 )?;
+                if let Some(w) = work {
+                    let started = &mut self.slot_mut(agent)?.started_work;
+                    started.entry(w.to_string()).or_insert_with(|| prompt.to_string());
+                }
             }
         }
         self.slot_mut(agent)?.open = Some(OpenTurn {
@@ -485,6 +523,7 @@ impl Runtime {
         slot.open = None;
         if let Some(work) = work {
             slot.done_work.insert(work.to_string());
+            slot.started_work.remove(work);
         }
         Ok(TurnOutcome { response, tool_calls })
     }
