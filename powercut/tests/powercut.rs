@@ -233,7 +233,10 @@ impl LogicalClock for Clock {
 }
 
 /// The runtime on RealFs on the mount: every acknowledged op survives a
-/// cut under either directory model, whatever the seed keeps.
+/// cut under either directory model, whatever the seed keeps. Each
+/// "process" gets its own `RealFs` (which keeps the descriptors it wrote
+/// and synced through): it is dropped before the cut, as a killed
+/// process's descriptors are closed — an open one keeps the mount busy.
 #[test]
 fn runtime_on_realfs_recovers_every_acknowledged_op_after_a_cut() {
     for (seed, model) in [
@@ -242,10 +245,10 @@ fn runtime_on_realfs_recovers_every_acknowledged_op_after_a_cut() {
         (13, DirModel::Strict),
     ] {
         let disk = Disk::new();
-        let fs: Arc<dyn Fs> = Arc::new(RealFs::new());
         let m = disk.mount(MountConfig::new(model));
         let root = m.mountpoint().join("runtime");
-        let (mut rt, _) = Runtime::open(fs.clone(), &root, RuntimeConfig::new(3)).expect("open");
+        let process = || -> Arc<dyn Fs> { Arc::new(RealFs::new()) };
+        let (mut rt, _) = Runtime::open(process(), &root, RuntimeConfig::new(3)).expect("open");
         let a = rt.create_root("a", "x").expect("root");
         let b = rt.spawn_child(&a, "b", "y").expect("child");
         rt.run_turn(&b, "lookup something").expect("turn");
@@ -254,11 +257,12 @@ fn runtime_on_realfs_recovers_every_acknowledged_op_after_a_cut() {
         drop(rt);
         m.cut_power(seed).expect("cut");
         let m = disk.mount(MountConfig::new(model));
+        let fs = process();
         let (rt, _) = Runtime::open(fs.clone(), &root, RuntimeConfig::new(3))
             .unwrap_or_else(|e| panic!("seed {seed} {model:?}: recovery failed: {e}"));
         assert_eq!(rt.state(), before.normalized(), "seed {seed} {model:?}");
         check_invariants(fs.as_ref(), &root).expect("invariants");
-        drop(rt);
+        drop((rt, fs));
         m.cut_power(seed + 1000).expect("cut");
     }
 }
@@ -269,7 +273,6 @@ fn runtime_on_realfs_recovers_every_acknowledged_op_after_a_cut() {
 fn system_on_realfs_keeps_every_emitted_trigger_after_a_cut() {
     for (seed, model) in [(21, DirModel::Strict), (22, DirModel::Eager)] {
         let disk = Disk::new();
-        let fs: Arc<dyn Fs> = Arc::new(RealFs::new());
         let clock = Arc::new(Clock::default());
         let boot = |root: &Path| {
             let deps = Deps {
@@ -278,7 +281,8 @@ fn system_on_realfs_keeps_every_emitted_trigger_after_a_cut() {
                 outbox: Arc::new(World::default()),
                 clock: clock.clone(),
             };
-            System::boot(fs.clone(), SystemConfig::new(root, seed), deps)
+            // A fresh RealFs per boot: each is a process (see above).
+            System::boot(Arc::new(RealFs::new()), SystemConfig::new(root, seed), deps)
                 .unwrap_or_else(|e| panic!("seed {seed} {model:?}: boot: {e}"))
                 .0
         };

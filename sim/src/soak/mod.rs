@@ -425,7 +425,7 @@ impl Generation {
         let seen = self.status()?;
         let (checked, violations) = check::after_restart(&self.workload, &seen);
         report.promises_checked += checked.promises;
-        self.check_sink(report)?;
+        self.check_sink()?;
         if let Some(v) = violations.first() {
             return Err(Failed(format!(
                 "after restart: {v} (and {} more)",
@@ -475,7 +475,7 @@ impl Generation {
         Ok(())
     }
 
-    fn check_sink(&self, report: &mut SoakReport) -> Result<(), Failed> {
+    fn check_sink(&self) -> Result<(), Failed> {
         let deliveries = self.world.sink.deliveries();
         match check::sink(&deliveries, &self.issued).first() {
             Some(v) => Err(Failed(v.clone())),
@@ -604,7 +604,7 @@ impl Generation {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        self.check_sink(report)?;
+        self.check_sink()?;
         serve.stop()?;
         let deliveries = self.world.sink.deliveries();
         report.irreversible_delivered +=
