@@ -441,7 +441,10 @@ mod tests {
         w
     }
 
-    fn seen(agents: &[(&str, Option<&str>)], triggers: &[&str]) -> StatusView {
+    /// (name, parent) pairs as `/status` shows them.
+    type Agents<'a> = &'a [(&'a str, Option<&'a str>)];
+
+    fn seen(agents: Agents<'_>, triggers: &[&str]) -> StatusView {
         let mut v = StatusView::default();
         for (name, parent) in agents {
             v.agents.insert(name.to_string(), (parent.map(str::to_string), 0));
@@ -472,7 +475,7 @@ mod tests {
     #[test]
     fn restart_check_flags_lost_wrong_and_phantom_state() {
         let w = ledger();
-        let cases: [(&[(&str, Option<&str>)], &[&str], &str); 4] = [
+        let cases: [(Agents<'_>, &[&str], &str); 4] = [
             (&[("a1", None)], &["e4"], "acknowledged agent a2 is missing"),
             (&[("a1", None), ("a2", None)], &["e4"], "agent a2: parent"),
             (
