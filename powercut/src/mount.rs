@@ -156,15 +156,19 @@ impl PowerCutMount {
     }
 
     fn teardown(&mut self) -> Result<(), PowerCutError> {
-        match self.session.take() {
-            Some(session) => session
-                .umount_and_join()
-                .map_err(|source| PowerCutError::Unmount {
-                    mountpoint: self.mountpoint.clone(),
-                    source,
-                }),
-            None => Ok(()),
-        }
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        session.umount_and_join().map_err(|source| {
+            // Busy (a process still holds a file on it): report it, but
+            // detach the mount rather than leave it behind with nobody
+            // serving it (every access would hang or fail with ENOTCONN).
+            lazy_detach(&self.mountpoint);
+            PowerCutError::Unmount {
+                mountpoint: self.mountpoint.clone(),
+                source,
+            }
+        })
     }
 }
 
@@ -176,5 +180,24 @@ impl Drop for PowerCutMount {
         if let Err(e) = self.teardown() {
             tracing::warn!(error = %e, "powercut: unmount on drop failed");
         }
+    }
+}
+
+/// `umount2(path, MNT_DETACH)`: the mount leaves the namespace now and goes
+/// away when its last user closes. Best effort: the caller is already
+/// reporting why the plain unmount failed.
+fn lazy_detach(mountpoint: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 {
+        tracing::warn!(
+            mountpoint = %mountpoint.display(),
+            error = %std::io::Error::last_os_error(),
+            "powercut: lazy unmount failed"
+        );
     }
 }

@@ -330,3 +330,21 @@ fn system_on_realfs_keeps_every_emitted_trigger_after_a_cut() {
         m.cut_power(seed + 1000).expect("cut");
     }
 }
+
+/// A file still open on the mount keeps it busy: the cut says so (the
+/// program was not killed first) and still leaves no dead mount behind.
+#[test]
+fn a_cut_with_a_file_open_reports_it_and_leaves_no_mount_behind() {
+    let disk = Disk::new();
+    let m = disk.mount(MountConfig::new(DirModel::Strict));
+    let held = File::create(m.mountpoint().join("held")).expect("create");
+    let err = m.cut_power(1).expect_err("a busy mount must not unmount quietly");
+    assert!(err.to_string().contains("still has a file open"), "{err}");
+    drop(held);
+    let mounts = fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let mnt = disk.mnt.to_string_lossy().into_owned();
+    assert!(
+        !mounts.lines().any(|l| l.split(' ').nth(1) == Some(mnt.as_str())),
+        "{mnt} is still mounted"
+    );
+}
