@@ -7,7 +7,7 @@
 //! durable-agent-sim canaries [--profile ci]
 //! durable-agent-sim sweep [--case FILE] [--seed N] [--replay] [--report FILE.html]
 //! durable-agent-sim repro --case FILE [--sweep]
-//! durable-agent-sim soak --kill [--time 60s] [--seed N] [--min-crashes 30] [--bin PATH]
+//! durable-agent-sim soak --kill|--power-cut [--time 60s] [--seed N] [--min-crashes 30] [--bin PATH]
 //! ```
 //! Exit code 0: nothing found; 1: a failure (its report and repro command
 //! are printed); 2: bad arguments or files. Wall-clock time is used only
@@ -113,11 +113,16 @@ enum Command {
 
 #[cfg(not(madsim))]
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("crash").required(true).args(["kill"])))]
+#[command(group(clap::ArgGroup::new("crash").required(true).args(["kill", "power_cut"])))]
 struct SoakArgs {
     /// Crash by SIGKILL on a plain directory (the page cache survives).
     #[arg(long)]
     kill: bool,
+    /// Crash by SIGKILL and a power cut: the root lives on a FUSE mount
+    /// that drops what was never fsynced (SimFs's PowerLoss choices; needs
+    /// /dev/fuse and root, and fails loudly without them).
+    #[arg(long)]
+    power_cut: bool,
     /// Start no new crash after this long (`90s`, `10m`).
     #[arg(long, default_value = "60s")]
     time: String,
@@ -150,7 +155,7 @@ struct SoakArgs {
 
 #[cfg(not(madsim))]
 fn soak(args: SoakArgs) -> Result<bool, String> {
-    use durable_agent_sim::soak::{self, Kill, SoakOptions};
+    use durable_agent_sim::soak::{self, Crash, Kill, PowerCut, SoakOptions};
     let bin = soak::serve::locate(args.bin.as_deref())?;
     if let Some(dir) = &args.work_dir {
         if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
@@ -186,13 +191,18 @@ fn soak(args: SoakArgs) -> Result<bool, String> {
         canary: args.canary.clone(),
         verbose: args.verbose,
     };
-    let mut crash = Kill::new(&work_dir.join("data"))?;
+    let mut crash: Box<dyn Crash> = if args.power_cut {
+        Box::new(PowerCut::new(&work_dir.join("data"), seed)?)
+    } else {
+        Box::new(Kill::new(&work_dir.join("data"))?)
+    };
     eprintln!(
-        "soak --kill: seed {seed}, {} on {}",
+        "soak --{}: seed {seed}, {} on {}",
+        crash.name(),
         bin.display(),
         work_dir.display()
     );
-    let report = soak::run(&options, &mut crash);
+    let report = soak::run(&options, crash.as_mut());
     println!("{}", report.summary(options.min_crashes));
     let passed = report.passed(options.min_crashes);
     if !passed {

@@ -395,3 +395,162 @@ pub fn final_state(
     drop(system);
     (checked, out)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::soak::workload::REVERSIBLE_TOOL;
+
+    fn ledger() -> Workload {
+        let mut w = Workload::new(1);
+        let acked = || Outcome::Acked(json!({}));
+        w.record(
+            Op::CreateAgent {
+                name: "a1".into(),
+                parent: None,
+            },
+            acked(),
+            0,
+        );
+        w.record(
+            Op::CreateAgent {
+                name: "a2".into(),
+                parent: Some("a1".into()),
+            },
+            acked(),
+            0,
+        );
+        w.record(
+            Op::CreateAgent {
+                name: "a3".into(),
+                parent: None,
+            },
+            Outcome::Unknown("cut".into()),
+            0,
+        );
+        let emit = Op::Emit {
+            key: "e4".into(),
+            agent: "a1".into(),
+            marker: "[soak:e4]".into(),
+            tool: REVERSIBLE_TOOL,
+            delay_ms: 0,
+        };
+        w.record(emit, acked(), 0);
+        w
+    }
+
+    /// (name, parent) pairs as `/status` shows them.
+    type Agents<'a> = &'a [(&'a str, Option<&'a str>)];
+
+    fn seen(agents: Agents<'_>, triggers: &[&str]) -> StatusView {
+        let mut v = StatusView::default();
+        for (name, parent) in agents {
+            v.agents.insert(name.to_string(), (parent.map(str::to_string), 0));
+        }
+        for key in triggers {
+            let t = TriggerSeen {
+                status: "PENDING".into(),
+                last_error: None,
+            };
+            v.triggers.insert(key.to_string(), t);
+        }
+        v
+    }
+
+    #[test]
+    fn restart_check_accepts_what_was_acknowledged_with_or_without_the_unknown_op() {
+        let w = ledger();
+        for agents in [
+            &[("a1", None), ("a2", Some("a1"))][..],
+            &[("a1", None), ("a2", Some("a1")), ("a3", None)][..],
+        ] {
+            let (checked, violations) = after_restart(&w, &seen(agents, &["e4"]));
+            assert!(violations.is_empty(), "{violations:?}");
+            assert_eq!(checked.promises, 3);
+        }
+    }
+
+    #[test]
+    fn restart_check_flags_lost_wrong_and_phantom_state() {
+        let w = ledger();
+        let cases: [(Agents<'_>, &[&str], &str); 4] = [
+            (&[("a1", None)], &["e4"], "acknowledged agent a2 is missing"),
+            (&[("a1", None), ("a2", None)], &["e4"], "agent a2: parent"),
+            (
+                &[("a1", None), ("a2", Some("a1"))],
+                &[],
+                "acknowledged trigger e4 is lost",
+            ),
+            (
+                &[("a1", None), ("a2", Some("a1")), ("zz", None)],
+                &["e4"],
+                "never created it",
+            ),
+        ];
+        for (agents, triggers, want) in cases {
+            let (_, violations) = after_restart(&w, &seen(agents, triggers));
+            assert!(
+                violations.iter().any(|v| v.contains(want)),
+                "{want}: {violations:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_404_for_an_acknowledged_agent_is_a_violation() {
+        let w = ledger();
+        let op = Op::DeleteAgent { name: "a1".into() };
+        let refused = Outcome::Refused {
+            status: 404,
+            message: "no live agent named \"a1\"".into(),
+        };
+        assert!(refusal(&w, &op, &refused).is_some());
+        let op = Op::DeleteAgent { name: "a3".into() };
+        let refused = Outcome::Refused {
+            status: 404,
+            message: "no live agent named \"a3\"".into(),
+        };
+        assert!(
+            refusal(&w, &op, &refused).is_none(),
+            "a3's creation was never acknowledged"
+        );
+    }
+
+    fn delivery(id: &str, path: &str, key: &str, body: &str) -> Delivery {
+        Delivery {
+            id: id.into(),
+            request: durable_agent_cli::server::Recorded {
+                method: "POST".into(),
+                path: path.into(),
+                headers: vec![("Idempotency-Key".into(), key.into())],
+                body: body.into(),
+            },
+        }
+    }
+
+    #[test]
+    fn sink_check_flags_an_irreversible_action_sent_twice_under_any_key() {
+        let issued: BTreeSet<String> = ["[soak:t1]".to_string()].into();
+        let body = r#"{"to":"[soak:t1] please use send_email"}"#;
+        let note = r#"{"text":"[soak:t1] please use note"}"#;
+        let once = [
+            delivery("dlv-1", "/send", "k1", body),
+            delivery("dlv-2", "/note", "k2", note),
+            delivery("dlv-3", "/note", "k2", note),
+        ];
+        assert!(sink(&once, &issued).is_empty(), "a reversible call may repeat");
+        let twice = [
+            delivery("dlv-1", "/send", "k1", body),
+            delivery("dlv-2", "/send", "k9", body),
+        ];
+        let v = sink(&twice, &issued);
+        assert!(
+            v.iter().any(|v| v.contains("I4") && v.contains("[soak:t1]")),
+            "{v:?}"
+        );
+        let phantom = [delivery("dlv-1", "/send", "k1", r#"{"to":"[soak:t7] x"}"#)];
+        assert!(sink(&phantom, &issued).iter().any(|v| v.contains("never issued")));
+    }
+}

@@ -38,6 +38,7 @@
 pub mod check;
 pub mod crash;
 pub mod expect;
+pub mod power_cut;
 pub mod serve;
 pub mod workload;
 pub mod world;
@@ -54,6 +55,7 @@ use serde_json::json;
 
 use check::StatusView;
 pub use crash::{Crash, Kill};
+pub use power_cut::PowerCut;
 use serve::{Program, Serve};
 use workload::{Op, Outcome, Workload};
 use world::World;
