@@ -38,7 +38,9 @@
 pub mod check;
 pub mod crash;
 pub mod expect;
+pub mod plan;
 pub mod power_cut;
+pub mod report;
 pub mod serve;
 pub mod workload;
 pub mod world;
@@ -55,7 +57,9 @@ use serde_json::json;
 
 use check::StatusView;
 pub use crash::{Crash, Kill};
+pub use plan::{KillAt, KillPlan};
 pub use power_cut::PowerCut;
+pub use report::SoakReport;
 use serve::{Program, Serve};
 use workload::{Op, Outcome, Workload};
 use world::World;
@@ -89,122 +93,6 @@ pub struct SoakOptions {
     pub canary: Option<String>,
     /// One line per crash on stderr.
     pub verbose: bool,
-}
-
-/// When an epoch's crash happens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KillAt {
-    /// `delay_ms` after the last answer, no request in flight.
-    Idle { delay_ms: u64 },
-    /// `delay_ms` after a turn request was sent (mid-turn).
-    MidRequest { delay_ms: u64 },
-    /// `delay_us` after any request was sent (mostly between its commit
-    /// and its answer, or before its commit).
-    MidOp { delay_us: u64 },
-    /// When the sink receives the next tool call of a turn in flight.
-    MidTool,
-}
-
-/// One epoch's plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KillPlan {
-    pub ops_before: u32,
-    pub at: KillAt,
-}
-
-impl KillPlan {
-    pub fn draw(rng: &mut impl Rng) -> KillPlan {
-        let ops_before = rng.random_range(0..=5);
-        let at = match rng.random_range(0..10) {
-            0..=1 => KillAt::Idle {
-                delay_ms: rng.random_range(0..300),
-            },
-            2..=4 => KillAt::MidRequest {
-                delay_ms: rng.random_range(0..60),
-            },
-            5..=6 => KillAt::MidOp {
-                delay_us: rng.random_range(0..4_000),
-            },
-            _ => KillAt::MidTool,
-        };
-        KillPlan { ops_before, at }
-    }
-}
-
-/// What a soak did.
-#[derive(Debug, Clone, Default)]
-pub struct SoakReport {
-    pub crash: String,
-    pub seed: u64,
-    pub crashes: u64,
-    /// Crashes that cut a request in flight (its answer lost).
-    pub crashes_mid_request: u64,
-    /// Of those, crashes inside a tool call (the sink had the request).
-    pub crashes_mid_tool: u64,
-    pub generations: u64,
-    pub ops_acked: u64,
-    pub ops_refused: u64,
-    pub ops_unknown: u64,
-    /// Turns whose answer a kill swallowed, re-asked and acknowledged.
-    pub turns_retried: u64,
-    /// Acknowledged ops verified present (at a restart and the deep check).
-    pub acked_checked: u64,
-    /// Promises checked in all (each restart re-checks all of them).
-    pub promises_checked: u64,
-    pub lock_probes: u64,
-    pub irreversible_delivered: u64,
-    pub confirmations: u64,
-    pub elapsed: Duration,
-    pub failure: Option<String>,
-}
-
-impl SoakReport {
-    pub fn passed(&self, min_crashes: u64) -> bool {
-        self.failure.is_none() && self.crashes >= min_crashes
-    }
-
-    /// The human summary.
-    pub fn summary(&self, min_crashes: u64) -> String {
-        let minutes = self.elapsed.as_secs_f64() / 60.0;
-        let mut s = format!(
-            "== durable-agent-sim soak --{}: summary ==\n\
-             seed        {}\n\
-             crashes     {} survived ({:.0}/min; {} mid-request, {} of them mid-tool), {} root(s)\n\
-             operations  {} acknowledged, {} refused, {} unknown (cut by a crash; {} turns re-asked and acknowledged)\n\
-             checked     {} acknowledged ops verified, {} promises checked; {} root-lock probes refused\n\
-             effects     {} irreversible deliveries, 0 duplicates allowed; {} confirmations answered\n\
-             lost        {}\n\
-             time        {:.1?}\n",
-            self.crash,
-            self.seed,
-            self.crashes,
-            self.crashes as f64 / minutes.max(1e-9),
-            self.crashes_mid_request,
-            self.crashes_mid_tool,
-            self.generations,
-            self.ops_acked,
-            self.ops_refused,
-            self.ops_unknown,
-            self.turns_retried,
-            self.acked_checked,
-            self.promises_checked,
-            self.lock_probes,
-            self.irreversible_delivered,
-            self.confirmations,
-            if self.failure.is_some() { "see the failure" } else { "0" },
-            self.elapsed,
-        );
-        if self.crashes < min_crashes && self.failure.is_none() {
-            s.push_str(&format!(
-                "FAILED: only {} crashes in the time given, {min_crashes} required\n",
-                self.crashes
-            ));
-        }
-        if let Some(f) = &self.failure {
-            s.push_str(&format!("FAILED: {f}\n"));
-        }
-        s
-    }
 }
 
 /// A check failed: the message for the report.

@@ -131,7 +131,7 @@ impl Op {
         }
     }
 
-    /// A turn or a trigger (the ops that run the model and its tools).
+    /// An API turn (runs the model and its tools while the request waits).
     pub fn runs_a_turn(&self) -> bool {
         matches!(self, Op::Turn { .. })
     }
