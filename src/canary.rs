@@ -47,11 +47,18 @@ pub enum Canary {
     /// Messages a turn reads are logged delivered when collected, before
     /// the turn (seed 002's known gap): a turn lost in a crash loses them.
     DeliveredAtCollect,
+    /// The SQLite VFS's `xRead` takes one `read_at` as the whole answer: a
+    /// short read (which POSIX allows) reaches SQLite as end of file,
+    /// zero-filled.
+    NonLoopingReader,
+    /// Log entries and session records are loaded without verifying their
+    /// checksum: a bit flipped at rest is accepted as data.
+    NoChecksumVerify,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 12] = [
+    pub const ALL: [Canary; 14] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -64,6 +71,8 @@ impl Canary {
         Canary::TriggerTurnRerun,
         Canary::AckIgnoresLease,
         Canary::DeliveredAtCollect,
+        Canary::NonLoopingReader,
+        Canary::NoChecksumVerify,
     ];
 }
 

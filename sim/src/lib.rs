@@ -21,6 +21,7 @@ pub mod oracle;
 pub mod profile;
 pub mod replay;
 pub mod report;
+pub mod rot;
 pub mod search;
 pub mod standins;
 pub mod sweep;

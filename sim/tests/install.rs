@@ -4,13 +4,14 @@
 //! the same as installing then booting. Both are checked here.
 
 use durable_agent::canary::{Canaries, Canary};
-use durable_agent::fs::{CrashMode, SimFs};
+use durable_agent::fs::SimFs;
+use durable_agent_sim::op::CrashKind;
 use durable_agent_sim::driver::{installed_disk, sim_config, Driver};
 
 fn install(seed: u64, canaries: &Canaries) -> (u64, u64) {
     let mut driver = Driver::new(seed, canaries.clone());
     driver.open().expect("install boots");
-    assert!(!driver.shutdown(CrashMode::ProcessCrash));
+    assert!(!driver.shutdown(CrashKind::Process));
     (driver.fs.image_hash(), driver.fs.trace_hash())
 }
 
@@ -37,7 +38,7 @@ fn booting_the_installed_copy_matches_installing_then_booting() {
         let seed = 99;
         let mut fresh = Driver::new(seed, canaries.clone());
         fresh.open().expect("install boots");
-        assert!(!fresh.shutdown(CrashMode::ProcessCrash));
+        assert!(!fresh.shutdown(CrashKind::Process));
         fresh.open().expect("installed system boots");
         let disk = installed_disk(&canaries).expect("installed disk");
         let mut copy = Driver::from_install(seed, canaries.clone(), &disk);

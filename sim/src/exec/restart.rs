@@ -17,7 +17,7 @@ use crate::report::{CrashSite, Failure, TRACE_CONTEXT};
 impl Exec {
     /// Kill the process; counts it when an injected crash point was hit.
     pub(super) fn kill(&mut self, kind: CrashKind) {
-        if self.driver.crash(kind.mode()) {
+        if self.driver.crash(kind) {
             self.crashes += 1;
         }
         self.disarm();
@@ -113,6 +113,27 @@ impl Exec {
             if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
                 self.kill(kind);
                 continue;
+            }
+            if let Some(rot) = self.driver.take_rot() {
+                let named = self.driver.take_corruption();
+                let read = rot.read_since(&self.driver.fs);
+                match oracle::judge_rot(&rot, &opened, named.as_ref(), read) {
+                    Ok(verdict) => {
+                        rot.restore(&self.driver.fs);
+                        self.restart_notes.push(format!("{}: {verdict:?}", rot.describe()));
+                        if verdict == oracle::RotVerdict::Refused {
+                            // Restored from a backup: boot the same disk again.
+                            continue;
+                        }
+                    }
+                    Err(why) => {
+                        return Err(self.fail(
+                            "R6: bit rot in a durable line was not refused with the typed corruption error",
+                            format!("{}\n{why}", rot.describe()),
+                            None,
+                        ))
+                    }
+                }
             }
             if let Err(e) = opened {
                 return Err(self.fail("recovery failed", e, None));

@@ -158,6 +158,12 @@ impl CrashImage {
         self.point
     }
 
+    /// The durable floor of this crash image (see
+    /// [`SimFs::durable_image`]) restricted to the paths `wanted` accepts.
+    pub fn durable_image_where(&self, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+        durable_where(&self.image, wanted)
+    }
+
     /// The disk after rebooting from this crash with `mode`: the same
     /// image, point count and later random draws as the [`SimFs`] that ran
     /// into `CrashAt(point)` and was then [`SimFs::restart`]ed with `mode`.
@@ -360,6 +366,41 @@ impl SimFs {
         state::files_of(&disk.ns, |ino| disk.data.get(&ino))
     }
 
+    /// [`SimFs::durable_image`] restricted to the paths `wanted` accepts.
+    pub fn durable_image_where(&self, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+        let s = self.lock();
+        durable_where(&s.image, wanted)
+    }
+
+    /// Bit rot at rest (a latent sector error the drive did not report, a
+    /// bit flipped in DRAM or on the bus on its way to the platter):
+    /// XOR byte `offset` of `path` with `mask`, on the disk and in the
+    /// process's view alike. Not an I/O point (nothing traced, nothing
+    /// counted, no draw): the harness places it right after a
+    /// [`SimFs::restart`], when the page cache is cold. It hits the durable
+    /// bytes; the process sees it wherever no later write covers the byte.
+    /// Past the durable bytes: an `InvalidInput` error and no change.
+    pub fn rot(&self, path: &Path, offset: u64, mask: u8) -> io::Result<()> {
+        let mut s = self.lock();
+        let inode = s.image.inode_mut(&key::Arg::new(path))?;
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        if at >= inode.base.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: cannot rot byte {offset}: past the durable bytes ({})",
+                    path.display(),
+                    inode.base.len()
+                ),
+            ));
+        }
+        inode.base[at] ^= mask;
+        let mut visible = inode.base.clone();
+        inode.log.iter().for_each(|e| e.op.apply(&mut visible));
+        inode.visible = visible;
+        Ok(())
+    }
+
     /// Stable hash (FNV-1a) of the visible image: paths, directories and
     /// file bytes.
     pub fn image_hash(&self) -> u64 {
@@ -383,6 +424,19 @@ impl SimFs {
         label: &str,
         mut f: impl FnMut(&mut Image, Apply) -> io::Result<T>,
     ) -> io::Result<T> {
+        self.numbered_point(op, path, to, label, |image, apply, _| f(image, apply))
+    }
+
+    /// [`SimFs::point`] for an op whose effect depends on its point number
+    /// (a short read).
+    fn numbered_point<T>(
+        &self,
+        op: IoOp,
+        path: &Path,
+        to: Option<&Path>,
+        label: &str,
+        mut f: impl FnMut(&mut Image, Apply, u64) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut s = self.lock();
         let s = &mut *s;
         if s.crashed {
@@ -397,7 +451,7 @@ impl SimFs {
             if let Some(captures) = s.captures.as_mut() {
                 let mut image = s.image.clone();
                 let mut rng = s.rng.clone();
-                crash_effect(&self.config, &mut rng, &mut image, &mut f);
+                crash_effect(&self.config, &mut rng, &mut image, &mut |i, a| f(i, a, point));
                 captures.push(CrashImage {
                     point,
                     image,
@@ -409,7 +463,7 @@ impl SimFs {
         let (result, outcome) = match fault {
             Some(Fault::CrashAt(_)) => {
                 s.crashed = true;
-                crash_effect(&self.config, &mut s.rng, &mut s.image, &mut f);
+                crash_effect(&self.config, &mut s.rng, &mut s.image, &mut |i, a| f(i, a, point));
                 (Err(crash_error()), Outcome::Crashed)
             }
             Some(Fault::FailAt(_, kind)) => {
@@ -431,7 +485,7 @@ impl SimFs {
                 (Err(err), Outcome::Failed(kind))
             }
             Some(Fault::LostReplyAt(_)) => {
-                let _ = f(&mut s.image, Apply::Whole);
+                let _ = f(&mut s.image, Apply::Whole, point);
                 let err = io::Error::other(format!(
                     "simulated lost reply at I/O point {point} on {}: the op may have happened",
                     path.display()
@@ -439,7 +493,7 @@ impl SimFs {
                 (Err(err), Outcome::LostReply)
             }
             None => {
-                let r = f(&mut s.image, Apply::Whole);
+                let r = f(&mut s.image, Apply::Whole, point);
                 let o = if r.is_ok() { Outcome::Ok } else { Outcome::Err };
                 (r, o)
             }
@@ -458,6 +512,14 @@ impl SimFs {
         });
         result
     }
+}
+
+/// The files of `image`'s durable floor whose path `wanted` accepts.
+fn durable_where(image: &Image, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+    let disk = power::resolve(image, DirModel::Strict, &mut power::Nothing);
+    let mut files = state::files_of(&disk.ns, |ino| disk.data.get(&ino));
+    files.retain(|p, _| wanted(p));
+    files
 }
 
 /// What a crash at a point does to the op it interrupts: done with
