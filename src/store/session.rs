@@ -224,7 +224,9 @@ impl SessionStore {
                 ),
             });
         }
-        let record: SessionRecord = serde_json::from_slice(&bytes).map_err(|e| SessionError::Invalid {
+        // A record that does not parse is damaged whatever its version (a
+        // flip in a sealed record's seal can break its JSON too).
+        let record: SessionRecord = serde_json::from_slice(&bytes).map_err(|e| SessionError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
         })?;
