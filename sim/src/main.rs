@@ -153,6 +153,7 @@ fn sweep_round(
     }
     let options = SweepOptions {
         stop_at_first: true,
+        rot_every: p.rot_every,
         ..SweepOptions::default()
     };
     let bar = ProgressBar::new(sequences.len() as u64);
@@ -234,16 +235,17 @@ fn fuzz(
         rate(total, search_time)
     );
     println!(
-        "sweep      {} sequences (the 40-op tour, then {} generated {}-op ones a round; sweep seed {sweep_seed:#x} + round - 1): {} I/O points x {} modes = {} crash points judged  ({:.0} points/s, forked)",
+        "sweep      {} sequences (the 40-op tour, then {} generated {}-op ones a round; sweep seed {sweep_seed:#x} + round - 1): {} I/O points x {} modes (PowerRot at 1 point in {}) = {} crash points judged  ({:.0} points/s, forked)",
         swept.sequences,
         p.sweeps,
         p.max_steps,
         swept.points,
         SweepOptions::default().kinds.len(),
+        p.rot_every,
         swept.judged,
         rate(swept.judged, swept.time)
     );
-    println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager)");
+    println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager), PowerRot (power loss + one flipped bit in a durable log line or record)");
     println!("failures   {}", usize::from(failure.is_some()));
     println!("time       {:.1?}", started.elapsed());
     if let Some(f) = failure {

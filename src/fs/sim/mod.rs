@@ -24,7 +24,11 @@
 //!
 //! | Fault | Stands for | Effect |
 //! |---|---|---|
-//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), a `create_dir_all` possibly only its outer directories, any other op whole — else not at all; every later call errors, uncounted and untraced, until [`SimFs::restart`] |
+//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), a `create_dir_all` possibly only its outer directories, a `sync`/`sync_dir` possibly only partly (the two rows below), any other op whole — else not at all; every later call errors, uncounted and untraced, until [`SimFs::restart`] |
+//! | power cut during `fsync` | the drive was writing the file's dirty pages back when the power went: some reached the platter, some did not, in no particular order (FoundationDB's `AsyncFileNonDurable`, Turso's power-loss simulator) | a `sync` at a `CrashAt` point cut midway (the same draw as a torn write): the file's unsynced writes are split at 4096-byte page boundaries and each page — with its current content, so never torn inside a page — became durable by a fair coin seeded from that draw; the other pages stay unsynced (a power loss decides them like any unsynced write: writeback may have taken them earlier). A multi-page write can so land as any subset of its pages, not only a prefix. No journal commit happened, so the Eager rule does not apply |
+//! | power cut during a directory `fsync` | the journal committed the directory's changes in more than one transaction, or the filesystem has none (ext2, FAT), and the power went between them | a `sync_dir` cut midway: each of the directory's undecided changes became durable by a seeded fair coin, the rest stay undecided (a rename still all-or-nothing) |
+//! | short read | `pread(2)` returning fewer bytes than asked, which POSIX allows (a signal, NFS/FUSE, a network block device) | a `read_at` of two or more available bytes returns `1..available` bytes with `short_read_probability`; which reads and how short is a pure function of the point number (splitmix64), never a draw from the seed's RNG, so reads change no later choice and a copied install or rebooted crash image reads as the run it came from. `read` (whole file) is never short: its contract is the whole file. Readers loop ([`crate::fs::read_full_at`]) |
+//! | bit rot at rest ([`SimFs::rot`]) | a latent sector error the drive did not report, a bit flipped in DRAM, on the bus or by firmware (TigerBeetle's and FoundationDB's corruption faults) | one byte of a file's durable bytes XORed with a mask, between a crash and the reboot; not an I/O point. The harness's `PowerRot` mode aims it at a complete, durable event-log line or session record, whose checksum must catch it ([`crate::checksum`]) |
 //! | `FailAt(n, Eio)` | a media error, a yanked or dm-error'd device, a failing NFS/FUSE backend | point `n` returns EIO (`ErrorKind::Other`) and changes nothing — except a failed `sync`, see below |
 //! | `FailAt(n, Enospc)` | a full disk or quota (ext4 can also report it from `fsync` under delayed allocation) | as EIO, with `ErrorKind::StorageFull` |
 //! | `LostReplyAt(n)` | the kernel completed the op but the caller saw an error (EINTR after completion, a dropped NFS reply, an error from a different page reported on this `fsync`) | point `n` takes full effect; the caller gets EIO |
@@ -83,9 +87,27 @@
 //! cache and read corruption, which our path-based seam does not need.
 //! Ours adds: the crash counter (`CrashAt`, sweepable point by point), the
 //! labelled trace, lost replies, failed-fsync "unknown" data, a process
-//! crash distinct from power loss, both directory models, and it backs a
+//! crash distinct from power loss, both directory models, a power cut in
+//! the middle of an `fsync` (a seeded subset of the file's dirty pages,
+//! each whole, in no order) and of a directory fsync, and it backs a
 //! SQLite VFS and runs under madsim (an explicit handle, no thread-local
-//! context), not turmoil.
+//! context), not turmoil. Short reads both have (ours keyed by point
+//! number, so they never shift a later draw). Its read corruption returns
+//! wrong bytes from a read; our [`SimFs::rot`] changes the bytes at rest,
+//! which is what a checksum on the next read must catch.
+//!
+//! # Compared with LazyFS
+//!
+//! LazyFS (`dsrhaslab/lazyfs`, the FUSE layer Jepsen uses) keeps unsynced
+//! data in its own page cache and drops it on a `clear-cache` command, and
+//! its recent releases tear writes and crash before or after a named
+//! operation. That is our power loss with every unsynced write lost, on a
+//! real kernel path (our FUSE layer applies SimFs's choices the same way).
+//! Beyond its documented faults, SimFs decides each unsynced write's fate
+//! by seed (any subset, torn), cuts an `fsync` midway at page
+//! granularity, models both directory models, failed-fsync "unknown" data,
+//! lost replies, short reads and bit rot at rest; LazyFS runs unmodified
+//! binaries, which SimFs cannot.
 
 mod hash;
 mod inode;
