@@ -130,9 +130,14 @@ fn torn_pending_file_is_removed_without_touching_the_log() {
 fn newer_schema_version_is_refused_naming_file_line_offset_and_versions() {
     let (sim, dir, lines) = log_with_three();
     let path = dir.join(EVENTS_FILE);
-    let newer = lines[0]
-        .replace("\"schema_version\":1", "\"schema_version\":9")
+    // A newer build's line: sealed the same way (the seal format is
+    // stable from version 3 on), so it fails on its version, not its CRC.
+    let line = lines[0].trim_end();
+    let unsealed = format!("{}}}", &line[..line.len() - durable_agent::checksum::SEAL_BYTES - 1]);
+    let object = unsealed
+        .replace(&format!("\"schema_version\":{SCHEMA_VERSION}"), "\"schema_version\":9")
         .replace("\"seq\":0", "\"seq\":3");
+    let newer = format!("{}\n", durable_agent::checksum::seal(&object));
     sim.append(&path, newer.as_bytes(), "t").unwrap();
     let err = repair(&sim, &dir).unwrap_err();
     let offset = lines.concat().len() as u64;

@@ -17,7 +17,17 @@ fn install(seed: u64, canaries: &Canaries) -> (u64, u64) {
 
 #[test]
 fn install_does_not_depend_on_the_seed() {
-    let sets = std::iter::once(Canaries::none()).chain(Canary::ALL.iter().map(|c| Canaries::only(*c)));
+    // Not `NonLoopingReader`: its VFS takes a short read as end of file,
+    // so SQLite reads zero-filled pages, and what it writes then differs
+    // by seed (observed: the image hash does, the trace does not). That
+    // install is broken — the canary is caught by the first boot of every
+    // case — and seed-independence is a property of a working VFS.
+    let sets = std::iter::once(Canaries::none()).chain(
+        Canary::ALL
+            .iter()
+            .filter(|c| **c != Canary::NonLoopingReader)
+            .map(|c| Canaries::only(*c)),
+    );
     for canaries in sets {
         let first = install(0, &canaries);
         for seed in [1, 7, 0xdead_beef_u64] {
