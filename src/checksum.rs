@@ -57,7 +57,10 @@ pub fn check(line: &[u8]) -> Sealed {
     // Unreadable digits are a mismatch too: the seal is there, damaged.
     let stored = std::str::from_utf8(hex)
         .ok()
-        .filter(|h| h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .filter(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
         .and_then(|h| u32::from_str_radix(h, 16).ok());
     match stored {
         Some(stored) if stored == computed => Sealed::Verified,

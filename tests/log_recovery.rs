@@ -133,9 +133,15 @@ fn newer_schema_version_is_refused_naming_file_line_offset_and_versions() {
     // A newer build's line: sealed the same way (the seal format is
     // stable from version 3 on), so it fails on its version, not its CRC.
     let line = lines[0].trim_end();
-    let unsealed = format!("{}}}", &line[..line.len() - durable_agent::checksum::SEAL_BYTES - 1]);
+    let unsealed = format!(
+        "{}}}",
+        &line[..line.len() - durable_agent::checksum::SEAL_BYTES - 1]
+    );
     let object = unsealed
-        .replace(&format!("\"schema_version\":{SCHEMA_VERSION}"), "\"schema_version\":9")
+        .replace(
+            &format!("\"schema_version\":{SCHEMA_VERSION}"),
+            "\"schema_version\":9",
+        )
         .replace("\"seq\":0", "\"seq\":3");
     let newer = format!("{}\n", durable_agent::checksum::seal(&object));
     sim.append(&path, newer.as_bytes(), "t").unwrap();
@@ -244,8 +250,17 @@ fn every_bit_flip_in_a_complete_line_is_a_corrupt_error_naming_line_and_offset()
             let mask = 1u8 << bit;
             sim.rot(&path, at as u64, mask).unwrap();
             match repair(&sim, &dir) {
-                Err(LogError::Corrupt { path: p, line, offset, .. }) => {
-                    assert_eq!((p.as_path(), line, offset), (path.as_path(), 2, start as u64), "byte {at} bit {bit}");
+                Err(LogError::Corrupt {
+                    path: p,
+                    line,
+                    offset,
+                    ..
+                }) => {
+                    assert_eq!(
+                        (p.as_path(), line, offset),
+                        (path.as_path(), 2, start as u64),
+                        "byte {at} bit {bit}"
+                    );
                 }
                 other => panic!("byte {at} bit {bit}: expected Corrupt at line 2, got {other:?}"),
             }
@@ -264,6 +279,12 @@ fn unsealed_lines_load_when_older_and_are_refused_when_current() {
     let old = r#"{"schema_version":2,"session_id":"00000000000000aa","seq":0,"ts":1,"event":"turn.start","data":{"prompt":"p"}}"#;
     let entry = log::LogEntry::parse(old.as_bytes()).expect("a version-2 line loads");
     assert_eq!(entry.schema_version, 2);
-    let current = old.replace("\"schema_version\":2", &format!("\"schema_version\":{SCHEMA_VERSION}"));
-    assert!(log::LogEntry::parse(current.as_bytes()).is_err(), "a current line must carry its checksum");
+    let current = old.replace(
+        "\"schema_version\":2",
+        &format!("\"schema_version\":{SCHEMA_VERSION}"),
+    );
+    assert!(
+        log::LogEntry::parse(current.as_bytes()).is_err(),
+        "a current line must carry its checksum"
+    );
 }

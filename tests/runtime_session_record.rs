@@ -126,7 +126,10 @@ fn every_bit_flip_in_a_record_is_refused_and_old_records_still_load() {
             sim.rot(path, at as u64, 1 << bit).unwrap();
         }
     }
-    assert!(accepted_blind > 0, "without verification some flip must be read as data");
+    assert!(
+        accepted_blind > 0,
+        "without verification some flip must be read as data"
+    );
     assert_eq!(clean.load(&id).unwrap(), Some(rec.clone()));
     // Version 1: pretty-printed, no checksum.
     let v1 = SessionRecord {

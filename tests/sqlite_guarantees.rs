@@ -39,7 +39,11 @@ fn wal_full_never_loses_or_corrupts_a_commit_under_any_crash_mode() {
 fn wal_full_never_loses_a_commit_when_power_is_cut_in_the_middle_of_an_fsync() {
     for (m, c) in mid_fsync_table("WAL+FULL", JournalMode::Wal, Synchronous::Full) {
         assert!(c.mid_fsync > 0, "the sweep must cut fsyncs midway: {m:?} {c:?}");
-        assert_eq!((c.lost, c.corrupt), (0, 0), "WAL+FULL, mid-fsync cuts, {m:?}: {c:?}");
+        assert_eq!(
+            (c.lost, c.corrupt),
+            (0, 0),
+            "WAL+FULL, mid-fsync cuts, {m:?}: {c:?}"
+        );
     }
 }
 

@@ -200,7 +200,11 @@ fuzz_target!(|input: Input| {
             panic!("a flipped bit was accepted as data: {only_rot:?}")
         }
         Err(e) if only_rot.is_some() => {
-            assert_eq!(e.corrupt_line(), only_rot, "the boot must name the flipped line: {e}");
+            assert_eq!(
+                e.corrupt_line(),
+                only_rot,
+                "the boot must name the flipped line: {e}"
+            );
         }
         Ok((system, _report)) => {
             let violations = system.runtime().check_invariants();

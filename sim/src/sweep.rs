@@ -94,7 +94,7 @@ impl Default for SweepOptions {
 impl SweepOptions {
     /// Whether (point, kind) is judged.
     fn judges(&self, point: u64, kind: CrashKind) -> bool {
-        kind != CrashKind::PowerRot || point % self.rot_every.max(1) == 0
+        kind != CrashKind::PowerRot || point.is_multiple_of(self.rot_every.max(1))
     }
 }
 

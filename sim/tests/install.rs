@@ -5,8 +5,8 @@
 
 use durable_agent::canary::{Canaries, Canary};
 use durable_agent::fs::SimFs;
-use durable_agent_sim::op::CrashKind;
 use durable_agent_sim::driver::{installed_disk, sim_config, Driver};
+use durable_agent_sim::op::CrashKind;
 
 fn install(seed: u64, canaries: &Canaries) -> (u64, u64) {
     let mut driver = Driver::new(seed, canaries.clone());

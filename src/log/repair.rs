@@ -224,8 +224,14 @@ fn persist(fs: &dyn Fs, dir: &Path, parsed: &ParsedLog) -> Result<(), LogError> 
         // another (older) encoding is left as it is.
         if let Some(at) = parsed.valid_len.checked_sub(line.len() as u64) {
             let mut on_disk = vec![0; line.len()];
-            let n = crate::fs::read_full_at(fs, &path, at, &mut on_disk, "events.jsonl read last line (recovery)")
-                .map_err(|e| LogError::io(&path, "read", e))?;
+            let n = crate::fs::read_full_at(
+                fs,
+                &path,
+                at,
+                &mut on_disk,
+                "events.jsonl read last line (recovery)",
+            )
+            .map_err(|e| LogError::io(&path, "read", e))?;
             if n == line.len() && on_disk == line.as_bytes() {
                 fs.write_at(
                     &path,

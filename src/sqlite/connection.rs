@@ -16,8 +16,8 @@ use libsqlite3_sys as ffi;
 use rusqlite::{Connection, OpenFlags};
 
 use super::error::SqliteError;
-use crate::canary::Canaries;
 use super::vfs::Vfs;
+use crate::canary::Canaries;
 use crate::fs::Fs;
 
 /// `PRAGMA journal_mode`.

@@ -115,7 +115,12 @@ impl Vfs {
         Ok(vfs)
     }
 
-    fn register(fs: Arc<dyn Fs>, seed: u64, clock_unix_ms: i64, canaries: &Canaries) -> Result<Vfs, SqliteError> {
+    fn register(
+        fs: Arc<dyn Fs>,
+        seed: u64,
+        clock_unix_ms: i64,
+        canaries: &Canaries,
+    ) -> Result<Vfs, SqliteError> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name_str = format!("durable-agent-{id}");
         let name = CString::new(name_str.clone()).map_err(|e| SqliteError::BadPath {

@@ -181,16 +181,20 @@ impl SystemError {
         use crate::log::LogError;
         use crate::store::session::SessionError;
         match self {
-            SystemError::Runtime(RuntimeError::Log(LogError::Corrupt { path, line, offset, .. })) => Some(CorruptLine {
+            SystemError::Runtime(RuntimeError::Log(LogError::Corrupt {
+                path, line, offset, ..
+            })) => Some(CorruptLine {
                 path: path.clone(),
                 line: *line,
                 offset: *offset,
             }),
-            SystemError::Runtime(RuntimeError::Session(SessionError::Corrupt { path, .. })) => Some(CorruptLine {
-                path: path.clone(),
-                line: 1,
-                offset: 0,
-            }),
+            SystemError::Runtime(RuntimeError::Session(SessionError::Corrupt { path, .. })) => {
+                Some(CorruptLine {
+                    path: path.clone(),
+                    line: 1,
+                    offset: 0,
+                })
+            }
             _ => None,
         }
     }

@@ -329,7 +329,10 @@ fn short_reads_return_at_least_one_byte_and_read_full_at_loops_over_them() {
     durable_file(&fs, "/d/f", &content);
     let mut buf = vec![0; 5000];
     let n = fs.read_at(p("/d/f"), 100, &mut buf, "one pread").unwrap();
-    assert!((1..5000).contains(&n), "a short read returns 1..len bytes, got {n}");
+    assert!(
+        (1..5000).contains(&n),
+        "a short read returns 1..len bytes, got {n}"
+    );
     assert_eq!(buf[..n], content[100..100 + n]);
     let before = fs.points();
     let mut buf = vec![0; 5000];

@@ -234,9 +234,10 @@ pub fn sweep_cut(
             let (acked, inflight) = workload(fs.clone(), &o);
             if inject == Inject::Crash {
                 assert!(sim.crashed(), "seed {seed} point {k}: crash point not reached");
-                let cut_sync = sim.trace().iter().any(|t| {
-                    t.outcome == Outcome::Crashed && matches!(t.op, IoOp::Sync | IoOp::SyncDir)
-                });
+                let cut_sync = sim
+                    .trace()
+                    .iter()
+                    .any(|t| t.outcome == Outcome::Crashed && matches!(t.op, IoOp::Sync | IoOp::SyncDir));
                 if cut_sync && cut == Cut::Midway {
                     c.mid_fsync += 1;
                 }
@@ -302,7 +303,12 @@ pub fn crash_table(
 pub fn mid_fsync_table(name: &str, journal: JournalMode, sync: Synchronous) -> Vec<(CrashMode, Counts)> {
     let rows: Vec<(CrashMode, Counts)> = MODES[1..]
         .iter()
-        .map(|&m| (m, sweep_cut(name, journal, sync, Inject::Crash, m, plain, Cut::Midway)))
+        .map(|&m| {
+            (
+                m,
+                sweep_cut(name, journal, sync, Inject::Crash, m, plain, Cut::Midway),
+            )
+        })
         .collect();
     for (m, c) in &rows {
         print_row(name, &format!("mid-fsync cut, {m:?}"), c);

@@ -223,7 +223,11 @@ impl Image {
     /// Power was cut in the middle of `sync(path)`: see
     /// [`Inode::partly_synced`]. No directory op becomes durable (the
     /// journal commit an ext4 `fsync` ends with did not happen).
-    pub(super) fn file_partly_synced(&mut self, arg: &Arg<'_>, reached: &mut impl FnMut(u64) -> bool) -> io::Result<()> {
+    pub(super) fn file_partly_synced(
+        &mut self,
+        arg: &Arg<'_>,
+        reached: &mut impl FnMut(u64) -> bool,
+    ) -> io::Result<()> {
         let ino = self.file(arg)?;
         self.ino_mut(ino, arg.path)?.partly_synced(reached);
         Ok(())
