@@ -75,7 +75,10 @@ pub trait Fs: Send + Sync + fmt::Debug {
     /// written at.
     fn append(&self, path: &Path, data: &[u8], label: &str) -> io::Result<u64>;
 
-    /// Read up to `buf.len()` bytes at `offset`; returns the count (0 at EOF).
+    /// Read up to `buf.len()` bytes at `offset`; returns the count (0 at
+    /// EOF). Like `pread(2)` it may return fewer bytes than asked before
+    /// the end of the file: a reader that wants them all loops
+    /// ([`read_full_at`]).
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize>;
 
     /// Read the whole file.
