@@ -53,11 +53,18 @@ pub enum Canary {
     /// `RealFs::sync_dir` returns without fsyncing the directory (likewise
     /// visible only to a power cut).
     RealFsSyncDirNoop,
+    /// The SQLite VFS's `xRead` takes one `read_at` as the whole answer: a
+    /// short read (which POSIX allows) reaches SQLite as end of file,
+    /// zero-filled.
+    NonLoopingReader,
+    /// Log entries and session records are loaded without verifying their
+    /// checksum: a bit flipped at rest is accepted as data.
+    NoChecksumVerify,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 14] = [
+    pub const ALL: [Canary; 16] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -72,6 +79,8 @@ impl Canary {
         Canary::DeliveredAtCollect,
         Canary::RealFsSyncNoop,
         Canary::RealFsSyncDirNoop,
+        Canary::NonLoopingReader,
+        Canary::NoChecksumVerify,
     ];
 }
 

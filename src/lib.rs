@@ -19,6 +19,7 @@
 //! - [`world`]: the outside world's interface ([`world::Outbox`]).
 
 pub mod canary;
+pub mod checksum;
 #[cfg(feature = "fakes")]
 pub mod daemon;
 pub mod fs;

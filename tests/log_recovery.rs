@@ -54,7 +54,7 @@ fn appended_entries_are_contiguous_plain_json_lines() {
     assert_eq!(v["ts"], 2);
     assert_eq!(v["event"], "turn.start");
     assert_eq!(v["data"]["prompt"], "b");
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], SCHEMA_VERSION);
 }
 
 #[test]
@@ -130,9 +130,20 @@ fn torn_pending_file_is_removed_without_touching_the_log() {
 fn newer_schema_version_is_refused_naming_file_line_offset_and_versions() {
     let (sim, dir, lines) = log_with_three();
     let path = dir.join(EVENTS_FILE);
-    let newer = lines[0]
-        .replace("\"schema_version\":1", "\"schema_version\":9")
+    // A newer build's line: sealed the same way (the seal format is
+    // stable from version 3 on), so it fails on its version, not its CRC.
+    let line = lines[0].trim_end();
+    let unsealed = format!(
+        "{}}}",
+        &line[..line.len() - durable_agent::checksum::SEAL_BYTES - 1]
+    );
+    let object = unsealed
+        .replace(
+            &format!("\"schema_version\":{SCHEMA_VERSION}"),
+            "\"schema_version\":9",
+        )
         .replace("\"seq\":0", "\"seq\":3");
+    let newer = format!("{}\n", durable_agent::checksum::seal(&object));
     sim.append(&path, newer.as_bytes(), "t").unwrap();
     let err = repair(&sim, &dir).unwrap_err();
     let offset = lines.concat().len() as u64;
@@ -221,4 +232,59 @@ fn seq_gap_is_reported_as_corruption() {
     sim.write_at(&path, 0, body.as_bytes(), "t").unwrap();
     let err = repair(&sim, &dir).unwrap_err();
     assert!(matches!(err, LogError::Corrupt { line: 2, .. }), "{err}");
+}
+
+/// Silent corruption is detected: every single-bit flip anywhere in a
+/// complete, durable line (its newline excepted: a flipped last newline
+/// looks like a torn tail) is refused as `Corrupt` naming that line and
+/// its start offset — never loaded, never cut.
+#[test]
+fn every_bit_flip_in_a_complete_line_is_a_corrupt_error_naming_line_and_offset() {
+    let (sim, dir, lines) = log_with_three();
+    let path = dir.join(EVENTS_FILE);
+    let start = lines[0].len();
+    let content = lines[1].len() - 1;
+    let mut checked = 0;
+    for at in start..start + content {
+        for bit in 0..8 {
+            let mask = 1u8 << bit;
+            sim.rot(&path, at as u64, mask).unwrap();
+            match repair(&sim, &dir) {
+                Err(LogError::Corrupt {
+                    path: p,
+                    line,
+                    offset,
+                    ..
+                }) => {
+                    assert_eq!(
+                        (p.as_path(), line, offset),
+                        (path.as_path(), 2, start as u64),
+                        "byte {at} bit {bit}"
+                    );
+                }
+                other => panic!("byte {at} bit {bit}: expected Corrupt at line 2, got {other:?}"),
+            }
+            sim.rot(&path, at as u64, mask).unwrap();
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, content * 8);
+    assert_eq!(repair(&sim, &dir).unwrap().0.len(), 3, "restored, it loads");
+}
+
+/// Lines written before checksums (versions 0-2, no `crc`) still load; a
+/// current line whose seal is stripped is refused.
+#[test]
+fn unsealed_lines_load_when_older_and_are_refused_when_current() {
+    let old = r#"{"schema_version":2,"session_id":"00000000000000aa","seq":0,"ts":1,"event":"turn.start","data":{"prompt":"p"}}"#;
+    let entry = log::LogEntry::parse(old.as_bytes()).expect("a version-2 line loads");
+    assert_eq!(entry.schema_version, 2);
+    let current = old.replace(
+        "\"schema_version\":2",
+        &format!("\"schema_version\":{SCHEMA_VERSION}"),
+    );
+    assert!(
+        log::LogEntry::parse(current.as_bytes()).is_err(),
+        "a current line must carry its checksum"
+    );
 }

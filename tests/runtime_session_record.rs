@@ -94,3 +94,51 @@ fn without_fsync_before_rename_a_power_loss_can_tear_the_record() {
     }
     assert!(torn > 0, "the canary was never observed");
 }
+
+/// A record is one sealed line: every single-bit flip in it (its newline
+/// excepted) is refused as `Corrupt` naming the file, never loaded; with
+/// the `no_checksum_verify` canary some flip is loaded as a different
+/// record (what the canary exists to show). A version-1 record (pretty,
+/// no checksum) still loads.
+#[test]
+fn every_bit_flip_in_a_record_is_refused_and_old_records_still_load() {
+    use durable_agent::store::session::SessionError;
+    let sim = SimFs::new(SimConfig::new(1));
+    let fs: Arc<dyn Fs> = Arc::new(sim.clone());
+    let clean = SessionStore::open(fs.clone(), Path::new("/r"), Canaries::none()).unwrap();
+    let blind = SessionStore::open(fs, Path::new("/r"), Canaries::only(Canary::NoChecksumVerify)).unwrap();
+    let rec = record(SessionState::Suspended);
+    clean.create(&rec).unwrap();
+    let id = rec.session_id.clone();
+    let path = Path::new("/r/agents/00000000000000aa/session.json");
+    let len = sim.read(path, "t").unwrap().len();
+    let mut accepted_blind = 0;
+    for at in 0..len - 1 {
+        for bit in 0..8 {
+            sim.rot(path, at as u64, 1 << bit).unwrap();
+            match clean.load(&id) {
+                Err(SessionError::Corrupt { path: p, .. }) => assert_eq!(p, path, "byte {at} bit {bit}"),
+                other => panic!("byte {at} bit {bit}: expected Corrupt, got {other:?}"),
+            }
+            if matches!(blind.load(&id), Ok(Some(r)) if r != rec) {
+                accepted_blind += 1;
+            }
+            sim.rot(path, at as u64, 1 << bit).unwrap();
+        }
+    }
+    assert!(
+        accepted_blind > 0,
+        "without verification some flip must be read as data"
+    );
+    assert_eq!(clean.load(&id).unwrap(), Some(rec.clone()));
+    // Version 1: pretty-printed, no checksum.
+    let v1 = SessionRecord {
+        schema_version: 1,
+        ..rec
+    };
+    let mut bytes = serde_json::to_vec_pretty(&v1).unwrap();
+    bytes.push(b'\n');
+    sim.write_at(path, 0, &bytes, "t").unwrap();
+    sim.truncate(path, bytes.len() as u64, "t").unwrap();
+    assert_eq!(clean.load(&id).unwrap(), Some(v1));
+}

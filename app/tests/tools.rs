@@ -94,11 +94,19 @@ fn client_errors_are_rejected_and_server_errors_unknown() {
 
 #[test]
 fn sink_down_is_rejected_because_a_refused_connection_sent_nothing() {
-    let url = {
-        let sink = WebhookSink::start(loopback(), false).expect("sink");
-        sink.url("/send")
-        // Dropped: stopped, so the port refuses connections.
-    };
+    // A stopped sink's port refuses connections — unless a parallel test
+    // got the same port meanwhile: then take another one.
+    let url = (0..20)
+        .find_map(|_| {
+            let sink = WebhookSink::start(loopback(), false).expect("sink");
+            let (addr, url) = (sink.addr(), sink.url("/send"));
+            drop(sink);
+            match std::net::TcpStream::connect(addr) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(url),
+                _ => None,
+            }
+        })
+        .expect("a refused port within 20 tries");
     let outbox = HttpOutbox::new(&tool("send", url, true, false));
     match outbox.send("k9", "send", &json!({})) {
         Err(DeliveryError::Rejected { idem_key, reason }) => {

@@ -2,14 +2,18 @@
 //! one (the built-in tour run on SimFs, so the fuzzer reaches deep parsing
 //! paths) and the input corrupts it: overwrite, truncate or append bytes in
 //! any file (event logs, pending entries, session records, the SQLite
-//! store), or plant a whole new file.
+//! store), plant a whole new file, or flip one bit inside a complete line
+//! of an event log or session record (bit rot).
 //!
 //! Recovery is the product's one boot ([`System::boot`]: root lock,
 //! stores, the whole recovery procedure, loop resume), with the harness's
 //! stand-ins for the outside world. Must hold for every input: no panic;
 //! an error names the file it is about (a corrupt database names the
 //! database); a booted system passes its invariant checks (boot checks
-//! them itself and refuses otherwise).
+//! them itself and refuses otherwise). And when the input is one bit flip
+//! alone, the boot must refuse it with the typed corruption error naming
+//! that file, the flipped line and the byte offset the line starts at
+//! (oracle R6: never accepted, never silently dropped).
 #![no_main]
 
 use std::path::{Path, PathBuf};
@@ -18,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use arbitrary::Arbitrary;
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
 use durable_agent::store::triggers::{TriggerSource, TriggerSpec};
-use durable_agent::system::{Deps, System, SystemConfig};
+use durable_agent::system::{CorruptLine, Deps, System, SystemConfig};
 use durable_agent::world::World;
 use durable_agent_sim::standins::{ScriptedProvider, SimTools, SteppedClock};
 use libfuzzer_sys::fuzz_target;
@@ -29,6 +33,7 @@ enum Edit {
     Truncate { file: u8, len: u32 },
     Append { file: u8, bytes: Vec<u8> },
     Plant { file: u8, name: u8, bytes: Vec<u8> },
+    Rot { file: u8, offset: u32, bit: u8 },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -90,6 +95,44 @@ fn base_image() -> &'static Vec<(PathBuf, Vec<u8>)> {
     })
 }
 
+/// Flip bit `bit` of a byte inside a complete line (never its newline) of
+/// the `file`-th event log or session record; returns the damaged line.
+fn rot(files: &mut [(PathBuf, Vec<u8>)], file: u8, offset: u32, bit: u8) -> Option<CorruptLine> {
+    let targets: Vec<usize> = (0..files.len())
+        .filter(|&i| {
+            let name = files[i].0.file_name().and_then(|n| n.to_str());
+            matches!(name, Some("events.jsonl" | "session.json"))
+        })
+        .collect();
+    let (path, data) = &mut files[*targets.get(usize::from(file) % targets.len().max(1))?];
+    // Complete lines: (number, start, end without the newline).
+    let mut lines = Vec::new();
+    let mut start = 0;
+    while let Some(nl) = data[start..].iter().position(|&b| b == b'\n') {
+        if nl > 0 {
+            lines.push((lines.len() as u64 + 1, start, start + nl));
+        }
+        start += nl + 1;
+    }
+    let content: usize = lines.iter().map(|(_, s, e)| e - s).sum();
+    if content == 0 {
+        return None;
+    }
+    let mut at = offset as usize % content;
+    for (line, s, e) in lines {
+        if at < e - s {
+            data[s + at] ^= 1 << (bit % 8);
+            return Some(CorruptLine {
+                path: path.clone(),
+                line,
+                offset: s as u64,
+            });
+        }
+        at -= e - s;
+    }
+    None
+}
+
 fn pick(files: &[(PathBuf, Vec<u8>)], i: u8) -> Option<usize> {
     if files.is_empty() {
         None
@@ -100,6 +143,8 @@ fn pick(files: &[(PathBuf, Vec<u8>)], i: u8) -> Option<usize> {
 
 fuzz_target!(|input: Input| {
     let mut files = base_image().clone();
+    let edits = input.edits.len().min(8);
+    let mut rotted = None;
     for edit in input.edits.into_iter().take(8) {
         match edit {
             Edit::Overwrite { file, offset, bytes } => {
@@ -135,8 +180,11 @@ fuzz_target!(|input: Input| {
                     files.push((path, bytes));
                 }
             }
+            Edit::Rot { file, offset, bit } => rotted = rot(&mut files, file, offset, bit),
         }
     }
+    // One flip alone: the boot must name exactly that line.
+    let only_rot = if edits == 1 { rotted } else { None };
 
     let fs = SimFs::new(SimConfig::new(3));
     for (path, data) in &files {
@@ -148,6 +196,16 @@ fuzz_target!(|input: Input| {
     }
     let shared: Arc<dyn Fs> = Arc::new(fs.clone());
     match System::boot(shared, SystemConfig::new(ROOT, 3), deps()) {
+        Ok(_) if only_rot.is_some() => {
+            panic!("a flipped bit was accepted as data: {only_rot:?}")
+        }
+        Err(e) if only_rot.is_some() => {
+            assert_eq!(
+                e.corrupt_line(),
+                only_rot,
+                "the boot must name the flipped line: {e}"
+            );
+        }
         Ok((system, _report)) => {
             let violations = system.runtime().check_invariants();
             assert!(

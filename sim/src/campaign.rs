@@ -232,6 +232,7 @@ fn sweep_round(
     }
     let options = SweepOptions {
         stop_at_first: true,
+        rot_every: p.rot_every,
         ..SweepOptions::default()
     };
     for case in &sequences {

@@ -14,7 +14,7 @@ use crate::search::search;
 
 /// Canaries the system can re-introduce today (every one of `Canary::ALL`;
 /// the list stays explicit so a new canary shows up UNPROVEN, not skipped).
-pub const IMPLEMENTED: [Canary; 12] = [
+pub const IMPLEMENTED: [Canary; 14] = [
     Canary::NoFsyncBeforeRename,
     Canary::NoDirFsync,
     Canary::AckBeforeLog,
@@ -27,6 +27,8 @@ pub const IMPLEMENTED: [Canary; 12] = [
     Canary::TriggerTurnRerun,
     Canary::AckIgnoresLease,
     Canary::DeliveredAtCollect,
+    Canary::NonLoopingReader,
+    Canary::NoChecksumVerify,
 ];
 
 /// Canaries of `RealFs` itself: the simulation never runs `RealFs`, so

@@ -25,6 +25,7 @@ pub mod oracle;
 pub mod profile;
 pub mod replay;
 pub mod report;
+pub mod rot;
 pub mod search;
 #[cfg(not(madsim))]
 pub mod soak;

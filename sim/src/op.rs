@@ -40,17 +40,27 @@ pub enum CrashKind {
     PowerStrict,
     /// Power loss, ext4-like directory model.
     PowerEager,
+    /// Power loss (strict directory model), then bit rot: one bit of a
+    /// complete, durable event-log line or session record flipped at rest
+    /// ([`crate::rot`]). The reboot must refuse it with the typed
+    /// corruption error naming that file, line and offset (oracle R6).
+    PowerRot,
 }
 
 impl CrashKind {
     /// Every crash mode, in a stable order (the sweep runs each).
-    pub const ALL: [CrashKind; 3] = [CrashKind::Process, CrashKind::PowerStrict, CrashKind::PowerEager];
+    pub const ALL: [CrashKind; 4] = [
+        CrashKind::Process,
+        CrashKind::PowerStrict,
+        CrashKind::PowerEager,
+        CrashKind::PowerRot,
+    ];
 
-    /// The SimFs crash mode this stands for.
+    /// The SimFs crash mode this stands for (the rot comes after it).
     pub fn mode(self) -> CrashMode {
         match self {
             CrashKind::Process => CrashMode::ProcessCrash,
-            CrashKind::PowerStrict => CrashMode::PowerLoss(DirModel::Strict),
+            CrashKind::PowerStrict | CrashKind::PowerRot => CrashMode::PowerLoss(DirModel::Strict),
             CrashKind::PowerEager => CrashMode::PowerLoss(DirModel::Eager),
         }
     }
@@ -156,6 +166,7 @@ pub(crate) fn crash_kind() -> impl Strategy<Value = CrashKind> {
         Just(CrashKind::Process),
         Just(CrashKind::PowerStrict),
         Just(CrashKind::PowerEager),
+        Just(CrashKind::PowerRot),
     ]
 }
 

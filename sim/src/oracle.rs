@@ -43,6 +43,20 @@
 //!   either absent (R4 applies to the turn's effects) or complete. Its
 //!   re-fire runs the same work; a completed turn only gets its ack.
 //!
+//! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
+//!   a complete, durable event-log line or session record destroys data
+//!   that may be acknowledged, so "acknowledged means durable" cannot be
+//!   asked of it. What is asked instead ([`judge_rot`]): the boot fails
+//!   with the typed corruption error naming exactly that file, that line
+//!   and the byte offset the line starts at; or, if the boot never read
+//!   the file (a record-less orphan directory it removes unread), it may
+//!   succeed. Never `Ok` after reading the damaged line, never another
+//!   error. Then the bit is restored (an operator's restore from backup)
+//!   and the same disk is booted again, judged as any restart. Only the
+//!   line's content can rot here: a flipped final newline makes a durable
+//!   line look like a torn, unacknowledged tail, which no reader can tell
+//!   apart (a stated limit, not a relaxation).
+//!
 //! Invariants (checked after every step; after recovery also I2):
 //!
 //! - **I1 No orphans.** Every agent's parent is a live agent.
@@ -60,6 +74,45 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use crate::model::{effect_key, Action, Model, State, Status};
+
+/// What a boot did with a rotted line (R6), when it did right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotVerdict {
+    /// Refused with the typed corruption error naming the damaged line.
+    Refused,
+    /// Booted without ever reading the rotted file.
+    Unread,
+}
+
+/// R6: judge a boot of a disk with one flipped bit. `opened` is the boot's
+/// result, `named` the damaged line its error reported (if typed as a
+/// corruption), `read` whether it read the rotted file at all.
+pub fn judge_rot(
+    rot: &crate::rot::Rot,
+    opened: &Result<(), String>,
+    named: Option<&durable_agent::system::CorruptLine>,
+    read: bool,
+) -> Result<RotVerdict, String> {
+    match (opened, named) {
+        (Err(_), Some(n)) if n.path == rot.path && n.line == rot.line && n.offset == rot.line_offset => {
+            Ok(RotVerdict::Refused)
+        }
+        (Err(e), Some(n)) => Err(format!(
+            "the boot named {} line {} (byte {}) instead of line {} (byte {}): {e}",
+            n.path.display(),
+            n.line,
+            n.offset,
+            rot.line,
+            rot.line_offset
+        )),
+        (Err(e), None) => Err(format!("the boot failed without naming a damaged line: {e}")),
+        (Ok(()), _) if read => Err(format!(
+            "the boot read {} and returned Ok: the flipped line was accepted as data (silent corruption)",
+            rot.path.display()
+        )),
+        (Ok(()), _) => Ok(RotVerdict::Unread),
+    }
+}
 
 /// Which candidate a recovered state matched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -73,6 +73,11 @@ pub struct SweepOptions {
     /// is used whenever this is set.
     pub continue_after_crash: bool,
     pub method: SweepMethod,
+    /// `PowerRot` is judged at every `rot_every`-th point only (1: every
+    /// point). A rot point costs about two boots (the refused one and the
+    /// one after the restore), so the PR gate samples it; sweeps and
+    /// nightly judge every point.
+    pub rot_every: u64,
 }
 
 impl Default for SweepOptions {
@@ -82,7 +87,15 @@ impl Default for SweepOptions {
             stop_at_first: false,
             continue_after_crash: false,
             method: SweepMethod::Fork,
+            rot_every: 1,
         }
+    }
+}
+
+impl SweepOptions {
+    /// Whether (point, kind) is judged.
+    fn judges(&self, point: u64, kind: CrashKind) -> bool {
+        kind != CrashKind::PowerRot || point.is_multiple_of(self.rot_every.max(1))
     }
 }
 
@@ -184,6 +197,7 @@ pub fn sweep_points(
         ops: &ops,
         canaries,
         continue_after_crash: options.continue_after_crash,
+        options,
     };
     match method {
         SweepMethod::Replay => sweeper.by_replay(&options.kinds, &mut visit),
@@ -196,6 +210,7 @@ struct Sweeper<'a> {
     ops: &'a [Op],
     canaries: &'a Canaries,
     continue_after_crash: bool,
+    options: &'a SweepOptions,
 }
 
 impl Sweeper<'_> {
@@ -252,7 +267,7 @@ impl Sweeper<'_> {
     ) -> Result<u64, Box<Failure>> {
         let points = self.dry_run()?;
         for &kind in kinds {
-            for point in 1..=points {
+            for point in (1..=points).filter(|&p| self.options.judges(p, kind)) {
                 if visit(self.replay(point, kind)).is_break() {
                     return Ok(points);
                 }
@@ -276,6 +291,9 @@ impl Sweeper<'_> {
                 let mut images: Vec<_> = (1..kinds.len()).map(|_| fork.image.clone()).collect();
                 images.push(fork.image);
                 for (&kind, image) in kinds.iter().zip(images) {
+                    if !self.options.judges(point, kind) {
+                        continue;
+                    }
                     let judged = exec
                         .judge_fork(image, &fork.judging, kind)
                         .map_err(|fast| self.confirm(point, kind, fast));

@@ -244,13 +244,15 @@ fn esc(s: &str) -> String {
     out
 }
 
-/// The mode's serde name (`process`, `power_strict`, `power_eager`): what
+/// The mode's serde name (`process`, `power_strict`, `power_eager`,
+/// `power_rot`): what
 /// the cells' `data-m` and the JSON carry.
 fn mode_name(k: CrashKind) -> &'static str {
     match k {
         CrashKind::Process => "process",
         CrashKind::PowerStrict => "power_strict",
         CrashKind::PowerEager => "power_eager",
+        CrashKind::PowerRot => "power_rot",
     }
 }
 
@@ -260,6 +262,7 @@ fn mode_title(k: CrashKind) -> &'static str {
         CrashKind::Process => "ProcessCrash",
         CrashKind::PowerStrict => "PowerLoss(Strict)",
         CrashKind::PowerEager => "PowerLoss(Eager)",
+        CrashKind::PowerRot => "PowerLoss+BitRot",
     }
 }
 

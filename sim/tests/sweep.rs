@@ -40,7 +40,7 @@ fn sweep_clean(seed: u64, ops: &[durable_agent_sim::op::Op]) {
         "the sequence should cross many I/O points, got {}",
         s.points
     );
-    assert_eq!(s.runs, 3 * s.points);
+    assert_eq!(s.runs, CrashKind::ALL.len() as u64 * s.points);
     assert_eq!(s.crashes, s.runs, "every swept point must be hit");
 }
 

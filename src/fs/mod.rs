@@ -29,6 +29,22 @@ pub use lock::{lock_held, FsLock};
 pub use real::RealFs;
 pub use sim::{CrashImage, CrashMode, DirModel, Fault, SimConfig, SimFs, SimSnapshot, TraceEntry};
 
+/// Read `buf.len()` bytes at `offset`, looping over short reads: POSIX
+/// lets `pread` return fewer bytes than asked (a signal, a network or FUSE
+/// filesystem; [`SimFs`] does it on purpose), so a reader that wants the
+/// bytes must ask again. Returns fewer than `buf.len()` only at the end of
+/// the file. Bounded: every round reads at least one byte or ends.
+pub fn read_full_at(fs: &dyn Fs, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match fs.read_at(path, offset + filled as u64, &mut buf[filled..], label)? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
 /// How [`Fs::open`] treats an existing or missing file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpenMode {
@@ -59,7 +75,10 @@ pub trait Fs: Send + Sync + fmt::Debug {
     /// written at.
     fn append(&self, path: &Path, data: &[u8], label: &str) -> io::Result<u64>;
 
-    /// Read up to `buf.len()` bytes at `offset`; returns the count (0 at EOF).
+    /// Read up to `buf.len()` bytes at `offset`; returns the count (0 at
+    /// EOF). Like `pread(2)` it may return fewer bytes than asked before
+    /// the end of the file: a reader that wants them all loops
+    /// ([`read_full_at`]).
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize>;
 
     /// Read the whole file.

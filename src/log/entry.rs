@@ -5,15 +5,25 @@
 //! anything else, so an entry from a newer version is refused with a clear
 //! error instead of being misread. Entries without `schema_version` are the
 //! pre-versioning format (version 0) and still load.
+//!
+//! Since version 3 every line is sealed with a checksum (a last member
+//! `"crc"`, see [`crate::checksum`]), verified before anything else is
+//! read from the line: a flipped bit is a mismatch, never data. Lines of
+//! versions 0–2 carry none and still load; a version-3 line without one
+//! is damage.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::checksum::{self, Sealed};
 use crate::runtime::ids::{AgentId, MessageId, SessionId};
 
 /// The newest schema version this build reads (and writes, for the lines
 /// that need it: see [`Event::min_version`]).
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
+
+/// The first version whose lines are sealed with a checksum.
+pub const CHECKSUM_VERSION: u32 = 3;
 
 /// What happened. `event` is the tag, `data` the payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,14 +139,11 @@ impl Event {
     /// line carries it, so a line an older build can read stays readable
     /// to it, and one it cannot is refused as newer, never misread.
     /// Version 2 added work turns (`turn.start` with `work`), round
-    /// checkpoints, turn resume and deliveries in `turn.complete`.
+    /// checkpoints, turn resume and deliveries in `turn.complete`; version
+    /// 3 the checksum every line carries (a version-2 reader refuses its
+    /// `crc` member as an unknown key), so every line written now is 3.
     pub fn min_version(&self) -> u32 {
-        match self {
-            Event::TurnStart { work: Some(_), .. }
-            | Event::RoundComplete { .. }
-            | Event::TurnResume { .. } => 2,
-            _ => 1,
-        }
+        CHECKSUM_VERSION
     }
 }
 
@@ -171,8 +178,14 @@ impl LogEntry {
             ts: self.ts,
             event: self.event.name().to_string(),
             data: Some(&data),
+            _crc: None,
         };
-        let mut line = serde_json::to_string(&wire)?;
+        let object = serde_json::to_string(&wire)?;
+        let mut line = if self.schema_version >= CHECKSUM_VERSION {
+            checksum::seal(&object)
+        } else {
+            object
+        };
         line.push('\n');
         Ok(line)
     }
@@ -185,6 +198,27 @@ impl LogEntry {
     /// `schema_version`, so a newer entry whose shape this build does not
     /// know is still reported as newer, not as damage.
     pub fn parse(line: &[u8]) -> Result<LogEntry, ParseLineError> {
+        let sealed = checksum::check(line);
+        if let Sealed::Mismatch { stored, computed } = sealed {
+            return Err(ParseLineError::Invalid(format!(
+                "checksum mismatch: the line says {stored:08x}, its bytes give {computed:08x} \
+                 (bits changed at rest or in transit)"
+            )));
+        }
+        let entry = Self::parse_unverified(line)?;
+        if sealed == Sealed::Unsealed && entry.schema_version >= CHECKSUM_VERSION {
+            return Err(ParseLineError::Invalid(format!(
+                "a version-{} entry without its checksum (its seal is damaged)",
+                entry.schema_version
+            )));
+        }
+        Ok(entry)
+    }
+
+    /// [`LogEntry::parse`] without the checksum: what the
+    /// `NoChecksumVerify` canary reads with (and a version-3 line without
+    /// a seal is taken as it is).
+    pub fn parse_unverified(line: &[u8]) -> Result<LogEntry, ParseLineError> {
         let wire: WireEntry<'_> = match serde_json::from_slice(line) {
             Ok(wire) => wire,
             Err(e) => {
@@ -229,6 +263,10 @@ struct WireEntry<'a> {
     event: String,
     #[serde(default, borrow)]
     data: Option<&'a serde_json::value::RawValue>,
+    /// The seal (checked on the raw line before parsing; see
+    /// [`crate::checksum`]). Never serialized here: `to_line` seals.
+    #[serde(rename = "crc", default, borrow, skip_serializing)]
+    _crc: Option<&'a str>,
 }
 
 /// The `schema_version` of a line this build cannot read, when it is newer
@@ -336,13 +374,7 @@ mod tests {
     #[test]
     fn a_line_carries_the_oldest_version_that_reads_it() {
         for event in every_event() {
-            let needs_v2 = matches!(
-                &event,
-                Event::TurnStart { work: Some(_), .. }
-                    | Event::RoundComplete { .. }
-                    | Event::TurnResume { .. }
-            );
-            assert_eq!(event.min_version(), if needs_v2 { 2 } else { 1 }, "{event:?}");
+            assert_eq!(event.min_version(), CHECKSUM_VERSION, "{event:?}");
             assert!(event.min_version() <= SCHEMA_VERSION);
         }
     }

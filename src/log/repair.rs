@@ -63,6 +63,25 @@ fn parse_error(path: &Path, line: u64, offset: u64, e: ParseLineError) -> LogErr
 /// `session_id` (if given) with contiguous `seq`; trailing bytes without a
 /// newline are reported as a partial tail, not parsed.
 pub fn parse_bytes(path: &Path, bytes: &[u8], session_id: Option<&SessionId>) -> Result<ParsedLog, LogError> {
+    parse_bytes_with(path, bytes, session_id, &Canaries::none())
+}
+
+/// One line: checksum verified (the `NoChecksumVerify` canary skips it).
+fn parse_line(line: &[u8], canaries: &Canaries) -> Result<LogEntry, ParseLineError> {
+    if canaries.has(Canary::NoChecksumVerify) {
+        LogEntry::parse_unverified(line)
+    } else {
+        LogEntry::parse(line)
+    }
+}
+
+/// [`parse_bytes`] as the runtime reads, with its canaries.
+fn parse_bytes_with(
+    path: &Path,
+    bytes: &[u8],
+    session_id: Option<&SessionId>,
+    canaries: &Canaries,
+) -> Result<ParsedLog, LogError> {
     let mut out = ParsedLog::default();
     let mut offset = 0usize;
     let mut line_no = 0u64;
@@ -74,7 +93,7 @@ pub fn parse_bytes(path: &Path, bytes: &[u8], session_id: Option<&SessionId>) ->
         line_no += 1;
         let line = &bytes[offset..offset + nl];
         let at = offset as u64;
-        let entry = LogEntry::parse(line).map_err(|e| parse_error(path, line_no, at, e))?;
+        let entry = parse_line(line, canaries).map_err(|e| parse_error(path, line_no, at, e))?;
         let corrupt = |reason: String| LogError::Corrupt {
             path: path.to_path_buf(),
             line: line_no,
@@ -103,9 +122,18 @@ pub fn parse_bytes(path: &Path, bytes: &[u8], session_id: Option<&SessionId>) ->
 /// Read and parse `events.jsonl` in `dir` without changing it. A missing
 /// file is an empty log.
 pub fn parse_log(fs: &dyn Fs, dir: &Path, session_id: Option<&SessionId>) -> Result<ParsedLog, LogError> {
+    parse_log_with(fs, dir, session_id, &Canaries::none())
+}
+
+fn parse_log_with(
+    fs: &dyn Fs,
+    dir: &Path,
+    session_id: Option<&SessionId>,
+    canaries: &Canaries,
+) -> Result<ParsedLog, LogError> {
     let path = dir.join(EVENTS_FILE);
     match fs.read(&path, "events.jsonl read") {
-        Ok(bytes) => parse_bytes(&path, &bytes, session_id),
+        Ok(bytes) => parse_bytes_with(&path, &bytes, session_id, canaries),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ParsedLog::default()),
         Err(e) => Err(LogError::io(&path, "read", e)),
     }
@@ -125,7 +153,7 @@ pub fn repair(
     let exists = fs
         .exists(&path, "events.jsonl exists (recovery)")
         .map_err(|e| LogError::io(&path, "exists", e))?;
-    let mut parsed = parse_log(fs, dir, Some(session_id))?;
+    let mut parsed = parse_log_with(fs, dir, Some(session_id), canaries)?;
     if parsed.partial_tail_bytes > 0 && !canaries.has(Canary::NoPartialLineRepair) {
         fs.truncate(&path, parsed.valid_len, "events.jsonl truncate partial line")
             .map_err(|e| LogError::io(&path, "truncate", e))?;
@@ -166,7 +194,7 @@ pub fn repair(
         if canaries.has(Canary::NoPartialLineRepair) {
             // The canary left a partial line; re-parse so a merged garbage
             // line surfaces here exactly as it would on the next open.
-            parsed = parse_log(fs, dir, Some(session_id))?;
+            parsed = parse_log_with(fs, dir, Some(session_id), canaries)?;
         }
     }
     if exists {
@@ -196,9 +224,14 @@ fn persist(fs: &dyn Fs, dir: &Path, parsed: &ParsedLog) -> Result<(), LogError> 
         // another (older) encoding is left as it is.
         if let Some(at) = parsed.valid_len.checked_sub(line.len() as u64) {
             let mut on_disk = vec![0; line.len()];
-            let n = fs
-                .read_at(&path, at, &mut on_disk, "events.jsonl read last line (recovery)")
-                .map_err(|e| LogError::io(&path, "read", e))?;
+            let n = crate::fs::read_full_at(
+                fs,
+                &path,
+                at,
+                &mut on_disk,
+                "events.jsonl read last line (recovery)",
+            )
+            .map_err(|e| LogError::io(&path, "read", e))?;
             if n == line.len() && on_disk == line.as_bytes() {
                 fs.write_at(
                     &path,

@@ -17,6 +17,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::error::SqliteError;
 use super::vfs::Vfs;
+use crate::canary::Canaries;
 use crate::fs::Fs;
 
 /// `PRAGMA journal_mode`.
@@ -68,6 +69,9 @@ pub struct SqliteOptions {
     pub seed: u64,
     /// Start of the logical clock SQLite reads (`datetime('now')`).
     pub clock_unix_ms: i64,
+    /// Known-bug switches of the VFS (harness builds only; see
+    /// [`crate::canary`]). Like `seed`, they apply when the VFS registers.
+    pub canaries: Canaries,
 }
 
 impl Default for SqliteOptions {
@@ -77,6 +81,7 @@ impl Default for SqliteOptions {
             synchronous: Synchronous::Full,
             seed: 0,
             clock_unix_ms: 1_700_000_000_000,
+            canaries: Canaries::none(),
         }
     }
 }
@@ -107,7 +112,7 @@ impl std::fmt::Debug for Db {
 /// [`SqliteError::NotADatabase`] for a garbage file, [`SqliteError::Io`]
 /// when the seam fails (then drop and reopen later).
 pub fn open(fs: Arc<dyn Fs>, path: &Path, opts: &SqliteOptions) -> Result<Db, SqliteError> {
-    let vfs = Vfs::for_fs(&fs, opts.seed, opts.clock_unix_ms)?;
+    let vfs = Vfs::for_fs(&fs, opts.seed, opts.clock_unix_ms, &opts.canaries)?;
     if path.to_str().is_none_or(|s| s.contains('\0')) {
         return Err(SqliteError::BadPath {
             path: path.to_path_buf(),

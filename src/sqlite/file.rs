@@ -251,7 +251,14 @@ unsafe extern "C" fn x_read(
             }
             Backing::Fs(path) => {
                 let label = format!("sqlite {} read off={off} len={}", st.kind, buf.len());
-                match st.vfs.fs.read_at(path, off, buf, &label) {
+                // xRead's contract: fewer bytes than asked means end of
+                // file, so a short `pread` must be asked again.
+                let read = if st.vfs.one_read_is_enough {
+                    st.vfs.fs.read_at(path, off, buf, &label)
+                } else {
+                    crate::fs::read_full_at(&*st.vfs.fs, path, off, buf, &label)
+                };
+                match read {
                     Ok(n) => n,
                     Err(e) => {
                         st.vfs.record(format!("{}: read off={off}: {e}", path.display()));

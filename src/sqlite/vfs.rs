@@ -32,6 +32,7 @@ use super::error::{io_to_code, IoStep, SqliteError};
 use super::file::{self, Kind};
 use super::lock::LockTable;
 use super::shm::ShmTable;
+use crate::canary::{Canaries, Canary};
 use crate::fs::Fs;
 
 /// Julian day number of 1970-01-01 in milliseconds (SQLite's epoch offset).
@@ -53,6 +54,8 @@ pub(crate) struct VfsInner {
     rng: Mutex<ChaCha8Rng>,
     clock_unix_ms: AtomicI64,
     last_error: Mutex<Option<String>>,
+    /// The `NonLoopingReader` canary (always `false` in production).
+    pub(crate) one_read_is_enough: bool,
 }
 
 impl VfsInner {
@@ -95,19 +98,29 @@ impl Vfs {
     /// The live VFS for `fs`, or a newly registered one. `seed` seeds
     /// `xRandomness` and `clock_unix_ms` starts the logical clock; both only
     /// apply when this call registers the VFS.
-    pub fn for_fs(fs: &Arc<dyn Fs>, seed: u64, clock_unix_ms: i64) -> Result<Arc<Vfs>, SqliteError> {
+    pub fn for_fs(
+        fs: &Arc<dyn Fs>,
+        seed: u64,
+        clock_unix_ms: i64,
+        canaries: &Canaries,
+    ) -> Result<Arc<Vfs>, SqliteError> {
         let key = Arc::as_ptr(fs).cast::<()>() as usize;
         let mut registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         registry.retain(|_, w| w.strong_count() > 0);
         if let Some(vfs) = registry.get(&key).and_then(Weak::upgrade) {
             return Ok(vfs);
         }
-        let vfs = Arc::new(Vfs::register(fs.clone(), seed, clock_unix_ms)?);
+        let vfs = Arc::new(Vfs::register(fs.clone(), seed, clock_unix_ms, canaries)?);
         registry.insert(key, Arc::downgrade(&vfs));
         Ok(vfs)
     }
 
-    fn register(fs: Arc<dyn Fs>, seed: u64, clock_unix_ms: i64) -> Result<Vfs, SqliteError> {
+    fn register(
+        fs: Arc<dyn Fs>,
+        seed: u64,
+        clock_unix_ms: i64,
+        canaries: &Canaries,
+    ) -> Result<Vfs, SqliteError> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name_str = format!("durable-agent-{id}");
         let name = CString::new(name_str.clone()).map_err(|e| SqliteError::BadPath {
@@ -121,6 +134,7 @@ impl Vfs {
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             clock_unix_ms: AtomicI64::new(clock_unix_ms),
             last_error: Mutex::new(None),
+            one_read_is_enough: canaries.has(Canary::NonLoopingReader),
         });
         let raw = Box::new(ffi::sqlite3_vfs {
             iVersion: 2,

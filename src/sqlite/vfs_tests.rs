@@ -10,6 +10,7 @@ use std::sync::Arc;
 use libsqlite3_sys as ffi;
 
 use super::vfs::Vfs;
+use crate::canary::Canaries;
 use crate::fs::sim::FailKind;
 use crate::fs::{Fault, Fs, OpenMode, SimConfig, SimFs};
 
@@ -36,7 +37,7 @@ fn sim_vfs() -> (SimFs, Arc<Vfs>) {
     let sim = SimFs::new(SimConfig::new(5));
     sim.create_dir_all(Path::new("/v"), "test").unwrap();
     let fs: Arc<dyn Fs> = Arc::new(sim.clone());
-    let vfs = Vfs::for_fs(&fs, 5, 0).unwrap();
+    let vfs = Vfs::for_fs(&fs, 5, 0, &Canaries::none()).unwrap();
     (sim, vfs)
 }
 
@@ -183,7 +184,7 @@ impl Fs for PanicFs {
 #[test]
 fn a_panicking_fs_becomes_an_error_code_not_an_abort() {
     let fs: Arc<dyn Fs> = Arc::new(PanicFs);
-    let vfs = Vfs::for_fs(&fs, 0, 0).unwrap();
+    let vfs = Vfs::for_fs(&fs, 0, 0, &Canaries::none()).unwrap();
     let p = vfs.raw_ptr();
     let mut mem = file_mem(p);
     let name = CString::new("/x.db").unwrap();

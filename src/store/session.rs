@@ -15,11 +15,17 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::canary::{Canaries, Canary};
+use crate::checksum::{self, Sealed};
 use crate::fs::{Fs, OpenMode};
 use crate::runtime::ids::{AgentId, SessionId};
 
 /// Schema version of `session.json`.
-pub const SESSION_SCHEMA_VERSION: u32 = 1;
+/// Version 2 writes the record as one sealed JSON line (see
+/// [`crate::checksum`]); version-1 records (pretty-printed, no checksum)
+/// still load.
+pub const SESSION_SCHEMA_VERSION: u32 = 2;
+/// The first version whose records carry a checksum.
+const CHECKSUM_VERSION: u32 = 2;
 /// Record file name inside a session directory.
 pub const SESSION_FILE: &str = "session.json";
 const SESSION_TMP: &str = "session.json.tmp";
@@ -65,6 +71,10 @@ pub enum SessionError {
     /// `session.json` does not parse or is from a newer version.
     #[error("{path}: invalid session record: {reason} (inspect or quarantine the directory)")]
     Invalid { path: PathBuf, reason: String },
+    /// `session.json` fails its checksum: bits changed after it was
+    /// written. The record (one line) is at line 1, byte 0.
+    #[error("{path}: line 1 (byte 0) is corrupt: {reason} (inspect or quarantine the directory; nothing was dropped)")]
+    Corrupt { path: PathBuf, reason: String },
 }
 
 fn io_err(path: &Path, step: &str) -> impl FnOnce(io::Error) -> SessionError {
@@ -163,10 +173,15 @@ impl SessionStore {
         let dir = self.dir(&record.session_id);
         let tmp = dir.join(SESSION_TMP);
         let path = dir.join(SESSION_FILE);
-        let mut bytes = serde_json::to_vec_pretty(record).map_err(|e| SessionError::Invalid {
+        let object = serde_json::to_string(record).map_err(|e| SessionError::Invalid {
             path: path.clone(),
             reason: format!("cannot serialize: {e}"),
         })?;
+        let mut bytes = if record.schema_version >= CHECKSUM_VERSION {
+            checksum::seal(&object).into_bytes()
+        } else {
+            object.into_bytes()
+        };
         bytes.push(b'\n');
         let fs = &self.fs;
         fs.open(&tmp, OpenMode::Truncate, "session.json.tmp create")
@@ -194,10 +209,39 @@ impl SessionStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_err(&path, "read")(e)),
         };
-        let record: SessionRecord = serde_json::from_slice(&bytes).map_err(|e| SessionError::Invalid {
+        let line = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        let sealed = if self.canaries.has(Canary::NoChecksumVerify) {
+            Sealed::Unsealed
+        } else {
+            checksum::check(line)
+        };
+        if let Sealed::Mismatch { stored, computed } = sealed {
+            return Err(SessionError::Corrupt {
+                path,
+                reason: format!(
+                    "checksum mismatch: the record says {stored:08x}, its bytes give {computed:08x} \
+                     (bits changed at rest or in transit)"
+                ),
+            });
+        }
+        // A record that does not parse is damaged whatever its version (a
+        // flip in a sealed record's seal can break its JSON too).
+        let record: SessionRecord = serde_json::from_slice(&bytes).map_err(|e| SessionError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
         })?;
+        if sealed == Sealed::Unsealed
+            && record.schema_version >= CHECKSUM_VERSION
+            && !self.canaries.has(Canary::NoChecksumVerify)
+        {
+            return Err(SessionError::Corrupt {
+                path,
+                reason: format!(
+                    "a version-{} record without its checksum (its seal is damaged)",
+                    record.schema_version
+                ),
+            });
+        }
         if record.schema_version > SESSION_SCHEMA_VERSION {
             return Err(SessionError::Invalid {
                 path,

@@ -173,6 +173,42 @@ pub enum SystemError {
     Invariants(Vec<String>),
 }
 
+/// Where a boot found damaged data: the file, and the line and byte offset
+/// the damage begins at (a session record is one line: line 1, byte 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptLine {
+    pub path: PathBuf,
+    pub line: u64,
+    pub offset: u64,
+}
+
+impl SystemError {
+    /// The damaged line this error reports, when it is a corruption (a
+    /// checksum mismatch or an unreadable line of an event log or session
+    /// record): what an operator inspects or restores from a backup.
+    pub fn corrupt_line(&self) -> Option<CorruptLine> {
+        use crate::log::LogError;
+        use crate::store::session::SessionError;
+        match self {
+            SystemError::Runtime(RuntimeError::Log(LogError::Corrupt {
+                path, line, offset, ..
+            })) => Some(CorruptLine {
+                path: path.clone(),
+                line: *line,
+                offset: *offset,
+            }),
+            SystemError::Runtime(RuntimeError::Session(SessionError::Corrupt { path, .. })) => {
+                Some(CorruptLine {
+                    path: path.clone(),
+                    line: 1,
+                    offset: 0,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The result of [`System::fire`]: what the trigger's turn did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fired {
@@ -217,6 +253,7 @@ impl System {
         let now = deps.clock.now_ms();
         let opts = SqliteOptions {
             seed: config.seed,
+            canaries: config.canaries.clone(),
             ..SqliteOptions::default()
         };
         let db = Arc::new(Mutex::new(open_store(fs.clone(), &config.db_path(), &opts)?));

@@ -11,7 +11,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use durable_agent::fs::sim::{FailKind, Outcome};
+use durable_agent::fs::sim::{FailKind, IoOp, Outcome};
 use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, OpenMode, SimConfig, SimFs};
 use durable_agent::sqlite::{open, JournalMode, SqliteOptions, Synchronous};
 
@@ -46,6 +46,35 @@ impl Inject {
     }
 }
 
+/// How the op at a crash point is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// SimFs's seeded default: not done, done, or cut midway (a torn
+    /// write, an `fsync` the power cut in the middle of).
+    Seeded,
+    /// Always midway: every crash at an `fsync` or directory fsync is a
+    /// power cut in the middle of it (a seeded subset of its pages or
+    /// directory changes reached the disk).
+    Midway,
+}
+
+/// The disk's fault config: one `read_at` in ten is short (the VFS must
+/// loop to honour xRead), and the crash point's op is cut per `cut`.
+fn config(seed: u64, cut: Cut) -> SimConfig {
+    let config = SimConfig {
+        short_read_probability: 0.1,
+        ..SimConfig::new(seed)
+    };
+    match cut {
+        Cut::Seeded => config,
+        Cut::Midway => SimConfig {
+            crash_point_done_probability: 1.0,
+            torn_write_probability: 1.0,
+            ..config
+        },
+    }
+}
+
 /// Builds the `Fs` SQLite runs on from the simulated disk.
 pub type Wrap = fn(SimFs) -> Arc<dyn Fs>;
 
@@ -63,6 +92,8 @@ pub struct Counts {
     /// Cases that failed to reopen, failed integrity_check, or showed a
     /// row that was never written.
     pub corrupt: u64,
+    /// Cases whose crash cut an `fsync` or directory fsync midway.
+    pub mid_fsync: u64,
 }
 
 pub fn opts(journal: JournalMode, sync: Synchronous, seed: u64) -> SqliteOptions {
@@ -76,8 +107,8 @@ pub fn opts(journal: JournalMode, sync: Synchronous, seed: u64) -> SqliteOptions
 
 /// A fresh disk with the table created, closed and made durable (setup is
 /// not swept: synchronous=OFF would never sync it).
-fn setup(seed: u64, o: &SqliteOptions, wrap: Wrap) -> (SimFs, Arc<dyn Fs>) {
-    let sim = SimFs::new(SimConfig::new(seed));
+fn setup(seed: u64, o: &SqliteOptions, wrap: Wrap, cut: Cut) -> (SimFs, Arc<dyn Fs>) {
+    let sim = SimFs::new(config(seed, cut));
     sim.create_dir_all(Path::new("/data"), "test mkdir").unwrap();
     sim.sync_dir(Path::new("/"), "test sync root").unwrap();
     let fs = wrap(sim.clone());
@@ -170,11 +201,24 @@ pub fn sweep(
     mode: CrashMode,
     wrap: Wrap,
 ) -> Counts {
+    sweep_cut(name, journal, sync, inject, mode, wrap, Cut::Seeded)
+}
+
+/// [`sweep`] with the crash point's op cut per `cut`.
+pub fn sweep_cut(
+    name: &str,
+    journal: JournalMode,
+    sync: Synchronous,
+    inject: Inject,
+    mode: CrashMode,
+    wrap: Wrap,
+    cut: Cut,
+) -> Counts {
     let mut c = Counts::default();
     let mut reported = 0;
     for seed in SEEDS {
         let o = opts(journal, sync, seed);
-        let (sim, fs) = setup(seed, &o, wrap);
+        let (sim, fs) = setup(seed, &o, wrap, cut);
         let base = sim.points();
         let (acked, _) = workload(fs, &o);
         assert_eq!(
@@ -185,11 +229,18 @@ pub fn sweep(
         let total = sim.points() - base;
         for k in 1..=total {
             c.cases += 1;
-            let (sim, fs) = setup(seed, &o, wrap);
+            let (sim, fs) = setup(seed, &o, wrap, cut);
             sim.set_fault(Some(inject.fault(sim.points() + k)));
             let (acked, inflight) = workload(fs.clone(), &o);
             if inject == Inject::Crash {
                 assert!(sim.crashed(), "seed {seed} point {k}: crash point not reached");
+                let cut_sync = sim
+                    .trace()
+                    .iter()
+                    .any(|t| t.outcome == Outcome::Crashed && matches!(t.op, IoOp::Sync | IoOp::SyncDir));
+                if cut_sync && cut == Cut::Midway {
+                    c.mid_fsync += 1;
+                }
             }
             sim.restart(mode);
             let what = format!(
@@ -224,8 +275,8 @@ pub fn sweep(
 /// One printed row of the results table.
 pub fn print_row(name: &str, what: &str, c: &Counts) {
     eprintln!(
-        "sqlite guarantees | {name:<22} | {what:<30} | cases {:>5} | lost {:>4} (older than last {:>4}) | corrupt {:>4}",
-        c.cases, c.lost, c.lost_older, c.corrupt
+        "sqlite guarantees | {name:<22} | {what:<30} | cases {:>5} | lost {:>4} (older than last {:>4}) | corrupt {:>4} | mid-fsync cuts {:>4}",
+        c.cases, c.lost, c.lost_older, c.corrupt, c.mid_fsync
     );
 }
 
@@ -242,6 +293,25 @@ pub fn crash_table(
         .collect();
     for (m, c) in &rows {
         print_row(name, &format!("crash, {m:?}"), c);
+    }
+    rows
+}
+
+/// Power cut in the middle of every `fsync`/directory fsync the sweep
+/// crashes at (and every other crash point's op cut midway too), under
+/// both power-loss modes; print and return the rows.
+pub fn mid_fsync_table(name: &str, journal: JournalMode, sync: Synchronous) -> Vec<(CrashMode, Counts)> {
+    let rows: Vec<(CrashMode, Counts)> = MODES[1..]
+        .iter()
+        .map(|&m| {
+            (
+                m,
+                sweep_cut(name, journal, sync, Inject::Crash, m, plain, Cut::Midway),
+            )
+        })
+        .collect();
+    for (m, c) in &rows {
+        print_row(name, &format!("mid-fsync cut, {m:?}"), c);
     }
     rows
 }

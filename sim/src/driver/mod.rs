@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
-use durable_agent::fs::{CrashMode, Fault, SimConfig, SimFs, SimSnapshot};
+use durable_agent::fs::{Fault, SimConfig, SimFs, SimSnapshot};
 use durable_agent::runtime::{AgentId, MessageId, Runtime};
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
@@ -24,6 +24,10 @@ use durable_agent::system::{Deps, System, SystemConfig};
 use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
+use crate::op::CrashKind;
+use crate::rot::{self, Rot};
+use durable_agent::system::CorruptLine;
+use std::path::PathBuf;
 mod project;
 
 use project::checkpoint;
@@ -48,13 +52,19 @@ pub const ROOT: &str = "/da";
 
 /// The fault model the harness runs: SimFs's defaults, but a write the
 /// crash interrupts is torn more often (half the time): a torn tail is the
-/// shape log recovery exists for, and the search should meet it often.
+/// shape log recovery exists for, and the search should meet it often (so
+/// is an `fsync` the power cut in the middle of: the same draw). And one
+/// `read_at` in ten returns short, so every reader must loop.
 pub fn sim_config(seed: u64) -> SimConfig {
     SimConfig {
         torn_write_probability: 0.5,
+        short_read_probability: SHORT_READ_PROBABILITY,
         ..SimConfig::new(seed)
     }
 }
+
+/// Share of the harness's `read_at`s that return fewer bytes than asked.
+pub const SHORT_READ_PROBABILITY: f64 = 0.1;
 
 /// The seed the install is made with (any: the install does not use it).
 const INSTALL_SEED: u64 = 0;
@@ -75,7 +85,7 @@ pub fn installed_disk(canaries: &Canaries) -> Result<Arc<SimSnapshot>, String> {
     }
     let mut driver = Driver::new(INSTALL_SEED, canaries.clone());
     driver.open().map_err(|e| format!("installing the system: {e}"))?;
-    driver.shutdown(CrashMode::ProcessCrash);
+    driver.shutdown(CrashKind::Process);
     let disk = driver
         .fs
         .snapshot()
@@ -109,6 +119,10 @@ pub struct Driver {
     store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
     /// The I/O point count each world delivery happened after.
     sent_at: Arc<Mutex<Vec<u64>>>,
+    /// The bit a `PowerRot` crash flipped, until the next boot is judged.
+    rot: Option<Rot>,
+    /// The damaged line the last failed boot named.
+    corruption: Option<CorruptLine>,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -148,6 +162,8 @@ impl Driver {
             msgs: BTreeMap::new(),
             store_cache: None,
             sent_at: Arc::default(),
+            rot: None,
+            corruption: None,
         }
     }
 
@@ -212,7 +228,11 @@ impl Driver {
         self.clock.set(step_ms + BOOT_MS);
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
-        let (system, report) = booted.map_err(|e| format!("boot: {e}"))?;
+        self.corruption = None;
+        let (system, report) = booted.map_err(|e| {
+            self.corruption = e.corrupt_line();
+            format!("boot: {e}")
+        })?;
         let now = step_ms + BOOT_MS;
         // Boot resumed every run with a checkpoint: the loop's is among
         // them unless this is a fresh install.
@@ -234,24 +254,53 @@ impl Driver {
     /// crash), then apply `mode` and reboot the disk. Returns whether an
     /// injected crash point had been hit. The system must be
     /// [`Driver::open`]ed again.
-    pub fn crash(&mut self, mode: CrashMode) -> bool {
+    pub fn crash(&mut self, kind: CrashKind) -> bool {
         let hit = self.fs.crashed();
         if !hit {
             self.fs.set_fault(Some(Fault::CrashAt(self.fs.points() + 1)));
         }
         self.close();
-        self.fs.restart(mode);
+        self.reboot_disk(kind);
         hit
+    }
+
+    /// Apply `kind` to the dead process's disk: its crash mode, then, for
+    /// `PowerRot`, one flipped bit ([`rot::strike`]) unless a rot is
+    /// already waiting to be judged (a crash inside that recovery).
+    fn reboot_disk(&mut self, kind: CrashKind) {
+        let floor = (kind == CrashKind::PowerRot && self.rot.is_none())
+            .then(|| self.fs.durable_image_where(rot::is_target));
+        self.fs.restart(kind.mode());
+        if let Some(floor) = floor {
+            self.rot = rot::strike(&self.fs, &floor, self.seed, self.fs.points());
+        }
+    }
+
+    /// The rot the next boot must detect, if one is pending.
+    pub fn take_rot(&mut self) -> Option<Rot> {
+        self.rot.take()
+    }
+
+    /// Rot a disk this driver forks from a crash image (see
+    /// [`Driver::fork`]): the same bit a replay's crash flips.
+    pub fn rot_fork(&mut self, kind: CrashKind, floor: Option<&BTreeMap<PathBuf, Vec<u8>>>, point: u64) {
+        if let (CrashKind::PowerRot, Some(floor)) = (kind, floor) {
+            self.rot = rot::strike(&self.fs, floor, self.seed, point);
+        }
+    }
+
+    /// Where the last failed boot said the data is damaged, if it did.
+    pub fn take_corruption(&mut self) -> Option<CorruptLine> {
+        self.corruption.take()
     }
 
     /// A clean stop: close everything (SQLite checkpoints on close), then
     /// reboot the disk keeping what was written. Returns whether an injected
     /// crash point was hit during the stop (then `mode_if_hit` applies).
-    pub fn shutdown(&mut self, mode_if_hit: CrashMode) -> bool {
+    pub fn shutdown(&mut self, kind_if_hit: CrashKind) -> bool {
         self.close();
         let hit = self.fs.crashed();
-        self.fs
-            .restart(if hit { mode_if_hit } else { CrashMode::ProcessCrash });
+        self.reboot_disk(if hit { kind_if_hit } else { CrashKind::Process });
         hit
     }
 

@@ -134,9 +134,11 @@ impl Exec {
         kind: CrashKind,
     ) -> Result<(Side, Model), Box<Failure>> {
         let point = image.point();
-        let driver = self
+        let floor = (kind == CrashKind::PowerRot).then(|| image.durable_image_where(crate::rot::is_target));
+        let mut driver = self
             .driver
             .fork(image.reboot(kind.mode()), point, j.names.clone());
+        driver.rot_fork(kind, floor.as_ref(), point);
         let mut exec = Exec {
             seed: self.seed,
             canaries: self.canaries.clone(),
@@ -159,7 +161,7 @@ impl Exec {
             let judged = exec.reopen_and_judge(kind, &j.before, j.after.as_ref(), j.action.as_ref());
             // Done with this disk: kill the fork rather than let SQLite's
             // close checkpoint a WAL nobody will read.
-            exec.driver.crash(durable_agent::fs::CrashMode::ProcessCrash);
+            exec.driver.crash(CrashKind::Process);
             judged
         })?;
         // A fork is one crash, judged once: its side is always known.

@@ -161,7 +161,7 @@ impl Exec {
                     Err(e) => return Err(exec.fail("opening a fresh runtime failed", e, None)),
                 }
                 exec.crash_mode = Some(kind);
-                if exec.driver.shutdown(kind.mode()) {
+                if exec.driver.shutdown(kind) {
                     exec.crashes += 1;
                 }
                 exec.disarm();
@@ -243,7 +243,7 @@ impl Exec {
                 let names = self.names();
                 let armed = self.armed.take();
                 let sweep_kind = self.global.map(|g| g.kind).unwrap_or(CrashKind::Process);
-                if self.driver.shutdown(sweep_kind.mode()) {
+                if self.driver.shutdown(sweep_kind) {
                     self.crashes += 1;
                 }
                 self.disarm();

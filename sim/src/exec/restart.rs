@@ -17,7 +17,7 @@ use crate::report::{CrashSite, Failure, TRACE_CONTEXT};
 impl Exec {
     /// Kill the process; counts it when an injected crash point was hit.
     pub(super) fn kill(&mut self, kind: CrashKind) {
-        if self.driver.crash(kind.mode()) {
+        if self.driver.crash(kind) {
             self.crashes += 1;
         }
         self.disarm();
@@ -105,26 +105,47 @@ impl Exec {
     ) -> Result<(), Box<Failure>> {
         self.restarts += 1;
         let mut attempts = 0;
-        let (state, mut violations) = loop {
-            attempts += 1;
-            // A crash armed into the recovery (or a sweep point landing in
-            // it, or in the projection's reads) restarts it.
-            let opened = self.driver.open();
-            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
-                self.kill(kind);
-                continue;
-            }
-            if let Err(e) = opened {
-                return Err(self.fail("recovery failed", e, None));
-            }
-            self.disarm();
-            let projected = self.driver.state();
-            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
-                self.kill(kind);
-                continue;
-            }
-            break projected;
-        };
+        let (state, mut violations) =
+            loop {
+                attempts += 1;
+                // A crash armed into the recovery (or a sweep point landing in
+                // it, or in the projection's reads) restarts it.
+                let opened = self.driver.open();
+                if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                    self.kill(kind);
+                    continue;
+                }
+                if let Some(rot) = self.driver.take_rot() {
+                    let named = self.driver.take_corruption();
+                    let read = rot.read_since(&self.driver.fs);
+                    match oracle::judge_rot(&rot, &opened, named.as_ref(), read) {
+                        Ok(verdict) => {
+                            rot.restore(&self.driver.fs);
+                            self.restart_notes
+                                .push(format!("{}: {verdict:?}", rot.describe()));
+                            if verdict == oracle::RotVerdict::Refused {
+                                // Restored from a backup: boot the same disk again.
+                                continue;
+                            }
+                        }
+                        Err(why) => return Err(self.fail(
+                            "R6: bit rot in a durable line was not refused with the typed corruption error",
+                            format!("{}\n{why}", rot.describe()),
+                            None,
+                        )),
+                    }
+                }
+                if let Err(e) = opened {
+                    return Err(self.fail("recovery failed", e, None));
+                }
+                self.disarm();
+                let projected = self.driver.state();
+                if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                    self.kill(kind);
+                    continue;
+                }
+                break projected;
+            };
         violations.extend(oracle::state_invariants(&state));
         violations.extend(oracle::recovery_invariants(&state));
         violations.extend(oracle::log_invariants(&self.driver.logs()));

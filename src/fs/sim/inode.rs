@@ -7,6 +7,12 @@
 
 pub(super) type Ino = u64;
 
+/// The unit a drive writes back: a power cut in the middle of an `fsync`
+/// leaves each dirty page of the file written or not, whole (4 KiB, the
+/// page cache's page; FoundationDB's `AsyncFileNonDurable` also tears at
+/// 4 KiB).
+pub(super) const PAGE_BYTES: u64 = 4096;
+
 /// A change to a file's bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum DataOp {
@@ -84,6 +90,60 @@ impl Inode {
                 entry.durability = Durability::Synced;
             }
         }
+        self.fold();
+    }
+
+    /// Power was cut in the middle of this file's `fsync`: the pages for
+    /// which `reached(page)` says so were written with their current
+    /// content (every unsynced piece on them becomes durable), the rest
+    /// stay unsynced (a power loss decides them as any unsynced write: the
+    /// kernel may have written them back before the `fsync` began). Each
+    /// unsynced write is split at page boundaries, so a multi-page write
+    /// can land as any subset of its pages, not only a prefix; a truncate
+    /// (metadata) reached disk as a whole or not. Unknown ops stay unknown.
+    pub(super) fn partly_synced(&mut self, reached: &mut impl FnMut(u64) -> bool) {
+        let mut log = Vec::with_capacity(self.log.len());
+        for entry in self.log.drain(..) {
+            match (entry.durability, entry.op) {
+                (Durability::Unsynced, DataOp::Write { offset, data }) => {
+                    let mut at = 0usize;
+                    while at < data.len() {
+                        let offset_bytes = offset + at as u64;
+                        let page = offset_bytes / PAGE_BYTES;
+                        let page_end = ((page + 1) * PAGE_BYTES - offset_bytes) as usize;
+                        let end = data.len().min(at + page_end);
+                        let durability = if reached(page) {
+                            Durability::Synced
+                        } else {
+                            Durability::Unsynced
+                        };
+                        log.push(LoggedOp {
+                            op: DataOp::Write {
+                                offset: offset_bytes,
+                                data: data[at..end].to_vec(),
+                            },
+                            durability,
+                        });
+                        at = end;
+                    }
+                }
+                (Durability::Unsynced, op @ DataOp::Truncate { len }) => {
+                    let durability = if reached(len / PAGE_BYTES) {
+                        Durability::Synced
+                    } else {
+                        Durability::Unsynced
+                    };
+                    log.push(LoggedOp { op, durability });
+                }
+                (durability, op) => log.push(LoggedOp { op, durability }),
+            }
+        }
+        self.log = log;
+        self.fold();
+    }
+
+    /// Fold the leading durable ops into `base`.
+    fn fold(&mut self) {
         let durable = self
             .log
             .iter()
@@ -114,6 +174,44 @@ mod tests {
             data: data.to_vec(),
         }
         .apply(image);
+    }
+
+    #[test]
+    fn a_partial_fsync_splits_writes_at_pages_and_keeps_visible_intact() {
+        use super::{Durability, Inode, PAGE_BYTES};
+        let mut inode = Inode::default();
+        let page = PAGE_BYTES as usize;
+        inode.push(DataOp::Write {
+            offset: 10,
+            data: vec![1; 3 * page],
+        });
+        inode.push(DataOp::Write {
+            offset: 0,
+            data: vec![2; 5],
+        });
+        let visible = inode.visible.clone();
+        // Pages 1 and 3 reached the disk, 0 and 2 did not.
+        inode.partly_synced(&mut |p| p % 2 == 1);
+        assert_eq!(inode.visible, visible);
+        let mut replayed = inode.base.clone();
+        inode.log.iter().for_each(|e| e.op.apply(&mut replayed));
+        assert_eq!(replayed, visible, "visible == apply(base, log)");
+        let synced: Vec<u64> = inode
+            .log
+            .iter()
+            .filter(|e| e.durability == Durability::Synced)
+            .map(|e| match &e.op {
+                DataOp::Write { offset, .. } => offset / PAGE_BYTES,
+                DataOp::Truncate { .. } => u64::MAX,
+            })
+            .collect();
+        assert_eq!(synced, [1, 3], "the durable pieces are exactly pages 1 and 3");
+        // Pieces never straddle a page.
+        for e in &inode.log {
+            if let DataOp::Write { offset, data } = &e.op {
+                assert_eq!(offset / PAGE_BYTES, (offset + data.len() as u64 - 1) / PAGE_BYTES);
+            }
+        }
     }
 
     #[test]

@@ -24,7 +24,11 @@
 //!
 //! | Fault | Stands for | Effect |
 //! |---|---|---|
-//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), a `create_dir_all` possibly only its outer directories, any other op whole — else not at all; every later call errors, uncounted and untraced, until [`SimFs::restart`] |
+//! | `CrashAt(n)` | the process dies mid-syscall (kill -9, OOM kill, panic in another thread) or the machine loses power during it | points `1..n` happened; point `n` took effect with probability `crash_point_done_probability` — a `write_at`/`append` then possibly as a prefix (`torn_write_probability`), a `create_dir_all` possibly only its outer directories, a `sync`/`sync_dir` possibly only partly (the two rows below), any other op whole — else not at all; every later call errors, uncounted and untraced, until [`SimFs::restart`] |
+//! | power cut during `fsync` | the drive was writing the file's dirty pages back when the power went: some reached the platter, some did not, in no particular order (FoundationDB's `AsyncFileNonDurable`, Turso's power-loss simulator) | a `sync` at a `CrashAt` point cut midway (the same draw as a torn write): the file's unsynced writes are split at 4096-byte page boundaries and each page — with its current content, so never torn inside a page — became durable by a fair coin seeded from that draw; the other pages stay unsynced (a power loss decides them like any unsynced write: writeback may have taken them earlier). A multi-page write can so land as any subset of its pages, not only a prefix. No journal commit happened, so the Eager rule does not apply |
+//! | power cut during a directory `fsync` | the journal committed the directory's changes in more than one transaction, or the filesystem has none (ext2, FAT), and the power went between them | a `sync_dir` cut midway: each of the directory's undecided changes became durable by a seeded fair coin, the rest stay undecided (a rename still all-or-nothing) |
+//! | short read | `pread(2)` returning fewer bytes than asked, which POSIX allows (a signal, NFS/FUSE, a network block device) | a `read_at` of two or more available bytes returns `1..available` bytes with `short_read_probability`; which reads and how short is a pure function of the point number (splitmix64), never a draw from the seed's RNG, so reads change no later choice and a copied install or rebooted crash image reads as the run it came from. `read` (whole file) is never short: its contract is the whole file. Readers loop ([`crate::fs::read_full_at`]) |
+//! | bit rot at rest ([`SimFs::rot`]) | a latent sector error the drive did not report, a bit flipped in DRAM, on the bus or by firmware (TigerBeetle's and FoundationDB's corruption faults) | one byte of a file's durable bytes XORed with a mask, between a crash and the reboot; not an I/O point. The harness's `PowerRot` mode aims it at a complete, durable event-log line or session record, whose checksum must catch it ([`crate::checksum`]) |
 //! | `FailAt(n, Eio)` | a media error, a yanked or dm-error'd device, a failing NFS/FUSE backend | point `n` returns EIO (`ErrorKind::Other`) and changes nothing — except a failed `sync`, see below |
 //! | `FailAt(n, Enospc)` | a full disk or quota (ext4 can also report it from `fsync` under delayed allocation) | as EIO, with `ErrorKind::StorageFull` |
 //! | `LostReplyAt(n)` | the kernel completed the op but the caller saw an error (EINTR after completion, a dropped NFS reply, an error from a different page reported on this `fsync`) | point `n` takes full effect; the caller gets EIO |
@@ -83,9 +87,27 @@
 //! cache and read corruption, which our path-based seam does not need.
 //! Ours adds: the crash counter (`CrashAt`, sweepable point by point), the
 //! labelled trace, lost replies, failed-fsync "unknown" data, a process
-//! crash distinct from power loss, both directory models, and it backs a
+//! crash distinct from power loss, both directory models, a power cut in
+//! the middle of an `fsync` (a seeded subset of the file's dirty pages,
+//! each whole, in no order) and of a directory fsync, and it backs a
 //! SQLite VFS and runs under madsim (an explicit handle, no thread-local
-//! context), not turmoil.
+//! context), not turmoil. Short reads both have (ours keyed by point
+//! number, so they never shift a later draw). Its read corruption returns
+//! wrong bytes from a read; our [`SimFs::rot`] changes the bytes at rest,
+//! which is what a checksum on the next read must catch.
+//!
+//! # Compared with LazyFS
+//!
+//! LazyFS (`dsrhaslab/lazyfs`, the FUSE layer Jepsen uses) keeps unsynced
+//! data in its own page cache and drops it on a `clear-cache` command, and
+//! its recent releases tear writes and crash before or after a named
+//! operation. That is our power loss with every unsynced write lost, on a
+//! real kernel path (our FUSE layer applies SimFs's choices the same way).
+//! Beyond its documented faults, SimFs decides each unsynced write's fate
+//! by seed (any subset, torn), cuts an `fsync` midway at page
+//! granularity, models both directory models, failed-fsync "unknown" data,
+//! lost replies, short reads and bit rot at rest; LazyFS runs unmodified
+//! binaries, which SimFs cannot.
 
 mod hash;
 mod inode;
@@ -156,6 +178,12 @@ impl CrashImage {
     /// The point the process died at.
     pub fn point(&self) -> u64 {
         self.point
+    }
+
+    /// The durable floor of this crash image (see
+    /// [`SimFs::durable_image`]) restricted to the paths `wanted` accepts.
+    pub fn durable_image_where(&self, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+        durable_where(&self.image, wanted)
     }
 
     /// The disk after rebooting from this crash with `mode`: the same
@@ -360,6 +388,41 @@ impl SimFs {
         state::files_of(&disk.ns, |ino| disk.data.get(&ino))
     }
 
+    /// [`SimFs::durable_image`] restricted to the paths `wanted` accepts.
+    pub fn durable_image_where(&self, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+        let s = self.lock();
+        durable_where(&s.image, wanted)
+    }
+
+    /// Bit rot at rest (a latent sector error the drive did not report, a
+    /// bit flipped in DRAM or on the bus on its way to the platter):
+    /// XOR byte `offset` of `path` with `mask`, on the disk and in the
+    /// process's view alike. Not an I/O point (nothing traced, nothing
+    /// counted, no draw): the harness places it right after a
+    /// [`SimFs::restart`], when the page cache is cold. It hits the durable
+    /// bytes; the process sees it wherever no later write covers the byte.
+    /// Past the durable bytes: an `InvalidInput` error and no change.
+    pub fn rot(&self, path: &Path, offset: u64, mask: u8) -> io::Result<()> {
+        let mut s = self.lock();
+        let inode = s.image.inode_mut(&key::Arg::new(path))?;
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        if at >= inode.base.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: cannot rot byte {offset}: past the durable bytes ({})",
+                    path.display(),
+                    inode.base.len()
+                ),
+            ));
+        }
+        inode.base[at] ^= mask;
+        let mut visible = inode.base.clone();
+        inode.log.iter().for_each(|e| e.op.apply(&mut visible));
+        inode.visible = visible;
+        Ok(())
+    }
+
     /// Stable hash (FNV-1a) of the visible image: paths, directories and
     /// file bytes.
     pub fn image_hash(&self) -> u64 {
@@ -383,6 +446,19 @@ impl SimFs {
         label: &str,
         mut f: impl FnMut(&mut Image, Apply) -> io::Result<T>,
     ) -> io::Result<T> {
+        self.numbered_point(op, path, to, label, |image, apply, _| f(image, apply))
+    }
+
+    /// [`SimFs::point`] for an op whose effect depends on its point number
+    /// (a short read).
+    fn numbered_point<T>(
+        &self,
+        op: IoOp,
+        path: &Path,
+        to: Option<&Path>,
+        label: &str,
+        mut f: impl FnMut(&mut Image, Apply, u64) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut s = self.lock();
         let s = &mut *s;
         if s.crashed {
@@ -397,7 +473,7 @@ impl SimFs {
             if let Some(captures) = s.captures.as_mut() {
                 let mut image = s.image.clone();
                 let mut rng = s.rng.clone();
-                crash_effect(&self.config, &mut rng, &mut image, &mut f);
+                crash_effect(&self.config, &mut rng, &mut image, &mut |i, a| f(i, a, point));
                 captures.push(CrashImage {
                     point,
                     image,
@@ -409,7 +485,7 @@ impl SimFs {
         let (result, outcome) = match fault {
             Some(Fault::CrashAt(_)) => {
                 s.crashed = true;
-                crash_effect(&self.config, &mut s.rng, &mut s.image, &mut f);
+                crash_effect(&self.config, &mut s.rng, &mut s.image, &mut |i, a| f(i, a, point));
                 (Err(crash_error()), Outcome::Crashed)
             }
             Some(Fault::FailAt(_, kind)) => {
@@ -431,7 +507,7 @@ impl SimFs {
                 (Err(err), Outcome::Failed(kind))
             }
             Some(Fault::LostReplyAt(_)) => {
-                let _ = f(&mut s.image, Apply::Whole);
+                let _ = f(&mut s.image, Apply::Whole, point);
                 let err = io::Error::other(format!(
                     "simulated lost reply at I/O point {point} on {}: the op may have happened",
                     path.display()
@@ -439,7 +515,7 @@ impl SimFs {
                 (Err(err), Outcome::LostReply)
             }
             None => {
-                let r = f(&mut s.image, Apply::Whole);
+                let r = f(&mut s.image, Apply::Whole, point);
                 let o = if r.is_ok() { Outcome::Ok } else { Outcome::Err };
                 (r, o)
             }
@@ -458,6 +534,14 @@ impl SimFs {
         });
         result
     }
+}
+
+/// The files of `image`'s durable floor whose path `wanted` accepts.
+fn durable_where(image: &Image, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
+    let disk = power::resolve(image, DirModel::Strict, &mut power::Nothing);
+    let mut files = state::files_of(&disk.ns, |ino| disk.data.get(&ino));
+    files.retain(|p, _| wanted(p));
+    files
 }
 
 /// What a crash at a point does to the op it interrupts: done with

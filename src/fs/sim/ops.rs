@@ -36,6 +36,23 @@ impl SimFs {
     }
 }
 
+/// The fair coins of one interrupted `sync`/`sync_dir`, all from the one
+/// draw the crash made (so the run's RNG advances exactly as for any torn
+/// op, and a captured image replays).
+struct Coin(rand_chacha::ChaCha8Rng);
+
+impl Coin {
+    fn new(draw: u64) -> Self {
+        use rand::SeedableRng;
+        Coin(rand_chacha::ChaCha8Rng::seed_from_u64(draw))
+    }
+
+    fn flip(&mut self) -> bool {
+        use rand::Rng;
+        self.0.random_bool(0.5)
+    }
+}
+
 /// Push a write of `data` (nothing for an empty one).
 fn write(inode: &mut Inode, offset: u64, data: &[u8]) {
     if !data.is_empty() {
@@ -135,10 +152,11 @@ impl Fs for SimFs {
     }
 
     fn read_at(&self, path: &Path, offset: u64, buf: &mut [u8], label: &str) -> io::Result<usize> {
-        self.point(IoOp::ReadAt, path, None, label, |image, _| {
+        self.numbered_point(IoOp::ReadAt, path, None, label, |image, _, point| {
             let file = &image.inode(&Arg::new(path))?.visible;
             let start = usize::try_from(offset).unwrap_or(usize::MAX).min(file.len());
-            let n = buf.len().min(file.len() - start);
+            let available = buf.len().min(file.len() - start);
+            let n = self.config.short_read(point, available);
             buf[..n].copy_from_slice(&file[start..start + n]);
             Ok(n)
         })
@@ -166,13 +184,18 @@ impl Fs for SimFs {
     }
 
     fn sync(&self, path: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::Sync, path, None, label, |image, _| {
-            image.file_synced(&Arg::new(path))
+        self.point(IoOp::Sync, path, None, label, |image, apply| match apply {
+            Apply::Whole => image.file_synced(&Arg::new(path)),
+            // A power cut mid-fsync: a seeded subset of the dirty pages.
+            Apply::Torn(draw) => {
+                let mut coin = Coin::new(draw);
+                image.file_partly_synced(&Arg::new(path), &mut |_| coin.flip())
+            }
         })
     }
 
     fn sync_dir(&self, path: &Path, label: &str) -> io::Result<()> {
-        self.point(IoOp::SyncDir, path, None, label, |image, _| {
+        self.point(IoOp::SyncDir, path, None, label, |image, apply| {
             let arg = Arg::new(path);
             if !image.is_dir(arg.key.as_ref()) {
                 image.file(&arg)?;
@@ -181,7 +204,14 @@ impl Fs for SimFs {
                     format!("{}: sync_dir of a file", path.display()),
                 ));
             }
-            image.dir_synced(arg.key.as_ref());
+            match apply {
+                Apply::Whole => image.dir_synced(arg.key.as_ref()),
+                // A power cut mid-commit: a seeded subset of its changes.
+                Apply::Torn(draw) => {
+                    let mut coin = Coin::new(draw);
+                    image.dir_partly_synced(arg.key.as_ref(), &mut || coin.flip())
+                }
+            }
             Ok(())
         })
     }

@@ -207,6 +207,32 @@ impl Image {
         self.fold_dir_log();
     }
 
+    /// Power was cut in the middle of `sync_dir(dir)`: the directory's
+    /// changes for which `reached()` says so were committed, the rest stay
+    /// undecided (see [`super`]'s fault table).
+    pub(super) fn dir_partly_synced(&mut self, dir: KeyRef<'_>, reached: &mut impl FnMut() -> bool) {
+        for op in &mut self.dir_log {
+            if !op.durable_strict && op.kind.touches_dir(dir) && reached() {
+                op.durable_strict = true;
+                op.durable_eager = true;
+            }
+        }
+        self.fold_dir_log();
+    }
+
+    /// Power was cut in the middle of `sync(path)`: see
+    /// [`Inode::partly_synced`]. No directory op becomes durable (the
+    /// journal commit an ext4 `fsync` ends with did not happen).
+    pub(super) fn file_partly_synced(
+        &mut self,
+        arg: &Arg<'_>,
+        reached: &mut impl FnMut(u64) -> bool,
+    ) -> io::Result<()> {
+        let ino = self.file(arg)?;
+        self.ino_mut(ino, arg.path)?.partly_synced(reached);
+        Ok(())
+    }
+
     /// `sync(path)` completed: data durable, plus the Eager directory rule.
     pub(super) fn file_synced(&mut self, arg: &Arg<'_>) -> io::Result<()> {
         let ino = self.file(arg)?;

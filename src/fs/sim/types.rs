@@ -77,6 +77,10 @@ pub struct SimConfig {
     /// Limit on any file's length; writes past it fail with `FileTooLarge`
     /// (TigerBeetle rule: put a limit on everything).
     pub max_file_bytes: u64,
+    /// Chance that a `read_at` of two or more available bytes returns
+    /// fewer (at least one), as `pread(2)` may. Decided by the point
+    /// number alone, never by the seed's RNG (see [`SimConfig::short_read`]).
+    pub short_read_probability: f64,
 }
 
 impl SimConfig {
@@ -85,6 +89,9 @@ impl SimConfig {
     pub const DEFAULT_DIR_OP_SURVIVAL: f64 = 0.5;
     pub const DEFAULT_CRASH_POINT_DONE_PROBABILITY: f64 = 0.5;
     pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 30;
+    /// Off unless asked for: a test reading a file with one `read_at` on
+    /// purpose is not a reader under test.
+    pub const DEFAULT_SHORT_READ_PROBABILITY: f64 = 0.0;
 
     pub fn new(seed: u64) -> Self {
         SimConfig {
@@ -94,7 +101,25 @@ impl SimConfig {
             dir_op_survival: Self::DEFAULT_DIR_OP_SURVIVAL,
             crash_point_done_probability: Self::DEFAULT_CRASH_POINT_DONE_PROBABILITY,
             max_file_bytes: Self::DEFAULT_MAX_FILE_BYTES,
+            short_read_probability: Self::DEFAULT_SHORT_READ_PROBABILITY,
         }
+    }
+
+    /// How many of `available` bytes the `read_at` at `point` returns.
+    /// A pure function of the point number (splitmix64), not a draw from
+    /// the run's RNG: reads then change no later draw, and a copied
+    /// install or a rebooted crash image reads exactly as the run it was
+    /// taken from, whatever its seed.
+    pub fn short_read(&self, point: u64, available: usize) -> usize {
+        if available < 2 || self.short_read_probability <= 0.0 {
+            return available;
+        }
+        let h = splitmix64(point ^ 0x5bd1_e995_0d1c_a7e5);
+        let unit = (h >> 11) as f64 / (1u64 << 53) as f64;
+        if unit >= self.short_read_probability {
+            return available;
+        }
+        1 + (splitmix64(h) % (available as u64 - 1)) as usize
     }
 
     /// Clamp every probability into `[0, 1]` (a NaN becomes 0) so a
@@ -105,11 +130,20 @@ impl SimConfig {
             &mut self.torn_write_probability,
             &mut self.dir_op_survival,
             &mut self.crash_point_done_probability,
+            &mut self.short_read_probability,
         ] {
             *p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
         }
         self
     }
+}
+
+/// splitmix64's finaliser: a well-mixed hash of one word.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Default for SimConfig {

@@ -1,0 +1,113 @@
+//! Silent corruption (bit rot at rest) for the `PowerRot` crash mode: after
+//! the power loss, one bit of one complete, durable line of an event log
+//! or a session record is flipped, and the reboot must notice.
+//!
+//! Invariant: a rot only ever hits bytes that were durable *before* the
+//! crash (the durable floor, [`durable_agent::fs::SimFs::durable_image`])
+//! and that the power loss left as they were, inside a line that ends
+//! with its newline there — never a torn or unacknowledged tail, never the
+//! newline itself (a flipped last newline would turn a durable line into
+//! what a torn append looks like: no reader can tell them apart, a limit
+//! stated in sim/RELAXATIONS.md). The choice is a pure function of (seed,
+//! crash point), so a forked crash image and a replay rot the same bit.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use durable_agent::fs::sim::IoOp;
+use durable_agent::fs::SimFs;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One flipped bit, and where the boot must say the damage is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rot {
+    pub path: PathBuf,
+    /// 1-based line of the file holding the flipped byte.
+    pub line: u64,
+    /// Byte offset of that line's start.
+    pub line_offset: u64,
+    /// Byte offset of the flipped byte.
+    pub byte_offset: u64,
+    pub mask: u8,
+    /// The disk's point count when the bit flipped (reads after it are
+    /// the boot's).
+    pub at_point: u64,
+}
+
+/// Files that carry checksummed lines: event logs and session records.
+pub fn is_target(path: &Path) -> bool {
+    matches!(
+        path.file_name().and_then(|n| n.to_str()),
+        Some("events.jsonl" | "session.json")
+    )
+}
+
+/// Flip one bit of `fs` (rebooted after a power loss) in a line that was
+/// complete in `floor` (the durable image of [`is_target`] files taken
+/// before the crash) and is unchanged on the disk. `None` when there is no
+/// such line (nothing durable yet).
+pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: u64) -> Option<Rot> {
+    let disk = fs.disk_image_where(is_target);
+    // (path, line number, start, end without the newline)
+    let mut lines: Vec<(&PathBuf, u64, usize, usize)> = Vec::new();
+    for (path, durable) in floor {
+        let Some(now) = disk.get(path) else { continue };
+        let mut start = 0;
+        let mut number = 0;
+        while let Some(nl) = durable[start..].iter().position(|&b| b == b'\n') {
+            number += 1;
+            let end = start + nl;
+            let unchanged = now.get(start..=end) == Some(&durable[start..=end]);
+            if end > start && unchanged {
+                lines.push((path, number, start, end));
+            }
+            start = end + 1;
+        }
+    }
+    if lines.is_empty() {
+        return None;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(32) ^ 0x726f_7421);
+    let (path, line, start, end) = lines[rng.random_range(0..lines.len())];
+    let byte = rng.random_range(start..end);
+    let mask = 1u8 << rng.random_range(0..8);
+    fs.rot(path, byte as u64, mask).ok()?;
+    Some(Rot {
+        path: path.clone(),
+        line,
+        line_offset: start as u64,
+        byte_offset: byte as u64,
+        mask,
+        at_point: fs.points(),
+    })
+}
+
+impl Rot {
+    /// Whether anything read the rotted file since the flip.
+    pub fn read_since(&self, fs: &SimFs) -> bool {
+        let shown = self.path.display().to_string();
+        fs.trace_from(self.at_point + 1)
+            .iter()
+            .any(|e| matches!(e.op, IoOp::Read | IoOp::ReadAt) && e.path == shown)
+    }
+
+    /// Flip the bit back (the operator restored the line from a backup,
+    /// or a scrub repaired a flip nobody had read), so the run goes on
+    /// from the disk the crash left. A file recovery removed stays gone.
+    pub fn restore(&self, fs: &SimFs) {
+        let _ = fs.rot(&self.path, self.byte_offset, self.mask);
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "bit rot: byte {} (mask {:#04x}) of {} line {} (line starts at byte {})",
+            self.byte_offset,
+            self.mask,
+            self.path.display(),
+            self.line,
+            self.line_offset
+        )
+    }
+}
