@@ -283,7 +283,12 @@ impl TriggerStore {
         // select guarantees the update would match nothing; skip it.
         if !ids.is_empty() {
             tx.execute(
+                // A trigger dead-lettered here never got an ack: say why
+                // (a DEAD row always carries its reason).
                 "UPDATE triggers SET status = CASE WHEN attempts >= ?2 THEN 'DEAD' ELSE 'PENDING' END, \
+                 last_error = CASE WHEN attempts >= ?2 THEN \
+                 'its lease was lost ' || attempts || ' times (the process running it died each time)' \
+                 ELSE last_error END, \
                  lease_until = NULL, updated_at = ?1 WHERE status = 'CLAIMED' AND lease_until <= ?3",
                 params![now_ms, self.policy.max_attempts, expired_by],
             )
