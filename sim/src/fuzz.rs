@@ -298,7 +298,7 @@ fn print_summary(s: &Summary, p: &Profile) {
         t.judged,
         s.judged_per_sec
     );
-    println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager)");
+    println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager), PowerLoss+BitRot (the last sampled per the profile's rot_every)");
     println!("rates      per second of wall time, all jobs together");
     println!("failures   {}", s.failures.len());
     println!("time       {:.1}s", s.wall_secs);
