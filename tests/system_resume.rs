@@ -90,15 +90,7 @@ impl LogicalClock for Zero {
 }
 
 fn boot(fs: &SimFs, provider: &Arc<CountingProvider>, world: &World) -> System {
-    let deps = Deps {
-        provider: provider.clone(),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(world.clone()),
-        clock: Arc::new(Zero),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new("/r", 5), deps)
-        .expect("boot")
-        .0
+    boot_reported(fs, provider, world).0
 }
 
 #[test]

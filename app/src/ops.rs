@@ -10,7 +10,6 @@
 
 use durable_agent::runtime::{
     AgentId, OutsideCall, RuntimeError, Started, TreeError, TurnKind, TurnOutcome, TurnStep, TurnTask,
-    WorkTurn,
 };
 use durable_agent::store::activities::{ActivityStatus, ActivityStore};
 use durable_agent::store::tool_calls::{RunStatus, ToolCallStore};
@@ -357,26 +356,18 @@ fn prepare_turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Prepa
     })
 }
 
+/// A turn request answered on the caller's thread: [`begin_turn`]'s
+/// steps with the calls performed inline.
 fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) -> Result<Value, OpError> {
-    let p = prepare_turn(system, name, r)?;
-    let outcome =
-        lifecycle.turn(
-            system,
-            &p.agent,
-            p.label(),
-            |system| match &p.work {
-                None => system.runtime_mut().run_turn(&p.agent, &p.prompt).map(Some),
-                Some(work) => system
-                    .runtime_mut()
-                    .run_work_turn(&p.agent, &p.prompt, work)
-                    .map(|turn| match turn {
-                        WorkTurn::Ran(outcome) => Some(outcome),
-                        WorkTurn::AlreadyDone => None,
-                    }),
-            },
-            |outcome| PreparedTurn::describe(outcome.as_ref()),
-        )?;
-    Ok(p.answer(outcome.as_ref()))
+    match begin_turn(system, lifecycle, name, r) {
+        Begun::Answered(answer) => answer,
+        Begun::Turn(begun) => {
+            let (StartedTurn { task, call, scope }, p) = *begun;
+            let ended =
+                Lifecycle::in_scope(&scope, || system.runtime_mut().drive(task, TurnStep::Call(call)));
+            end_api_turn(lifecycle, &scope, &p, ended.map(Some))
+        }
+    }
 }
 
 /// A turn started by the `serve` worker, its first call to perform off
@@ -404,10 +395,16 @@ pub fn begin(
     lifecycle: &Lifecycle,
     request: Request,
 ) -> Begun {
-    let Request::Turn(name, r) = request else {
-        return Begun::Answered(apply(system, schedules, lifecycle, request));
-    };
-    let p = match prepare_turn(system, &name, r) {
+    match request {
+        Request::Turn(name, r) => begin_turn(system, lifecycle, &name, r),
+        request => Begun::Answered(apply(system, schedules, lifecycle, request)),
+    }
+}
+
+/// Start the turn `r` asks of `name`: `turn_start`, then the first call
+/// to perform — or the answer, if it ended at once.
+fn begin_turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) -> Begun {
+    let p = match prepare_turn(system, name, r) {
         Ok(p) => p,
         Err(e) => return Begun::Answered(Err(e)),
     };

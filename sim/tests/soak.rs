@@ -8,23 +8,10 @@
 //! copy of it; a build failure is reported as such.
 #![cfg(not(madsim))]
 
-use std::time::Duration;
+mod soak_common;
 
-use durable_agent_sim::soak::{self, serve, Kill, SoakOptions};
-
-fn options(dir: &std::path::Path, bin: std::path::PathBuf, seed: u64, crashes: u64) -> SoakOptions {
-    SoakOptions {
-        seed,
-        time: Duration::from_secs(240),
-        min_crashes: crashes,
-        max_crashes: Some(crashes),
-        crashes_per_root: crashes.div_ceil(2),
-        bin,
-        work_dir: dir.to_path_buf(),
-        canary: None,
-        verbose: true,
-    }
-}
+use durable_agent_sim::soak::{self, serve, Kill};
+use soak_common::options;
 
 #[test]
 fn kill_soak_survives_sigkills_with_every_acknowledged_op_present() {

@@ -9,23 +9,10 @@
 //! be mounted they fail, saying so, rather than pass without power cuts.
 #![cfg(not(madsim))]
 
-use std::time::Duration;
+mod soak_common;
 
-use durable_agent_sim::soak::{self, serve, Kill, PowerCut, SoakOptions, SoakReport};
-
-fn options(dir: &std::path::Path, bin: std::path::PathBuf, seed: u64, crashes: u64) -> SoakOptions {
-    SoakOptions {
-        seed,
-        time: Duration::from_secs(240),
-        min_crashes: crashes,
-        max_crashes: Some(crashes),
-        crashes_per_root: crashes.div_ceil(2),
-        bin,
-        work_dir: dir.to_path_buf(),
-        canary: None,
-        verbose: true,
-    }
-}
+use durable_agent_sim::soak::{self, serve, Kill, PowerCut, SoakReport};
+use soak_common::options;
 
 /// A power-cut soak of `crashes` cuts with `canary` on in a canaries build.
 fn power_cut_soak(seed: u64, crashes: u64, canary: Option<&str>) -> SoakReport {

@@ -57,7 +57,7 @@ pub(super) async fn agent_loop(sh: Arc<Shared>, i: usize) {
 /// Errors a retry can fix: the provider failed, nothing was acknowledged
 /// (or the agent is in a trigger's turn, or every slot is pinned by a turn
 /// in flight: nothing was attempted).
-fn retryable(e: &RuntimeError) -> bool {
+pub(super) fn retryable(e: &RuntimeError) -> bool {
     matches!(
         e,
         RuntimeError::Provider { .. }

@@ -27,7 +27,7 @@ use crate::store::triggers::{Trigger, TriggerSource, TriggerSpec, TriggerStatus}
 use crate::store::StoreError;
 use crate::system::{Fired, SystemError};
 
-use super::agents::{draw_ms, sleep_ms};
+use super::agents::{draw_ms, retryable, sleep_ms};
 use super::core::{emit, Core, Shared, Stopped};
 use super::turns::drive;
 use super::{DaemonConfig, DaemonError, DaemonEvent};
@@ -249,12 +249,9 @@ async fn fire(
     };
     match acked {
         Ok(_) => {}
-        Err(SystemError::Runtime(
-            e @ (RuntimeError::Provider { .. }
-            | RuntimeError::TooManyToolRounds { .. }
-            | RuntimeError::TurnInFlight(_)
-            | RuntimeError::SlotsBusy { .. }),
-        )) => return Ok(retry_later(sh, &mut core, trigger, &e.to_string())),
+        Err(SystemError::Runtime(e)) if retryable(&e) => {
+            return Ok(retry_later(sh, &mut core, trigger, &e.to_string()))
+        }
         Err(SystemError::Store(StoreError::LeaseLost { .. })) => {
             // The lease ran out mid-firing and a newer claim owns the
             // trigger: its handler finds the work done and only acks.

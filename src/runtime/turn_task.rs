@@ -217,7 +217,7 @@ impl Runtime {
             TurnKind::Work(work) => {
                 // Canary: forget which work completed, so a lost ack re-runs it.
                 let rerun = self.config.canaries.has(Canary::TriggerTurnRerun);
-                if self.slot(agent)?.done_work.contains(work) && !rerun {
+                if self.work_done(agent, work)? && !rerun {
                     return Ok(Started::AlreadyDone);
                 }
                 (Some(work.to_string()), Vec::new())
