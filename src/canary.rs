@@ -60,11 +60,15 @@ pub enum Canary {
     /// Log entries and session records are loaded without verifying their
     /// checksum: a bit flipped at rest is accepted as data.
     NoChecksumVerify,
+    /// An irreversible call that needs a human's confirmation is answered
+    /// `ok: false` and the turn goes on (it completes, its trigger is
+    /// acked DONE): the work that depends on it is not blocked.
+    ConfirmationNotBlocking,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 16] = [
+    pub const ALL: [Canary; 17] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -81,6 +85,7 @@ impl Canary {
         Canary::RealFsSyncDirNoop,
         Canary::NonLoopingReader,
         Canary::NoChecksumVerify,
+        Canary::ConfirmationNotBlocking,
     ];
 }
 

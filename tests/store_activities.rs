@@ -153,17 +153,20 @@ fn recovery_without_dedup_surfaces_needs_confirmation_and_never_resends() {
     assert_eq!(world.deliveries().len(), 1);
     assert_eq!(world.sends(), 1);
     // A human confirms it happened.
-    store
-        .resolve(&conn, "activity:task-1:1", Some("ref-1"), 12)
-        .unwrap();
+    let delivered = Resolution::Delivered {
+        provider_ref: "ref-1".into(),
+    };
+    store.confirm(&conn, "activity:task-1:1", &delivered, 12).unwrap();
     let rec = store.get(&conn, "activity:task-1:1").unwrap().unwrap();
     assert_eq!(
         (rec.status, rec.provider_ref.as_deref()),
         (ActivityStatus::Done, Some("ref-1"))
     );
     assert!(
-        store.resolve(&conn, "activity:task-1:1", None, 13).is_err(),
-        "resolve twice"
+        store
+            .confirm(&conn, "activity:task-1:1", &Resolution::NotDelivered, 13)
+            .is_err(),
+        "confirm twice"
     );
 }
 

@@ -269,7 +269,7 @@ fn confirmed_delivered_is_answered_from_the_ledger_and_never_sent_again() {
             provider_ref: "msg-42".into(),
         },
     );
-    assert_eq!(done.expect("confirm"), Some(ActivityStatus::Done));
+    assert_eq!(done.expect("confirm").status, Some(ActivityStatus::Done));
     assert!(system.needs_confirmation().expect("list").is_empty());
     assert_eq!(
         wrong_state(system.confirm(&key, &Resolution::NotDelivered).unwrap_err()),
@@ -303,7 +303,10 @@ fn confirmed_not_delivered_is_sent_exactly_once_on_the_rerun() {
     assert_eq!(bench.world.deliveries_for(&key), 0, "dropped: never delivered");
 
     assert_eq!(
-        system.confirm(&key, &Resolution::NotDelivered).expect("confirm"),
+        system
+            .confirm(&key, &Resolution::NotDelivered)
+            .expect("confirm")
+            .status,
         None
     );
     assert!(system.needs_confirmation().expect("list").is_empty());
@@ -347,7 +350,10 @@ fn abandoned_is_failed_and_never_sent() {
     let bench = Bench::new(World::without_dedup());
     let (mut system, agent, key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:3");
     assert_eq!(
-        system.confirm(&key, &Resolution::Abandon).expect("confirm"),
+        system
+            .confirm(&key, &Resolution::Abandon)
+            .expect("confirm")
+            .status,
         Some(ActivityStatus::Failed)
     );
     let WorkTurn::Ran(outcome) = system
@@ -398,7 +404,7 @@ fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_nee
     let bench = Bench::new(World::without_dedup());
     let (mut system, mailer, nc_key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:nc");
     // Boot turned the interrupted job into its RESUME trigger; fired, the
-    // turn completes with its email still waiting for a human (DONE).
+    // turn stops at its email, which waits for a human: FAILED, blocked.
     let resume = {
         let db = system.db();
         system
@@ -408,10 +414,22 @@ fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_nee
             .expect("the RESUME trigger is due")
     };
     assert_eq!(resume.dedup_key.as_deref(), Some("resume:job:nc"));
-    assert!(matches!(
-        system.fire(&resume, &mailer, EMAIL),
-        Ok(Fired::Ran { tool_calls: 1 })
-    ));
+    let blocked = system.fire(&resume, &mailer, EMAIL);
+    assert!(
+        matches!(
+            blocked,
+            Err(SystemError::Runtime(RuntimeError::NeedsConfirmation { .. }))
+        ),
+        "{blocked:?}"
+    );
+    {
+        let error = blocked.map(|_| ()).unwrap_err().to_string();
+        let db = system.db();
+        system
+            .triggers()
+            .ack_failed(db.conn(), &resume, 0, &error, false)
+            .expect("ack");
+    }
     let agent = system.runtime_mut().create_root("a", "work").expect("agent");
     // A trigger fired at t=0 whose turn sends one email: DONE in both stores.
     let id = emit(&system, "scheduled-once:mail", 0).id().to_string();
@@ -443,7 +461,8 @@ fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_nee
 
     bench.clock.set(DEFAULT_GC_TTL_MS + 1);
     let report = system.gc(DEFAULT_GC_TTL_MS).expect("gc");
-    assert_eq!(report.triggers.deleted, vec![resume.id.clone(), id.clone()]);
+    // The blocked RESUME trigger is kept with its key: the answer re-pends it.
+    assert_eq!(report.triggers.deleted, vec![id.clone()]);
     assert_eq!(report.activities.deleted.len(), 1, "{report:?}");
     assert_eq!(system.gc(DEFAULT_GC_TTL_MS).expect("gc again"), {
         let mut empty = report.clone();
@@ -462,7 +481,7 @@ fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_nee
             .map(|t| t.id)
             .collect()
     };
-    assert_eq!(left, vec![later]);
+    assert_eq!(left, vec![resume.id.clone(), later]);
     let waiting = system.needs_confirmation().expect("list");
     assert_eq!(
         waiting.iter().map(|a| a.idem_key.as_str()).collect::<Vec<_>>(),
@@ -516,4 +535,139 @@ fn gc_keeps_the_ledger_rows_of_an_agent_with_an_interrupted_turn() {
     let db = system.db();
     let row = system.gate().store().get(db.conn(), &gate_key).expect("get");
     assert_eq!(row.map(|r| r.status), Some(ActivityStatus::Done));
+}
+
+fn claim_due(system: &System, now_ms: u64) -> durable_agent::store::triggers::Trigger {
+    let db = system.db();
+    system
+        .triggers()
+        .claim(db.conn(), now_ms, 60_000)
+        .expect("claim")
+        .expect("due")
+}
+
+/// Needs-confirmation blocks the work that depends on it (seed 001): a
+/// trigger's turn that reaches an irreversible call of unknown fate stops
+/// there — nothing sent, nothing skipped, the runtime still usable — and
+/// is acked FAILED; the human's answer puts it back to PENDING, and the
+/// re-fire resumes at that call and completes with the ledger's answer.
+#[test]
+fn a_trigger_blocked_on_confirmation_waits_for_the_answer_then_resumes() {
+    let bench = Bench::new(World::without_dedup());
+    let mut system = bench.boot();
+    let agent = system.runtime_mut().create_root("mailer", "mail").expect("agent");
+    let other = system.runtime_mut().create_root("other", "idle").expect("agent");
+    let id = emit(&system, "mail:1", 0).id().to_string();
+    // First firing: the world delivers, the reply is lost, the process
+    // dies with the trigger CLAIMED and the INTENT in the ledger.
+    let claim = claim_due(&system, 0);
+    bench.world.script([Scripted::DeliverLoseReply]);
+    let lost = system.fire(&claim, &agent, EMAIL);
+    assert!(
+        matches!(lost, Err(SystemError::Runtime(RuntimeError::Tool { .. }))),
+        "{lost:?}"
+    );
+    drop(system);
+    let mut system = bench.boot();
+    let waiting = system.needs_confirmation().expect("list");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let key = waiting[0].idem_key.clone();
+    assert!(key.starts_with("trigger:mail:1-r0-"), "{key}");
+
+    // The re-fire stops at that call: blocked, not re-sent, not poisoned.
+    bench.clock.set(10);
+    let claim = claim_due(&system, 10);
+    let blocked = system.fire(&claim, &agent, EMAIL);
+    match &blocked {
+        Err(SystemError::Runtime(RuntimeError::NeedsConfirmation { idem_key, tool, .. })) => {
+            assert_eq!((idem_key.as_str(), tool.as_str()), (key.as_str(), "send_email"));
+        }
+        other => panic!("expected a blocked turn, got {other:?}"),
+    }
+    assert_eq!(bench.world.deliveries_for(&key), 1);
+    assert_eq!(bench.world.sends(), 1, "nothing sent while blocked");
+    let error = blocked.map(|_| ()).unwrap_err().to_string();
+    {
+        let db = system.db();
+        let status = system
+            .triggers()
+            .ack_failed(db.conn(), &claim, 11, &error, false)
+            .expect("ack");
+        assert_eq!(status, TriggerStatus::Failed);
+    }
+    system
+        .runtime_mut()
+        .run_turn(&other, "hello")
+        .expect("the runtime is not poisoned by a blocked turn");
+    let open = system.runtime().open_turn(&agent).expect("open");
+    assert!(open.is_some(), "the blocked turn stays open");
+
+    // A reboot changes nothing: still blocked, still listed.
+    drop(system);
+    let system = bench.boot();
+    assert_eq!(system.needs_confirmation().expect("list").len(), 1);
+    let failed = system.failed_triggers().expect("failed");
+    assert_eq!(failed.len(), 1);
+    assert!(failed[0].last_error.as_deref().is_some_and(|e| e.contains(&key)));
+
+    // The human's answer unblocks it.
+    let done = system
+        .confirm(
+            &key,
+            &Resolution::Delivered {
+                provider_ref: "msg-7".into(),
+            },
+        )
+        .expect("confirm");
+    assert_eq!(done.status, Some(ActivityStatus::Done));
+    assert_eq!(
+        done.retried
+            .iter()
+            .map(|t| (t.id.as_str(), t.status))
+            .collect::<Vec<_>>(),
+        [(id.as_str(), TriggerStatus::Pending)]
+    );
+    let mut system = system;
+    bench.clock.set(20);
+    let claim = claim_due(&system, 20);
+    assert!(matches!(
+        system.fire(&claim, &agent, EMAIL),
+        Ok(Fired::Ran { .. })
+    ));
+    assert_eq!(bench.world.deliveries_for(&key), 1, "never sent again");
+    assert!(system.runtime().open_turn(&agent).expect("open").is_none());
+    let convo = &system.runtime().state().conversations[&agent];
+    assert!(
+        convo.iter().any(|i| matches!(i,
+            durable_agent::runtime::ConversationItem::ToolResult { ok: true, output, .. } if output.contains("msg-7"))),
+        "{convo:?}"
+    );
+}
+
+/// A trigger that failed for another reason is not re-pended by an
+/// unrelated confirmation.
+#[test]
+fn confirming_a_key_retries_only_the_triggers_blocked_on_it() {
+    let bench = Bench::new(World::without_dedup());
+    let (system, _agent, key) = leave_needs_confirmation(&bench, Scripted::DropSilently, "job:9");
+    emit(&system, "other", 0);
+    // Both fail, neither on the key: the job's RESUME trigger (whose work
+    // owns the key) because the provider was down, the other naming it.
+    for error in ["provider down".to_string(), format!("bad payload, not {key}")] {
+        let claim = claim_due(&system, 0);
+        let db = system.db();
+        system
+            .triggers()
+            .ack_failed(db.conn(), &claim, 1, &error, false)
+            .expect("ack");
+    }
+    let done = system.confirm(&key, &Resolution::NotDelivered).expect("confirm");
+    assert_eq!(
+        done,
+        durable_agent::system::Confirmed {
+            status: None,
+            retried: Vec::new()
+        }
+    );
+    assert_eq!(system.failed_triggers().expect("failed").len(), 2);
 }

@@ -108,8 +108,10 @@ enum Command {
         fire_at_ms: Option<u64>,
     },
     /// Tell the ledger whether an irreversible call that needs confirmation
-    /// happened (look it up with `status`, at the receiving service).
-    #[command(group(clap::ArgGroup::new("answer").required(true).args(["delivered", "not_delivered"])))]
+    /// happened (look it up with `status`, at the receiving service). The
+    /// work blocked on it (a trigger's turn) then runs again and resumes
+    /// at that call.
+    #[command(group(clap::ArgGroup::new("answer").required(true).args(["delivered", "not_delivered", "abandon"])))]
     Confirm {
         #[arg(long)]
         config: PathBuf,
@@ -118,9 +120,12 @@ enum Command {
         /// It happened.
         #[arg(long)]
         delivered: bool,
-        /// It did not happen.
+        /// It did not happen: the resumed work sends it, once.
         #[arg(long)]
         not_delivered: bool,
+        /// Never send it, whatever happened: the resumed work sees it failed.
+        #[arg(long)]
+        abandon: bool,
         /// The service's reference for the effect (with --delivered).
         #[arg(long, requires = "delivered")]
         provider_ref: Option<String>,
@@ -170,10 +175,12 @@ fn main() -> ExitCode {
             idem_key,
             delivered,
             not_delivered: _,
+            abandon,
             provider_ref,
         } => {
             let body = serde_json::json!({
                 "idem_key": idem_key, "delivered": delivered, "provider_ref": provider_ref,
+                "abandon": abandon,
             });
             control(&config, "POST", "/confirm", Some(body))
         }

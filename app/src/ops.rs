@@ -15,7 +15,7 @@ use durable_agent::store::activities::{ActivityStatus, ActivityStore};
 use durable_agent::store::tool_calls::{RunStatus, ToolCallStore};
 use durable_agent::store::triggers::{EmitOutcome, Trigger, TriggerSource, TriggerSpec, TriggerStatus};
 use durable_agent::store::StoreError;
-use durable_agent::system::{Fired, System, SystemError};
+use durable_agent::system::{Fired, Resolution, System, SystemError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -79,9 +79,15 @@ pub struct EmitRequest {
 #[serde(deny_unknown_fields)]
 pub struct ConfirmRequest {
     pub idem_key: String,
+    /// It happened (DONE: the resumed work reads it from the ledger), or
+    /// it did not (the key is released: the resumed work sends it once).
     pub delivered: bool,
     #[serde(default)]
     pub provider_ref: Option<String>,
+    /// Never send it, whatever happened (FAILED: the resumed work reads a
+    /// failed call). Overrides `delivered`.
+    #[serde(default)]
+    pub abandon: bool,
 }
 
 /// One API operation.
@@ -155,7 +161,8 @@ impl From<RuntimeError> for OpError {
             RuntimeError::UnknownAgent(_) => OpError::NotFound(e.to_string()),
             RuntimeError::Tree(TreeError::HasChildren { .. })
             | RuntimeError::TurnInFlight(_)
-            | RuntimeError::SlotsBusy { .. } => OpError::Conflict(e.to_string()),
+            | RuntimeError::SlotsBusy { .. }
+            | RuntimeError::NeedsConfirmation { .. } => OpError::Conflict(e.to_string()),
             RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. } => {
                 OpError::TurnFailed(e.to_string())
             }
@@ -499,20 +506,29 @@ fn emit(system: &mut System, r: EmitRequest) -> Result<Value, OpError> {
 }
 
 fn confirm(system: &mut System, r: ConfirmRequest) -> Result<Value, OpError> {
-    let now = system.now_ms();
-    let provider_ref = r
-        .provider_ref
-        .clone()
-        .unwrap_or_else(|| "confirmed delivered by a human".to_string());
-    let happened = r.delivered.then_some(provider_ref.as_str());
-    match ActivityStore::default().resolve(system.db().conn(), &r.idem_key, happened, now) {
-        Ok(()) => Ok(json!({"idem_key": r.idem_key, "status": if r.delivered { "DONE" } else { "FAILED" }})),
-        Err(StoreError::WrongState { actual, .. }) if actual == "missing" => Err(OpError::NotFound(format!(
+    let resolution = match (r.abandon, r.delivered) {
+        (true, _) => Resolution::Abandon,
+        (false, true) => Resolution::Delivered {
+            provider_ref: r
+                .provider_ref
+                .clone()
+                .unwrap_or_else(|| "confirmed delivered by a human".to_string()),
+        },
+        (false, false) => Resolution::NotDelivered,
+    };
+    match system.confirm(&r.idem_key, &resolution) {
+        Ok(done) => Ok(json!({
+            "idem_key": r.idem_key,
+            "status": done.status.map_or("RELEASED", |s| s.as_str()),
+            "retried_triggers": done.retried.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+        })),
+        Err(SystemError::Store(StoreError::NotFound { .. })) => Err(OpError::NotFound(format!(
             "no activity with key {:?}",
             r.idem_key
         ))),
-        Err(e @ StoreError::WrongState { .. }) => Err(OpError::Conflict(e.to_string())),
-        Err(e) => Err(e.into()),
+        Err(SystemError::Store(e @ StoreError::WrongState { .. })) => Err(OpError::Conflict(e.to_string())),
+        Err(SystemError::Store(e)) => Err(e.into()),
+        Err(e) => Err(OpError::UnknownOutcome(e.to_string())),
     }
 }
 
@@ -660,6 +676,10 @@ pub fn settle_fire(
     claim: &Trigger,
     outcome: Result<Fired, SystemError>,
 ) -> Result<Option<FireResult>, OpError> {
+    let blocked = matches!(
+        outcome,
+        Err(SystemError::Runtime(RuntimeError::NeedsConfirmation { .. }))
+    );
     let (error, retryable) = match outcome {
         Ok(fired) => {
             tracing::info!(id = %claim.id, ?fired, "trigger done");
@@ -678,6 +698,9 @@ pub fn settle_fire(
             (e.to_string(), true)
         }
         Err(SystemError::Runtime(e @ RuntimeError::TooManyToolRounds { .. })) => (e.to_string(), false),
+        // Blocked on a human: FAILED, not retried by itself (a retry would
+        // block again); answering the key re-pends it (`System::confirm`).
+        Err(SystemError::Runtime(e @ RuntimeError::NeedsConfirmation { .. })) => (e.to_string(), false),
         Err(SystemError::Runtime(e @ RuntimeError::UnknownAgent(_))) => (e.to_string(), false),
         Err(SystemError::Store(e @ StoreError::LeaseLost { .. })) => {
             tracing::warn!(id = %claim.id, error = %e, "lease lost; the newer claim owns the trigger");
@@ -693,7 +716,9 @@ pub fn settle_fire(
         .triggers()
         .ack_failed(system.db().conn(), claim, now, &error, retryable)?;
     tracing::warn!(id = %claim.id, error, next = status.as_str(), "trigger failed");
-    if status != TriggerStatus::Pending {
+    if blocked {
+        settle_run(system, claim, RunStatus::WaitingForHuman)?;
+    } else if status != TriggerStatus::Pending {
         settle_run(system, claim, RunStatus::Failed)?;
     }
     Ok(Some(FireResult::Failed {

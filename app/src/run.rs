@@ -86,6 +86,10 @@ pub enum RunOutcome {
     /// The turn failed (provider error, too many tool rounds); the run is
     /// `failed` and can be resumed.
     Failed,
+    /// The turn stopped at an irreversible call a human must confirm (its
+    /// key is in `needs_confirmation`); the run is `waiting_for_human`:
+    /// `confirm` the key, then `--resume` it.
+    NeedsConfirmation,
 }
 
 /// One tool call of the turn.
@@ -114,9 +118,10 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
-    /// Exit status: only a failed turn is a failure.
+    /// Exit status: a failed turn, or one blocked on a human, did not do
+    /// its work.
     pub fn is_failure(&self) -> bool {
-        self.outcome == RunOutcome::Failed
+        matches!(self.outcome, RunOutcome::Failed | RunOutcome::NeedsConfirmation)
     }
 }
 
@@ -291,6 +296,14 @@ fn execute(
         }
         Err(e) if e.is_unknown_outcome() || matches!(e, RuntimeError::Poisoned { .. }) => {
             return Err(unknown_or_runtime(&run.run_id, e))
+        }
+        Err(e @ RuntimeError::NeedsConfirmation { .. }) => {
+            summary.outcome = RunOutcome::NeedsConfirmation;
+            summary.error = Some(format!(
+                "{e}; `durable-agent confirm <key> --delivered|--not-delivered|--abandon`, then `durable-agent run --resume {}`",
+                run.run_id
+            ));
+            Some(RunStatus::WaitingForHuman)
         }
         Err(e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. })) => {
             summary.outcome = RunOutcome::Failed;

@@ -85,7 +85,7 @@ impl ToolExecutor for ConfigTools {
         tracing::debug!(tool = %call.tool, call_id = ctx.call_id, "tool call");
         let result = match (runner, call.irreversible) {
             (Some(Runner::Irreversible), _) | (_, true) => {
-                return Err(ToolError(format!(
+                return Err(ToolError::Failed(format!(
                     "irreversible tool {} reached the reversible executor (call {}): it must go through the activity ledger",
                     call.tool, ctx.call_id
                 )))

@@ -116,7 +116,7 @@ impl Turns {
             let failure = format!("cannot start a thread for the call: {e}");
             let result = match name {
                 "provider-call" => CallResult::Provider(Err(ProviderError(failure))),
-                _ => CallResult::Tool(Err(ToolError(failure))),
+                _ => CallResult::Tool(Err(ToolError::Failed(failure))),
             };
             (self.back)(Finished { turn, result });
         }

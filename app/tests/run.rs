@@ -141,15 +141,12 @@ fn sigint_mid_job_stops_cleanly_and_resume_sends_nothing_twice() -> TestResult {
 
 /// kill -9 while the sink has performed the effect but not yet answered:
 /// the ledger holds an INTENT whose outcome is unknown.
-fn kill_during_delivery(dedup: bool) -> Result<World, Box<dyn std::error::Error>> {
-    let w = world(
-        vec![
-            Reply::tool_call("send_email", email()),
-            Reply::tool_call("send_email", email()),
-            Reply::text("done after resume"),
-        ],
-        dedup,
-    )?;
+/// The provider asks for the email in each of the turn's `asks` attempts
+/// at round 0, then answers.
+fn kill_during_delivery(dedup: bool, asks: usize) -> Result<World, Box<dyn std::error::Error>> {
+    let mut replies = vec![Reply::tool_call("send_email", email()); asks];
+    replies.push(Reply::text("done after resume"));
+    let w = world(replies, dedup)?;
     w.sink.delay_replies(1_000);
     let job = write_job(w.dir.path(), "job.toml", Some("killed"), "tell ada")?;
     let mut child = spawn(&["run", path_str(&job), "--config", path_str(&w.config)])?;
@@ -162,25 +159,36 @@ fn kill_during_delivery(dedup: bool) -> Result<World, Box<dyn std::error::Error>
 
 #[test]
 fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resending() -> TestResult {
-    let w = kill_during_delivery(false)?;
+    let w = kill_during_delivery(false, 3)?;
+    // The resumed run stops at the call whose fate is unknown: blocked,
+    // not sent again and not skipped.
     let resumed = run(&["run", "--resume", "killed", "--config", path_str(&w.config)])?;
-    assert!(resumed.status.success(), "{resumed:?}");
+    assert_eq!(resumed.status.code(), Some(1), "{resumed:?}");
     let summary = resumed.json()?;
-    assert_eq!(summary["outcome"], "succeeded", "{summary}");
-    assert_eq!(summary["tool_calls"][0]["ok"], false);
+    assert_eq!(summary["outcome"], "needs_confirmation", "{summary}");
     let key = summary["needs_confirmation"][0]
         .as_str()
-        .ok_or("a key needs confirmation")?;
+        .ok_or("a key needs confirmation")?
+        .to_string();
     assert!(key.starts_with("run:killed-"), "{key}");
+    assert!(
+        summary["error"].as_str().is_some_and(|e| e.contains(&key)),
+        "{summary}"
+    );
     assert_eq!(w.sink.requests(), 1, "re-sent to an endpoint that cannot dedup");
     assert_eq!(w.sink.deliveries_len(), 1);
-    // `status` lists it; a human answers with `confirm` (no daemon: direct).
+    // `status` lists it and the run waits for a human; they answer with
+    // `confirm` (no daemon: direct).
     let status = run(&["status", "--config", path_str(&w.config)])?.json()?;
-    assert_eq!(status["needs_confirmation"][0]["idem_key"], key, "{status}");
-    assert_eq!(status["runs"][0]["status"], "succeeded");
+    assert_eq!(
+        status["needs_confirmation"][0]["idem_key"],
+        key.as_str(),
+        "{status}"
+    );
+    assert_eq!(status["runs"][0]["status"], "waiting_for_human");
     let confirmed = run(&[
         "confirm",
-        key,
+        &key,
         "--delivered",
         "--provider-ref",
         "dlv-1",
@@ -190,12 +198,28 @@ fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resendi
     assert!(confirmed.status.success(), "{confirmed:?}");
     let status = run(&["status", "--config", path_str(&w.config)])?.json()?;
     assert_eq!(status["needs_confirmation"], json!([]), "{status}");
+    // Resumed again: the call is answered from the ledger with the
+    // human's reference, and the turn completes.
+    let done = run(&["run", "--resume", "killed", "--config", path_str(&w.config)])?;
+    assert!(done.status.success(), "{done:?}");
+    let summary = done.json()?;
+    assert_eq!(summary["outcome"], "succeeded", "{summary}");
+    assert_eq!(summary["tool_calls"][0]["ok"], true, "{summary}");
+    assert!(
+        summary["tool_calls"][0]["output"]
+            .as_str()
+            .is_some_and(|o| o.contains("dlv-1")),
+        "{summary}"
+    );
+    assert_eq!(w.sink.requests(), 1, "sent again after the human said delivered");
+    let status = run(&["status", "--config", path_str(&w.config)])?.json()?;
+    assert_eq!(status["runs"][0]["status"], "succeeded");
     Ok(())
 }
 
 #[test]
 fn kill_9_mid_delivery_then_resume_with_dedup_delivers_exactly_once() -> TestResult {
-    let w = kill_during_delivery(true)?;
+    let w = kill_during_delivery(true, 2)?;
     let resumed = run(&["run", "--resume", "killed", "--config", path_str(&w.config)])?;
     assert!(resumed.status.success(), "{resumed:?}");
     let summary = resumed.json()?;

@@ -428,9 +428,53 @@ fn a_retried_work_turn_cut_mid_tool_keeps_its_keys_and_sends_nothing_twice() -> 
     let (second, url) = start_serve(&config)?;
     let api = client(&url)?;
     // The boot turned the cut work into a RESUME trigger, which may be in
-    // flight: the retry is refused (409) until it ends, then answered.
+    // flight (409, busy). Either way the turn stops at the email: the
+    // ledger holds its INTENT and the sink cannot deduplicate, so it is
+    // neither sent again nor skipped — the retry is refused (409) until a
+    // human answers.
+    let mut refusal = String::new();
+    wait_for("the retry to be blocked on the confirmation", || {
+        match api.call("POST", "/agents/mailer/turn", Some(&turn)) {
+            Err(e) => {
+                refusal = e.to_string();
+                refusal.contains("409") && refusal.contains("needs confirmation")
+            }
+            Ok(_) => false,
+        }
+    })?;
+    assert_eq!(sink.requests(), 1, "{refusal}");
+    let status = api.call("GET", "/status", None)?;
+    let waiting = status["needs_confirmation"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(waiting.len(), 1, "{status}");
+    let key = waiting[0]["idem_key"].as_str().ok_or("key")?.to_string();
+    assert!(
+        key.starts_with("api:w1-r0-") && refusal.contains(&key),
+        "{refusal}"
+    );
+    // The RESUME trigger stopped at the same key: FAILED, naming it.
+    let failed = status["triggers"]["FAILED"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        failed
+            .iter()
+            .any(|t| t["last_error"].as_str().is_some_and(|e| e.contains(&key))),
+        "{status}"
+    );
+    // The human answers from the sink's record; the blocked trigger runs
+    // again and the retry is answered, from the ledger: nothing re-sent.
+    let answer = api.call(
+        "POST",
+        "/confirm",
+        Some(&json!({"idem_key": key, "delivered": true, "provider_ref": "sink-1"})),
+    )?;
+    assert_eq!(answer["status"], "DONE", "{answer}");
     let mut retried = Value::Null;
-    wait_for("the retry to be taken", || {
+    wait_for("the retry to be answered", || {
         match api.call("POST", "/agents/mailer/turn", Some(&turn)) {
             Ok(answer) => {
                 retried = answer;
@@ -439,20 +483,13 @@ fn a_retried_work_turn_cut_mid_tool_keeps_its_keys_and_sends_nothing_twice() -> 
             Err(_) => false,
         }
     })?;
-    // Not sent again: the ledger holds its INTENT and the sink cannot
-    // deduplicate, so it needs a human's confirmation instead — whether
-    // the retry resumed the turn or the RESUME trigger had already.
-    assert_eq!(sink.requests(), 1, "{retried}");
     assert!(
-        retried["already_done"] == true || retried["tool_calls"][0]["ok"] == false,
+        retried["already_done"] == true || retried["tool_calls"][0]["ok"] == true,
         "{retried}"
     );
+    assert_eq!(sink.requests(), 1, "{retried}");
     let status = api.call("GET", "/status", None)?;
-    assert_eq!(
-        status["needs_confirmation"].as_array().map(Vec::len),
-        Some(1),
-        "{status}"
-    );
+    assert_eq!(status["needs_confirmation"], json!([]), "{status}");
     signal(&second, "TERM")?;
     assert!(finish(second)?.status.success());
     Ok(())

@@ -94,17 +94,25 @@ fn client_errors_are_rejected_and_server_errors_unknown() {
 
 #[test]
 fn sink_down_is_rejected_because_a_refused_connection_sent_nothing() {
-    // A stopped sink's port refuses connections — unless a parallel test
-    // got the same port meanwhile: then take another one.
+    // A stopped sink's port refuses connections once tiny_http's accept
+    // thread has let go of the listener (it closes it asynchronously after
+    // the drop: poll a little) — unless a parallel test got the same port
+    // meanwhile: then take another one.
+    let refused = |addr| {
+        (0..50).any(|_| match std::net::TcpStream::connect(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => true,
+            _ => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                false
+            }
+        })
+    };
     let url = (0..20)
         .find_map(|_| {
             let sink = WebhookSink::start(loopback(), false).expect("sink");
             let (addr, url) = (sink.addr(), sink.url("/send"));
             drop(sink);
-            match std::net::TcpStream::connect(addr) {
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(url),
-                _ => None,
-            }
+            refused(addr).then_some(url)
         })
         .expect("a refused port within 20 tries");
     let outbox = HttpOutbox::new(&tool("send", url, true, false));

@@ -33,9 +33,12 @@
 //!   effect absent at that recovery has an unknown fate (its INTENT may be
 //!   in the ledger, awaiting confirmation): it may appear once later, or
 //!   never, and a resumed turn (same keys) does not make it certain. A
-//!   resumed turn's irreversible step reports needs-confirmation (`ok:
-//!   false`) when the lost turn's INTENT survived, or its scripted result
-//!   when it did not ([`relax_unknown_steps`]).
+//!   resumed turn that completes reports every step's scripted result (the
+//!   ledger answers a settled key as it was settled, and a key with no
+//!   INTENT runs afresh); one whose INTENT survived unsettled stops at that
+//!   step, blocked on a human's confirmation ([`Model::blocked`]: only such
+//!   a re-run may block; nothing of it is kept, and a fire's trigger is
+//!   FAILED one attempt more — a candidate after a crash inside the op too).
 //!
 //! - **R5 A fire's inner states.** A fire (claim → the trigger's turn →
 //!   ack) commits three times; a crash between them leaves the trigger
@@ -64,7 +67,9 @@
 //!   after a restart (R1 is a promise, not just a tolerance).
 //! - **I3 Logs are valid JSONL.** Every `events.jsonl` on disk is a
 //!   sequence of complete JSON lines after recovery (a torn tail may exist
-//!   only between a crash and the next recovery).
+//!   only between a crash and the next recovery), and their logical `ts`
+//!   strictly increases down the file (the runtime's one clock, restored
+//!   past every logged tick at boot: an entry recovery appends included).
 //! - **I4 No duplicate side effect.** No idempotency key reaches the
 //!   external world twice.
 //!
@@ -141,41 +146,9 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// R4, for tool results: an irreversible step of a turn a crash rolled
-/// back (its key in `lost`, [`Model::lost_effects`]), when the turn is
-/// resumed, may report the scripted result (its INTENT never committed, so
-/// it ran afresh) or needs-confirmation, `ok: false` (the ledger found the
-/// INTENT and, the world unable to deduplicate, would not re-send — even
-/// when the world did get it: the ledger cannot know). Both sides of a
-/// comparison are normalised to `ok: false` for those steps.
-pub fn relax_unknown_steps(state: &mut State, lost: &BTreeSet<String>) {
-    if lost.is_empty() {
-        return;
-    }
-    for agent in state.agents.values_mut() {
-        for turn in &mut agent.turns {
-            for (i, step) in turn.tools.iter_mut().enumerate() {
-                if step.irreversible && lost.contains(&effect_key(&turn.prompt, i)) {
-                    step.ok = false;
-                }
-            }
-        }
-    }
-}
-
 /// Check `recovered` against one candidate; `Ok` gives the adopted model.
 fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
-    let relaxed;
-    let recovered = if adopted.lost_effects.is_empty() {
-        recovered
-    } else {
-        let mut r = recovered.clone();
-        relax_unknown_steps(&mut r, &adopted.lost_effects);
-        relax_unknown_steps(&mut adopted.state, &candidate.lost_effects);
-        relaxed = r;
-        &relaxed
-    };
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
     let got_names: Vec<&String> = recovered.agents.keys().collect();
@@ -309,6 +282,16 @@ pub fn judge(
             });
         }
     }
+    // A re-run turn may stop at a key needing confirmation (R4); a fire
+    // then acks its trigger FAILED, which a crash may find committed.
+    if let Some(blocked) = action.and_then(|a| before.blocked(a)) {
+        if let Ok(adopted) = against(&blocked, recovered, &lost) {
+            return Ok(Accepted {
+                side: Side::Before,
+                adopted,
+            });
+        }
+    }
     match against(before, recovered, &lost) {
         Ok(adopted) => Ok(Accepted {
             side: if after.is_some() {
@@ -400,7 +383,14 @@ pub fn recovery_invariants(state: &State) -> Vec<String> {
         .collect()
 }
 
-/// I3: every `events.jsonl` in `disk` is complete, valid JSON lines.
+/// A log line's logical time (the rest of the line is skipped unread).
+#[derive(serde::Deserialize)]
+struct Stamp {
+    ts: Option<u64>,
+}
+
+/// I3: every `events.jsonl` in `disk` is complete, valid JSON lines whose
+/// `ts` strictly increases.
 pub fn log_invariants(disk: &std::collections::BTreeMap<PathBuf, Vec<u8>>) -> Vec<String> {
     let mut out = Vec::new();
     for (path, bytes) in disk {
@@ -414,6 +404,7 @@ pub fn log_invariants(disk: &std::collections::BTreeMap<PathBuf, Vec<u8>>) -> Ve
             ));
         }
         let mut offset = 0usize;
+        let mut last_ts: Option<u64> = None;
         for line in bytes.split_inclusive(|b| *b == b'\n') {
             // UTF-8, then the JSON syntax (IgnoredAny builds no tree, and
             // skips strings without re-checking their encoding).
@@ -425,6 +416,15 @@ pub fn log_invariants(disk: &std::collections::BTreeMap<PathBuf, Vec<u8>>) -> Ve
                     "I3 {} offset {offset}: line is not valid JSON",
                     path.display()
                 ));
+            } else if let Ok(Stamp { ts: Some(ts) }) = serde_json::from_slice::<Stamp>(line) {
+                if last_ts.is_some_and(|last| ts <= last) {
+                    out.push(format!(
+                        "I3 {} offset {offset}: ts {ts} does not follow ts {} of the line before",
+                        path.display(),
+                        last_ts.unwrap_or_default()
+                    ));
+                }
+                last_ts = Some(ts);
             }
             offset += line.len();
         }

@@ -132,6 +132,15 @@ async fn turn(sh: &Shared, i: usize, rng: &mut ChaCha8Rng) -> Result<(), Stopped
                 attempt += 1;
                 sleep_ms(backoff_ms).await;
             }
+            Err(RuntimeError::NeedsConfirmation { .. }) => {
+                // Blocked on a human (the simulation has none): the turn
+                // stays open, its messages pending; the agent goes on.
+                sh.record(DaemonEvent::TurnGaveUp {
+                    agent: name,
+                    attempts: attempt + 1,
+                });
+                return Ok(());
+            }
             Err(e) => {
                 let mut core = sh.lock().await?;
                 return Err(sh.fail(&mut core, format!("turn of {name}: {e}")));

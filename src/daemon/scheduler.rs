@@ -252,6 +252,11 @@ async fn fire(
         Err(SystemError::Runtime(e)) if retryable(&e) => {
             return Ok(retry_later(sh, &mut core, trigger, &e.to_string()))
         }
+        Err(SystemError::Runtime(e @ RuntimeError::NeedsConfirmation { .. })) => {
+            // Blocked on a human (the simulation has none): FAILED, with
+            // the key in its last error; nothing re-sent, nothing skipped.
+            return Ok(ack_failed(sh, &mut core, trigger, &e.to_string(), false));
+        }
         Err(SystemError::Store(StoreError::LeaseLost { .. })) => {
             // The lease ran out mid-firing and a newer claim owns the
             // trigger: its handler finds the work done and only acks.
@@ -288,10 +293,21 @@ fn still_claimed(sh: &Shared, core: &Core, trigger: &Trigger) -> Result<bool, Da
 }
 
 fn retry_later(sh: &Shared, core: &mut Core, trigger: &Trigger, error: &str) -> Result<(), DaemonError> {
+    ack_failed(sh, core, trigger, error, true)
+}
+
+/// Ack `trigger` failed: retried with backoff (`retryable`), else FAILED.
+fn ack_failed(
+    sh: &Shared,
+    core: &mut Core,
+    trigger: &Trigger,
+    error: &str,
+    retryable: bool,
+) -> Result<(), DaemonError> {
     let system = &core.system;
     let acked = system
         .triggers()
-        .ack_failed(system.db().conn(), trigger, sh.now(), error, true);
+        .ack_failed(system.db().conn(), trigger, sh.now(), error, retryable);
     let status = match acked {
         Ok(status) => status,
         Err(StoreError::LeaseLost { .. }) => {

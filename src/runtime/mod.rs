@@ -183,6 +183,18 @@ pub enum RuntimeError {
         #[source]
         source: ToolError,
     },
+    /// The turn reached an irreversible call that needs a human's
+    /// confirmation ([`ToolError::NeedsConfirmation`]) and stopped there:
+    /// its `tool.call` is logged with no result and the turn stays open,
+    /// exactly as a crash at that point would leave it, so the same turn
+    /// (same prompt, or same work) resumes once the key is answered
+    /// (`System::confirm`). Not an I/O error: the runtime stays usable.
+    #[error("the turn of agent {agent} is blocked: {tool} {idem_key} needs confirmation by a human (answer it, then run the turn again)")]
+    NeedsConfirmation {
+        agent: AgentId,
+        tool: String,
+        idem_key: String,
+    },
     #[error(
         "agent {agent}: the provider still asked for tools after {limit} rounds; the turn was abandoned"
     )]

@@ -77,10 +77,20 @@ pub struct ToolOutput {
     pub output: String,
 }
 
-/// The executor itself failed (e.g. its ledger I/O): outcome unknown.
+/// A tool call that produced no result for the turn.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ToolError(pub String);
+pub enum ToolError {
+    /// The executor itself failed (e.g. its ledger I/O): outcome unknown.
+    #[error("{0}")]
+    Failed(String),
+    /// An irreversible call whose earlier attempt (a turn lost in a crash)
+    /// has an unknown fate, at an endpoint that cannot deduplicate: only a
+    /// human can say whether it happened, so the work that depends on it
+    /// stops here until they do (seed 001: confirm, never re-send blindly).
+    /// Nothing is unknown about the runtime's own state: not an I/O error.
+    #[error("{tool} {idem_key}: its earlier attempt's fate is unknown and the endpoint cannot deduplicate; it needs confirmation by a human")]
+    NeedsConfirmation { tool: String, idem_key: String },
+}
 
 /// Runs tool calls for the turn loop.
 pub trait ToolExecutor: Send + Sync + std::fmt::Debug {

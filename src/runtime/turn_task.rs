@@ -486,9 +486,17 @@ impl Runtime {
         executed: Result<ToolOutput, ToolError>,
     ) -> Result<TurnStep, RuntimeError> {
         let agent = task.agent.clone();
-        let output = executed.map_err(|source| RuntimeError::Tool {
-            agent: agent.clone(),
-            source,
+        let output = executed.map_err(|source| match source {
+            // Blocked, not broken: the turn ends at this call, open.
+            ToolError::NeedsConfirmation { tool, idem_key } => RuntimeError::NeedsConfirmation {
+                agent: agent.clone(),
+                tool,
+                idem_key,
+            },
+            source => RuntimeError::Tool {
+                agent: agent.clone(),
+                source,
+            },
         })?;
         let Some((call_id, call)) = task.out.take() else {
             return Err(RuntimeError::TurnNotInFlight(agent));

@@ -50,6 +50,25 @@ pub struct SystemGcReport {
     pub activities: GcReport,
 }
 
+/// What [`System::confirm`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Confirmed {
+    /// The key's status afterwards, `None` when `NotDelivered` released it
+    /// for the resumed work to send.
+    pub status: Option<ActivityStatus>,
+    /// The triggers that were blocked on the key, PENDING again.
+    pub retried: Vec<Trigger>,
+}
+
+/// Whether FAILED trigger `t` stopped at `idem_key`: the key belongs to
+/// the trigger's work (work keys are `{work}-r{round}-…`, see
+/// `runtime::work_idempotency_key`) and its last error names it.
+fn blocked_on(t: &Trigger, idem_key: &str) -> bool {
+    let work = System::trigger_work(t);
+    idem_key.starts_with(&format!("{work}-r"))
+        && t.last_error.as_deref().is_some_and(|e| e.contains(idem_key))
+}
+
 impl System {
     /// Dead-lettered triggers (used `max_attempts`), oldest first, with
     /// their `last_error` and `attempts`.
@@ -88,19 +107,28 @@ impl System {
     }
 
     /// A human's answer for the NEEDS_CONFIRMATION action `idem_key`
-    /// (see [`Resolution`]). Returns the row's status afterwards, `None`
-    /// when `NotDelivered` released the key for the next run to send.
-    pub fn confirm(
-        &self,
-        idem_key: &str,
-        resolution: &Resolution,
-    ) -> Result<Option<ActivityStatus>, SystemError> {
+    /// (see [`Resolution`]), which unblocks the work waiting on it: every
+    /// FAILED trigger whose turn stopped at this key
+    /// (`RuntimeError::NeedsConfirmation`) goes back to PENDING, so it
+    /// resumes where it stopped and the ledger answers the call (or sends
+    /// it once, after `NotDelivered`). A crash between the two steps
+    /// leaves the trigger FAILED, listed, for [`Self::retry_trigger`].
+    pub fn confirm(&self, idem_key: &str, resolution: &Resolution) -> Result<Confirmed, SystemError> {
         let now = self.now_ms();
-        let db = self.db();
-        Ok(self
-            .gate()
-            .store()
-            .confirm(db.conn(), idem_key, resolution, now)?)
+        let status = {
+            let db = self.db();
+            self.gate()
+                .store()
+                .confirm(db.conn(), idem_key, resolution, now)?
+        };
+        let mut retried = Vec::new();
+        for t in self.failed_triggers()? {
+            if blocked_on(&t, idem_key) {
+                tracing::info!(id = %t.id, idem_key, "confirmed: the blocked trigger runs again");
+                retried.push(self.retry_trigger(&t.id)?);
+            }
+        }
+        Ok(Confirmed { status, retried })
     }
 
     /// Runs the tool-call ledger parked `waiting_for_human`, oldest first
@@ -134,13 +162,26 @@ impl System {
     pub fn gc(&self, ttl_ms: u64) -> Result<SystemGcReport, SystemError> {
         let now = self.now_ms();
         let mid_turn = self.agents_mid_turn()?;
+        let blocked = self.blocked_triggers()?;
         let db = self.db();
-        let triggers = self.triggers().gc(db.conn(), now, ttl_ms)?;
+        let triggers = self.triggers().gc_keeping(db.conn(), now, ttl_ms, &blocked)?;
         let activities = self
             .gate()
             .store()
             .gc_keeping(db.conn(), now, ttl_ms, &mid_turn)?;
         Ok(SystemGcReport { triggers, activities })
+    }
+
+    /// FAILED triggers blocked on a key still waiting for a human: the
+    /// answer re-pends them ([`Self::confirm`]), so GC keeps them.
+    fn blocked_triggers(&self) -> Result<Vec<String>, SystemError> {
+        let keys = self.needs_confirmation()?;
+        Ok(self
+            .failed_triggers()?
+            .into_iter()
+            .filter(|t| keys.iter().any(|k| blocked_on(t, &k.idem_key)))
+            .map(|t| t.id)
+            .collect())
     }
 
     /// Agents with an interrupted turn: the ledger's `task_id` of their

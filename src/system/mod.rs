@@ -58,7 +58,7 @@ use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore
 use crate::store::StoreError;
 use crate::world::Outbox;
 
-pub use admin::{Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
+pub use admin::{Confirmed, Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
 pub use calls::StoreCallLog;
 pub use outbox::OutboxRoutes;
 pub use resume::resume_key;

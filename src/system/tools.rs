@@ -10,8 +10,10 @@
 //! through [`ActivityGate::execute`] — INTENT committed first, the key
 //! carried to the provider, DONE/FAILED after — so it happens at most once
 //! per key whatever crashes in between; an INTENT whose fate is unknown and
-//! whose provider cannot deduplicate is reported as needing confirmation,
-//! never re-sent. A call the ledger already holds (the same key, asked
+//! whose provider cannot deduplicate is never re-sent: the call fails
+//! with [`ToolError::NeedsConfirmation`], which ends the turn at that call
+//! (its ledger row stays `running`), so the work that depends on it waits
+//! until a human answers the key (`System::confirm`) and the turn resumes. A call the ledger already holds (the same key, asked
 //! again after a crash) is a replay: a finished one answers from the
 //! ledger; an in-flight reversible one runs again and is recorded as a
 //! replay, and after `max_replays` failed replays the run waits for a human
@@ -20,6 +22,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::canary::Canary;
 use crate::runtime::{ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest};
 use crate::sqlite::Db;
 use crate::store::activities::{ActivityGate, ActivityOutcome, IrreversibleCall};
@@ -48,7 +51,7 @@ pub fn session_run(session: &str) -> String {
 
 impl SystemTools {
     fn ledger<T>(&self, f: impl FnOnce(&Db) -> Result<T, StoreError>) -> Result<T, ToolError> {
-        f(&super::lock_db(&self.db)).map_err(|e| ToolError(format!("tool-call ledger: {e}")))
+        f(&super::lock_db(&self.db)).map_err(|e| ToolError::Failed(format!("tool-call ledger: {e}")))
     }
 
     /// The call as the side effect it has (irreversible ones via the
@@ -66,7 +69,7 @@ impl SystemTools {
         let outcome = self
             .gate
             .execute(&request, self.clock.now_ms())
-            .map_err(|e| ToolError(format!("{} {}: {e}", call.tool, ctx.idempotency_key)))?;
+            .map_err(|e| ToolError::Failed(format!("{} {}: {e}", call.tool, ctx.idempotency_key)))?;
         Ok(match outcome {
             ActivityOutcome::Done { provider_ref, .. } => ToolOutput {
                 ok: true,
@@ -76,10 +79,21 @@ impl SystemTools {
                 ok: false,
                 output: format!("failed: {error}"),
             },
-            ActivityOutcome::NeedsConfirmation { idem_key } => ToolOutput {
-                ok: false,
-                output: format!("{idem_key} needs confirmation by a human"),
-            },
+            ActivityOutcome::NeedsConfirmation { idem_key }
+                if self.gate.store().canaries.has(Canary::ConfirmationNotBlocking) =>
+            {
+                // Canary: answer and go on, as if the call had failed.
+                ToolOutput {
+                    ok: false,
+                    output: format!("{idem_key} needs confirmation by a human"),
+                }
+            }
+            ActivityOutcome::NeedsConfirmation { idem_key } => {
+                return Err(ToolError::NeedsConfirmation {
+                    tool: call.tool.clone(),
+                    idem_key,
+                })
+            }
         })
     }
 }

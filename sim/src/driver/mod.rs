@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{Fault, SimConfig, SimFs, SimSnapshot};
-use durable_agent::runtime::{AgentId, MessageId, Runtime};
+use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError};
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
-use durable_agent::system::{Deps, System, SystemConfig};
+use durable_agent::system::{Deps, System, SystemConfig, SystemError};
 use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
@@ -123,6 +123,8 @@ pub struct Driver {
     rot: Option<Rot>,
     /// The damaged line the last failed boot named.
     corruption: Option<CorruptLine>,
+    /// The key the last op's turn stopped at (`NeedsConfirmation`).
+    blocked: Option<String>,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -164,6 +166,7 @@ impl Driver {
             sent_at: Arc::default(),
             rot: None,
             corruption: None,
+            blocked: None,
         }
     }
 
@@ -294,6 +297,20 @@ impl Driver {
         self.corruption.take()
     }
 
+    /// The idempotency key the last op's turn stopped at, needing a
+    /// human's confirmation (the op then returned `Err`): the model decides
+    /// whether that turn may block ([`crate::model::Model::blocked`]).
+    pub fn take_blocked(&mut self) -> Option<String> {
+        self.blocked.take()
+    }
+
+    /// Note a turn that stopped at a key needing confirmation.
+    fn note_blocked(&mut self, e: &RuntimeError) {
+        if let RuntimeError::NeedsConfirmation { idem_key, .. } = e {
+            self.blocked = Some(idem_key.clone());
+        }
+    }
+
     /// A clean stop: close everything (SQLite checkpoints on close), then
     /// reboot the disk keeping what was written. Returns whether an injected
     /// crash point was hit during the stop (then `mode_if_hit` applies).
@@ -331,6 +348,7 @@ impl Driver {
     /// Run one action on the system.
     pub fn exec(&mut self, action: &Action) -> Result<(), String> {
         let now = self.now();
+        self.blocked = None;
         if matches!(
             action,
             Action::Emit { .. }
@@ -360,12 +378,15 @@ impl Driver {
             } => {
                 let id = self.id(agent)?;
                 let rt = self.rt()?;
-                if *reads {
+                let ran = if *reads {
                     let ids: Vec<MessageId> = rt.pending(&id).iter().map(|m| m.id.clone()).collect();
-                    rt.run_turn_consuming(&id, prompt, &ids)
-                        .map_err(|e| e.to_string())?;
+                    rt.run_turn_consuming(&id, prompt, &ids).map(|_| ())
                 } else {
-                    rt.run_turn(&id, prompt).map_err(|e| e.to_string())?;
+                    rt.run_turn(&id, prompt).map(|_| ())
+                };
+                if let Err(e) = ran {
+                    self.note_blocked(&e);
+                    return Err(e.to_string());
                 }
             }
             Action::SendMessage { from, to, payload } => {
@@ -446,7 +467,21 @@ impl Driver {
                     return Err(format!("fire: the model expected {key:?} to be due"));
                 };
                 let system = self.system.as_mut().ok_or("harness: system not open")?;
-                system.fire(&claim, &id, prompt).map_err(|e| e.to_string())?;
+                match system.fire(&claim, &id, prompt) {
+                    Ok(_) => {}
+                    Err(SystemError::Runtime(e @ RuntimeError::NeedsConfirmation { .. })) => {
+                        // What a daemon does with a blocked firing: FAILED,
+                        // the key in its last error, until a human answers.
+                        let error = e.to_string();
+                        system
+                            .triggers()
+                            .ack_failed(system.db().conn(), &claim, now, &error, false)
+                            .map_err(|e| e.to_string())?;
+                        self.note_blocked(&e);
+                        return Err(error);
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
             }
             Action::StaleAck { key } => {
                 // A zombie's ack: the system must refuse it (the lease is

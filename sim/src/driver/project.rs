@@ -71,7 +71,8 @@ impl Driver {
                     StoreStatus::Pending => TriggerStatus::Pending,
                     StoreStatus::Claimed => TriggerStatus::Claimed,
                     StoreStatus::Done => TriggerStatus::Done,
-                    StoreStatus::Failed | StoreStatus::Dead => TriggerStatus::Dead,
+                    StoreStatus::Failed => TriggerStatus::Failed,
+                    StoreStatus::Dead => TriggerStatus::Dead,
                 },
                 attempts: t.attempts,
             })

@@ -290,6 +290,7 @@ impl Exec {
         let names = self.names();
         let result = self.driver.exec(&action);
         self.collect(|e| Judging::in_flight(&before, &after, &action, names, e));
+        let blocked = self.driver.take_blocked();
         if fault.is_some() && !self.driver.fs.crashed() {
             self.disarm();
             if result.is_err() {
@@ -314,13 +315,28 @@ impl Exec {
             }
             return self.restart(kind, &before, Some(&after), Some(&action));
         }
-        if let Err(e) = result {
-            return Err(self.fail(
-                "the runtime refused a valid operation with no fault injected",
-                e.to_string(),
-                None,
-            ));
-        }
+        let after = match (result, blocked) {
+            (Ok(()), _) => after,
+            // The turn stopped at a key needing confirmation: a definite
+            // answer, judged against the model's blocked state.
+            (Err(e), Some(key)) => match before.blocked(&action) {
+                Some(blocked) => blocked,
+                None => {
+                    return Err(self.fail(
+                        "a turn blocked on a confirmation it cannot need (it was never lost in a crash)",
+                        format!("{key}: {e}"),
+                        None,
+                    ))
+                }
+            },
+            (Err(e), None) => {
+                return Err(self.fail(
+                    "the runtime refused a valid operation with no fault injected",
+                    e.to_string(),
+                    None,
+                ))
+            }
+        };
         self.model = after;
         if armed.is_some() {
             // The armed point lay past this op: the harness's own reads
@@ -348,9 +364,6 @@ impl Exec {
         // Effects of unknown fate (R4) are compared by the oracle and I4
         // only; one that shows up now becomes known.
         let maybe = &self.model.maybe_effects;
-        let lost = &self.model.lost_effects;
-        oracle::relax_unknown_steps(&mut recovered, lost);
-        oracle::relax_unknown_steps(&mut expected, lost);
         let shown: Vec<String> = recovered
             .outbox
             .iter()

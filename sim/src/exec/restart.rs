@@ -166,7 +166,6 @@ impl Exec {
                         self.model.lost_turns.insert(agent.clone(), turn.clone());
                     }
                     for key in oracle::effects_of(action) {
-                        self.model.lost_effects.insert(key.clone());
                         if !self.model.state.outbox.contains(&key) {
                             self.model.maybe_effects.insert(key);
                         }

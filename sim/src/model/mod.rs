@@ -198,12 +198,6 @@ pub struct Model {
     /// most once, at any later time, or never (R4). Bookkeeping.
     #[serde(default)]
     pub maybe_effects: BTreeSet<String>,
-    /// Effect keys of every turn a crash rolled back, shown or not: the
-    /// ledger holds their INTENT (or nothing), never the world's answer,
-    /// so a resumed turn may report them as needing confirmation (R4).
-    /// Bookkeeping.
-    #[serde(default)]
-    pub lost_effects: BTreeSet<String>,
     /// The work each fired trigger was given (its first `Fire`), by key: a
     /// re-fire after a crash runs the same work. Bookkeeping.
     #[serde(default)]
@@ -413,6 +407,30 @@ impl Model {
                 self.state.loop_messages.extend(round_messages(*round, *tools))
             }
         }
+    }
+
+    /// The state after `action`'s turn stopped at an irreversible call that
+    /// needs a human's confirmation (seed 001: blocked, not skipped and not
+    /// re-sent), or `None` when it cannot need one: only the re-run of a
+    /// turn a crash rolled back can (its INTENT may be in the ledger, of
+    /// unknown fate). Nothing of the turn is kept: a plain turn stays lost
+    /// and its messages pending; a fire's trigger is acked FAILED, one
+    /// attempt more.
+    pub fn blocked(&self, action: &Action) -> Option<Model> {
+        let mut m = self.clone();
+        match action {
+            Action::RunTurn { agent, .. } if self.lost_turns.get(agent) == Some(action) => {}
+            Action::Fire { key, .. }
+                if self.fire_work.get(key) == Some(action) && !self.done_work.contains(key) =>
+            {
+                let t = m.state.triggers.iter_mut().find(|t| &t.key == key)?;
+                t.status = TriggerStatus::Failed;
+                t.attempts += 1;
+            }
+            _ => return None,
+        }
+        m.counter += 1;
+        Some(m)
     }
 
     /// What a restart does to acknowledged state: every session is

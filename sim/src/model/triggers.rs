@@ -1,5 +1,7 @@
 //! The durable-trigger part of the model (seed 001): one row per dedup key,
-//! `PENDING -claim-> CLAIMED -ack ok-> DONE`, `-ack fail-> PENDING | DEAD`.
+//! `PENDING -claim-> CLAIMED -ack ok-> DONE`, `-ack fail-> PENDING | DEAD`,
+//! and a fire whose turn blocked on a confirmation `-> FAILED`
+//! ([`Model::blocked`]).
 //!
 //! Invariant: a dedup key has at most one row, whatever is emitted; claim
 //! takes the oldest PENDING row (all triggers are due: `fire_at` 0, equal
@@ -26,6 +28,9 @@ pub enum TriggerStatus {
     Claimed,
     Done,
     Dead,
+    /// Given up without retries: a fire whose turn is blocked on a key
+    /// that needs a human's confirmation (no human answers in the model).
+    Failed,
 }
 
 /// One trigger as the model knows it.

@@ -182,41 +182,6 @@ impl ActivityStore {
         Ok(outcomes)
     }
 
-    /// A human's answer for a NEEDS_CONFIRMATION key: `Some(provider_ref)`
-    /// if the effect happened (DONE), `None` if it did not (FAILED, so the
-    /// task may mint a new action).
-    pub fn resolve(
-        &self,
-        conn: &Connection,
-        idem_key: &str,
-        happened: Option<&str>,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let (status, err) = match happened {
-            Some(_) => (ActivityStatus::Done, None),
-            None => (ActivityStatus::Failed, Some("confirmed not delivered")),
-        };
-        let n = conn
-            .execute(
-                "UPDATE activity_log SET status = ?2, provider_ref = ?3, error = ?4, \
-                 updated_at = ?5 WHERE idem_key = ?1 AND status = 'NEEDS_CONFIRMATION'",
-                params![idem_key, status.as_str(), happened, err, now_ms],
-            )
-            .map_err(sql("activity resolve"))?;
-        if n == 0 {
-            return Err(StoreError::WrongState {
-                table: "activity_log",
-                id: idem_key.to_string(),
-                op: "resolve",
-                expected: "NEEDS_CONFIRMATION",
-                actual: self
-                    .get(conn, idem_key)?
-                    .map_or("missing".to_string(), |r| r.status.as_str().to_string()),
-            });
-        }
-        Ok(())
-    }
-
     fn resume_record(
         &self,
         conn: &Connection,

@@ -2,8 +2,8 @@
 //! "stale-GC TTL", 24 h by default at the system level).
 //!
 //! Invariant: [`TriggerStore::gc`] deletes only DONE, FAILED and DEAD rows
-//! whose `updated_at` is more than `ttl_ms` before `now_ms`, never a PENDING
-//! or CLAIMED one (a PENDING trigger is work not yet done; a CLAIMED one is
+//! whose `updated_at` is more than `ttl_ms` before `now_ms` (and not among
+//! the ids the caller keeps), never a PENDING or CLAIMED one (a PENDING trigger is work not yet done; a CLAIMED one is
 //! someone's lease), and never the newest row (see below). It is one
 //! transaction: after a crash either every row it chose is gone or none is.
 //!
@@ -24,7 +24,8 @@
 //! inherit the old one's completed turn and never run. Keeping the newest
 //! row keeps `MAX(rowid)` monotonic, so ids are never reused.
 
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::types::Value;
+use rusqlite::{params_from_iter, Connection, TransactionBehavior};
 use serde::Serialize;
 
 use super::TriggerStore;
@@ -56,8 +57,31 @@ impl TriggerStore {
     /// before `now_ms`, in one transaction (see the module docs for what is
     /// kept and the consequence for dedup keys).
     pub fn gc(&self, conn: &Connection, now_ms: u64, ttl_ms: u64) -> Result<GcReport, StoreError> {
+        self.gc_keeping(conn, now_ms, ttl_ms, &[])
+    }
+
+    /// [`Self::gc`], keeping also the triggers `keep_ids` (the system's:
+    /// FAILED triggers blocked on a key that still waits for a human,
+    /// which its answer re-pends).
+    pub fn gc_keeping(
+        &self,
+        conn: &Connection,
+        now_ms: u64,
+        ttl_ms: u64,
+        keep_ids: &[String],
+    ) -> Result<GcReport, StoreError> {
         let cutoff_ms = cutoff_ms(now_ms, ttl_ms);
-        let eligible = format!("{SETTLED} AND updated_at < ?1 AND rowid < (SELECT MAX(rowid) FROM triggers)");
+        // ?1 is the cutoff, ?2.. the kept ids (few: blocked triggers).
+        let kept = (0..keep_ids.len())
+            .map(|i| format!("?{}", i + 2))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let eligible = format!(
+            "{SETTLED} AND updated_at < ?1 AND rowid < (SELECT MAX(rowid) FROM triggers) AND id NOT IN ({kept})"
+        );
+        let mut binds: Vec<Value> = Vec::with_capacity(keep_ids.len() + 1);
+        binds.push(Value::Integer(i64::try_from(cutoff_ms).unwrap_or(i64::MAX)));
+        binds.extend(keep_ids.iter().map(|t| Value::Text(t.clone())));
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(sql("trigger gc begin"))?;
         let deleted = {
@@ -67,7 +91,7 @@ impl TriggerStore {
                 ))
                 .map_err(sql("trigger gc select"))?;
             let rows = stmt
-                .query_map([cutoff_ms], |r| r.get::<_, String>(0))
+                .query_map(params_from_iter(binds.iter()), |r| r.get::<_, String>(0))
                 .map_err(sql("trigger gc select"))?;
             rows.collect::<Result<Vec<_>, _>>()
                 .map_err(sql("trigger gc select"))?
@@ -77,7 +101,7 @@ impl TriggerStore {
             let n = tx
                 .execute(
                     &format!("DELETE FROM triggers WHERE {eligible}"),
-                    params![cutoff_ms],
+                    params_from_iter(binds.iter()),
                 )
                 .map_err(sql("trigger gc delete"))?;
             // The write lock is held since the select: the same predicate
