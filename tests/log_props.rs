@@ -32,10 +32,12 @@ fn sample_log() -> (Vec<u8>, Vec<usize>) {
         Event::TurnStart {
             prompt: "p\n\"q\"".into(),
             work: None,
+            reads: Vec::new(),
         },
         Event::TurnStart {
             prompt: "fired".into(),
             work: Some("trigger:nightly-report".into()),
+            reads: Vec::new(),
         },
         Event::TurnComplete {
             response: "r".into(),

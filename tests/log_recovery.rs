@@ -31,6 +31,7 @@ fn log_with_three() -> (SimFs, PathBuf, Vec<String>) {
                 Event::TurnStart {
                     prompt: p.into(),
                     work: None,
+                    reads: Vec::new(),
                 },
             )
             .unwrap();
@@ -185,7 +186,8 @@ fn entries_without_schema_version_from_before_versioning_still_load() {
         entries[0].event,
         Event::TurnStart {
             prompt: "hi".into(),
-            work: None
+            work: None,
+            reads: Vec::new(),
         }
     );
 }

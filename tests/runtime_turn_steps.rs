@@ -172,3 +172,64 @@ fn a_task_from_before_a_reopen_is_refused() {
         Err(RuntimeError::TurnNotInFlight(_))
     ));
 }
+
+/// A work turn that reads pending messages (the API's turn: they are in
+/// its prompt) logs them in its `turn.start` and delivers them only with
+/// its `turn.complete` (seed 002): cut short — a failed step, then a
+/// crash — they stay pending; the retry of the work reads the very same
+/// messages (not one that arrived since) and delivers them with the turn.
+#[test]
+fn a_work_turn_delivers_what_it_read_only_when_it_completes_and_its_retry_reads_the_same() {
+    let sim = SimFs::new(SimConfig::new(8));
+    let mut rt = open(&sim, 2);
+    let a = rt.create_root("a", "").unwrap();
+    let b = rt.create_root("b", "").unwrap();
+    let m1 = rt.send_message(&b, &a, "first").unwrap();
+    let reads = vec![m1.clone()];
+    let started = rt
+        .start_turn(
+            &a,
+            "write_note about first",
+            TurnKind::WorkReading("api:w", &reads),
+        )
+        .unwrap();
+    let Started::Running(mut task, TurnStep::Call(_)) = started else {
+        panic!("expected a provider call first");
+    };
+    // The provider fails: the turn ends, nothing delivered.
+    let failed = rt.continue_turn(&mut task, CallResult::Provider(Err(ProviderError("down".into()))));
+    assert!(matches!(failed, Err(RuntimeError::Provider { .. })), "{failed:?}");
+    assert_eq!(rt.pending(&a).len(), 1);
+    assert_eq!(rt.started_work_reads(&a, "api:w").unwrap(), Some(&reads[..]));
+    // A second message arrives; then the process dies.
+    let m2 = rt.send_message(&b, &a, "second").unwrap();
+    drop(rt);
+    sim.restart(CrashMode::ProcessCrash);
+    let mut rt = open(&sim, 2);
+    let pending: Vec<_> = rt.pending(&a).iter().map(|m| m.id.clone()).collect();
+    assert_eq!(
+        pending,
+        [m1.clone(), m2.clone()],
+        "nothing delivered before the turn completed"
+    );
+    assert_eq!(rt.started_work_reads(&a, "api:w").unwrap(), Some(&reads[..]));
+    // The retry passes no ids: it reads what the first attempt read.
+    let started = rt
+        .start_turn(&a, "write_note about first", TurnKind::WorkReading("api:w", &[]))
+        .unwrap();
+    let Started::Running(task, TurnStep::Call(call)) = started else {
+        panic!("expected the turn to run");
+    };
+    finish(&mut rt, task, call);
+    let pending: Vec<_> = rt.pending(&a).iter().map(|m| m.id.clone()).collect();
+    assert_eq!(
+        pending,
+        std::slice::from_ref(&m2),
+        "the retry delivered what it read, and only that"
+    );
+    assert_eq!(rt.started_work_reads(&a, "api:w").unwrap(), None);
+    drop(rt);
+    let rt = open(&sim, 2);
+    let pending: Vec<_> = rt.pending(&a).iter().map(|m| m.id.clone()).collect();
+    assert_eq!(pending, [m2], "after a reboot too");
+}

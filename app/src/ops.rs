@@ -9,7 +9,8 @@
 //! The database guard is never held across a runtime call.
 
 use durable_agent::runtime::{
-    AgentId, OutsideCall, RuntimeError, Started, TreeError, TurnKind, TurnOutcome, TurnStep, TurnTask,
+    AgentId, MessageId, OutsideCall, RuntimeError, Started, TreeError, TurnKind, TurnOutcome, TurnStep,
+    TurnTask,
 };
 use durable_agent::store::activities::{ActivityStatus, ActivityStore};
 use durable_agent::store::tool_calls::{RunStatus, ToolCallStore};
@@ -282,6 +283,8 @@ pub struct PreparedTurn {
     pub agent: AgentId,
     pub prompt: String,
     pub work: Option<String>,
+    /// The pending messages in its prompt: delivered only with the turn.
+    pub reads: Vec<MessageId>,
     pub messages: usize,
 }
 
@@ -338,11 +341,14 @@ fn prepare_turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Prepa
         Some(w) => system.runtime().started_work_prompt(&id, w)?.map(str::to_string),
         None => None,
     };
-    let (prompt, messages) = match reopened {
-        Some(prompt) => (prompt, 0),
+    let (prompt, reads) = match reopened {
+        // The runtime reads what the first attempt read (its turn.start).
+        Some(prompt) => (prompt, Vec::new()),
         None => {
-            // Messages waiting for the agent are handed to it with this turn.
-            let messages = system.runtime_mut().deliver(&id)?;
+            // Messages waiting for the agent are in this turn's prompt; they
+            // count as delivered only with the turn (seed 002: a turn lost
+            // in a crash leaves them pending, never lost).
+            let messages = system.runtime().pending(&id).to_vec();
             let mut prompt = String::new();
             if !messages.is_empty() {
                 prompt.push_str("Messages for you:\n");
@@ -352,13 +358,21 @@ fn prepare_turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Prepa
                 prompt.push('\n');
             }
             prompt.push_str(&r.prompt);
-            (prompt, messages.len())
+            (prompt, messages.into_iter().map(|m| m.id).collect())
         }
+    };
+    let messages = match &work {
+        Some(w) => system
+            .runtime()
+            .started_work_reads(&id, w)?
+            .map_or(reads.len(), <[MessageId]>::len),
+        None => reads.len(),
     };
     Ok(PreparedTurn {
         agent: id,
         prompt,
         work,
+        reads,
         messages,
     })
 }
@@ -417,8 +431,8 @@ fn begin_turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnReq
     };
     let scope = lifecycle.turn_started(system, &p.agent, p.label());
     let kind = match &p.work {
-        None => TurnKind::Plain,
-        Some(work) => TurnKind::Work(work),
+        None => TurnKind::Consuming(&p.reads),
+        Some(work) => TurnKind::WorkReading(work, &p.reads),
     };
     let started = system.runtime_mut().start_turn(&p.agent, &p.prompt, kind);
     let ended = match started {

@@ -109,8 +109,11 @@ fn sigint_mid_job_stops_cleanly_and_resume_sends_nothing_twice() -> TestResult {
         w.sink.deliveries_len() == 1 && w.mock.requests().len() == 2
     })?;
     signal(&child, "INT")?;
-    // A second signal is debounced, not a second stop.
-    signal(&child, "INT")?;
+    // A second signal is not a second stop. Whether it reaches the handler
+    // at all is a race (POSIX merges it into the first while that one is
+    // pending; the process may already be exiting): the debounce itself is
+    // `interrupt`'s unit test; here it must change nothing.
+    let _ = signal(&child, "INT");
     let started = std::time::Instant::now();
     let out = finish(child)?;
     assert!(out.status.success(), "{out:?}");
@@ -121,7 +124,7 @@ fn sigint_mid_job_stops_cleanly_and_resume_sends_nothing_twice() -> TestResult {
     );
     let summary = out.json()?;
     assert_eq!(summary["outcome"], "interrupted", "{summary}");
-    assert!(out.stderr.contains("already stopping"), "{out:?}");
+    assert_eq!(out.stderr.matches("stopping the run").count(), 1, "{out:?}");
 
     let resumed = run(&["run", "--resume", "slow", "--config", path_str(&w.config)])?;
     assert!(resumed.status.success(), "{resumed:?}");

@@ -494,3 +494,54 @@ fn a_retried_work_turn_cut_mid_tool_keeps_its_keys_and_sends_nothing_twice() -> 
     assert!(finish(second)?.status.success());
     Ok(())
 }
+
+/// Seed 002 for API turns: the messages in a turn's prompt count as
+/// delivered only with the turn. A turn whose provider fails leaves them
+/// pending (the explicit hand-out before the turn lost them), and the
+/// next turn reads and delivers them.
+#[test]
+fn an_api_turn_that_fails_leaves_its_messages_pending_for_the_next() -> TestResult {
+    use durable_agent_cli::mock_llm::{Reply, Script};
+    let dir = tempfile::tempdir()?;
+    let replies = vec![Reply::status(400, None), Reply::text("read it")];
+    let mock = MockLlm::scripted(loopback(), Script::new(replies)?)?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let (mut serve, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    api.call("POST", "/agents", Some(&json!({"name": "boss"})))?;
+    api.call("POST", "/agents", Some(&json!({"name": "worker"})))?;
+    api.call(
+        "POST",
+        "/messages",
+        Some(&json!({"from": "boss", "to": "worker", "payload": "ship it"})),
+    )?;
+    let pending = |api: &durable_agent_cli::api::Client| -> Result<Value, Box<dyn std::error::Error>> {
+        let status = api.call("GET", "/status", None)?;
+        let agents = status["agents"].as_array().cloned().unwrap_or_default();
+        Ok(agents
+            .into_iter()
+            .find(|a| a["name"] == "worker")
+            .map_or(Value::Null, |a| a["pending_messages"].clone()))
+    };
+    let failed = api.call("POST", "/agents/worker/turn", Some(&json!({"prompt": "go"})));
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(pending(&api)?, 1, "a failed turn lost its message");
+    let done = api.call("POST", "/agents/worker/turn", Some(&json!({"prompt": "go"})))?;
+    assert_eq!(done["messages_delivered"], 1, "{done}");
+    assert_eq!(pending(&api)?, 0);
+    let asked = mock.request_bodies();
+    assert!(
+        asked.iter().all(|b| b.to_string().contains("ship it")),
+        "both attempts had the message in their prompt: {asked:?}"
+    );
+    signal(&serve, "TERM")?;
+    assert!(serve.wait()?.success());
+    Ok(())
+}

@@ -52,6 +52,12 @@ pub enum Event {
         /// completed one is never run again. Absent on older entries.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         work: Option<String>,
+        /// The pending messages a work turn reads (they are in its
+        /// prompt): they count as delivered only with its `turn.complete`,
+        /// and a retry of the work reads the same ones. Absent when none
+        /// (and on older entries).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        reads: Vec<MessageId>,
     },
     /// The open turn's provider round `round` and all its tool calls are
     /// done (their results logged): the loop checkpoint (seeds 000/003). A
@@ -305,10 +311,17 @@ mod tests {
             Event::TurnStart {
                 prompt: "p".into(),
                 work: None,
+                reads: Vec::new(),
             },
             Event::TurnStart {
                 prompt: "p".into(),
                 work: Some("trigger:k".into()),
+                reads: Vec::new(),
+            },
+            Event::TurnStart {
+                prompt: "p".into(),
+                work: Some("api:w".into()),
+                reads: vec![MessageId::from_hex("00000000000000aa").unwrap()],
             },
             Event::RoundComplete {
                 round: 1,

@@ -26,10 +26,11 @@ pub(crate) struct AgentSlot {
     /// Work ids (`turn.start`'s `work`) whose turn completed.
     pub done_work: BTreeSet<String>,
     /// Work ids whose turn started and never completed, with the prompt
-    /// it first started with: a retry of the work runs that prompt again,
-    /// so its calls keep their idempotency keys even after another turn
-    /// superseded the interrupted one (see [`super::Runtime::started_work_prompt`]).
-    pub started_work: BTreeMap<String, String>,
+    /// it first started with and the messages it read: a retry of the work
+    /// runs that prompt again, so its calls keep their idempotency keys even
+    /// after another turn superseded the interrupted one (see
+    /// [`super::Runtime::started_work_prompt`]).
+    pub started_work: BTreeMap<String, StartedWork>,
     /// The interrupted turn, up to its last completed round.
     pub open: Option<OpenTurn>,
     /// Consecutive failed provider calls (the attempt number of the next
@@ -39,4 +40,14 @@ pub(crate) struct AgentSlot {
     /// abandoned): the agent is pinned to its slot and refuses a second
     /// turn, eviction and termination until it ends. Process state.
     pub in_turn: Option<u64>,
+}
+
+/// A work turn that started and never completed (see
+/// [`AgentSlot::started_work`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartedWork {
+    pub prompt: String,
+    /// The pending messages it read (in its prompt), delivered only with
+    /// its `turn.complete`.
+    pub reads: Vec<MessageId>,
 }

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::log::{Event, LogEntry};
 
+use super::agent::StartedWork;
 use super::ids::{AgentId, MessageId};
 use super::provider::ToolRequest;
 use super::tools::ToolOutput;
@@ -86,7 +87,7 @@ fn replay_turns(entries: &[LogEntry]) -> (Vec<ConversationItem>, Option<OpenTurn
     let mut boundary = (1usize, 0u32);
     for entry in entries {
         match &entry.event {
-            Event::TurnStart { prompt, work } => {
+            Event::TurnStart { prompt, work, .. } => {
                 open = Some(vec![ConversationItem::Prompt { text: prompt.clone() }]);
                 head = Some((prompt.clone(), work.clone()));
                 boundary = (1, 0);
@@ -174,15 +175,19 @@ pub fn done_work_from_log(entries: &[LogEntry]) -> BTreeSet<String> {
 }
 
 /// The work ids whose turn started in `entries` and never completed, with
-/// the prompt each first started with (see `AgentSlot::started_work`).
-pub fn started_work_from_log(entries: &[LogEntry]) -> BTreeMap<String, String> {
+/// the prompt each first started with and the messages it read (see
+/// `AgentSlot::started_work`).
+pub fn started_work_from_log(entries: &[LogEntry]) -> BTreeMap<String, StartedWork> {
     let mut started = BTreeMap::new();
     let mut open: Option<Option<&String>> = None;
     for entry in entries {
         match &entry.event {
-            Event::TurnStart { prompt, work } => {
+            Event::TurnStart { prompt, work, reads } => {
                 if let Some(w) = work {
-                    started.entry(w.clone()).or_insert_with(|| prompt.clone());
+                    started.entry(w.clone()).or_insert_with(|| StartedWork {
+                        prompt: prompt.clone(),
+                        reads: reads.clone(),
+                    });
                 }
                 open = Some(work.as_ref());
             }
@@ -303,7 +308,25 @@ impl Runtime {
     /// arguments follow from the prompt), so the activity ledger then
     /// recognises an irreversible call the lost attempt already made.
     pub fn started_work_prompt(&self, agent: &AgentId, work: &str) -> Result<Option<&str>, RuntimeError> {
-        Ok(self.slot(agent)?.started_work.get(work).map(String::as_str))
+        Ok(self
+            .slot(agent)?
+            .started_work
+            .get(work)
+            .map(|s| s.prompt.as_str()))
+    }
+
+    /// The messages work `work` of `agent` read when it started, if it
+    /// started and never completed (see [`Runtime::started_work_prompt`]).
+    pub fn started_work_reads(
+        &self,
+        agent: &AgentId,
+        work: &str,
+    ) -> Result<Option<&[MessageId]>, RuntimeError> {
+        Ok(self
+            .slot(agent)?
+            .started_work
+            .get(work)
+            .map(|s| s.reads.as_slice()))
     }
 
     /// Every work `agent` started and never completed, with the prompt it
@@ -314,7 +337,7 @@ impl Runtime {
         Ok(slot
             .started_work
             .iter()
-            .map(|(work, prompt)| (work.as_str(), prompt.as_str()))
+            .map(|(work, started)| (work.as_str(), started.prompt.as_str()))
             .collect())
     }
 

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use crate::canary::Canary;
 use crate::log::Event;
 
+use super::agent::StartedWork;
 use super::ids::{AgentId, MessageId, SessionId};
 use super::provider::{Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
 use super::tools::{
@@ -53,6 +54,11 @@ pub enum TurnKind<'a> {
     /// The turn performing this work, at most once (see
     /// [`Runtime::run_work_turn`]).
     Work(&'a str),
+    /// The turn performing this work that reads these pending messages
+    /// (they are in its prompt): logged in its `turn.start`, delivered
+    /// only with its `turn.complete`. A retry of work that started before
+    /// reads what the first attempt read, whatever is passed here.
+    WorkReading(&'a str, &'a [MessageId]),
 }
 
 /// What [`Runtime::start_turn`] did.
@@ -201,26 +207,32 @@ impl Runtime {
         kind: TurnKind<'_>,
     ) -> Result<Started, RuntimeError> {
         self.live()?;
+        let pending_of = |rt: &Runtime, ids: &[MessageId]| -> Vec<MessageId> {
+            rt.inbox
+                .peek(agent)
+                .iter()
+                .filter(|m| ids.contains(&m.id))
+                .map(|m| m.id.clone())
+                .collect()
+        };
         let (work, consumed) = match kind {
             TurnKind::Plain => (None, Vec::new()),
             TurnKind::Consuming(ids) => {
                 self.slot(agent)?;
-                let pending: Vec<MessageId> = self
-                    .inbox
-                    .peek(agent)
-                    .iter()
-                    .filter(|m| ids.contains(&m.id))
-                    .map(|m| m.id.clone())
-                    .collect();
-                (None, pending)
+                (None, pending_of(self, ids))
             }
-            TurnKind::Work(work) => {
+            TurnKind::Work(work) | TurnKind::WorkReading(work, _) => {
                 // Canary: forget which work completed, so a lost ack re-runs it.
                 let rerun = self.config.canaries.has(Canary::TriggerTurnRerun);
                 if self.work_done(agent, work)? && !rerun {
                     return Ok(Started::AlreadyDone);
                 }
-                (Some(work.to_string()), Vec::new())
+                let reads = match (kind, self.slot(agent)?.started_work.get(work)) {
+                    (_, Some(started)) => started.reads.clone(),
+                    (TurnKind::WorkReading(_, ids), None) => ids.to_vec(),
+                    _ => Vec::new(),
+                };
+                (Some(work.to_string()), pending_of(self, &reads))
             }
         };
         if self.slot(agent)?.in_turn.is_some() {
@@ -344,16 +356,26 @@ impl Runtime {
                 tracing::info!(%agent, round, "resuming an interrupted turn");
             }
             None => {
+                // A work turn's reads are part of what it started with.
+                let reads = if work.is_some() {
+                    consumed.clone()
+                } else {
+                    Vec::new()
+                };
                 self.log_to(
                     agent,
                     Event::TurnStart {
                         prompt: prompt.to_string(),
                         work: work.clone(),
+                        reads: reads.clone(),
                     },
                 )?;
                 if let Some(w) = &work {
                     let started = &mut self.slot_mut(agent)?.started_work;
-                    started.entry(w.clone()).or_insert_with(|| prompt.to_string());
+                    started.entry(w.clone()).or_insert_with(|| StartedWork {
+                        prompt: prompt.to_string(),
+                        reads,
+                    });
                 }
             }
         }
