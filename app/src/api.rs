@@ -55,6 +55,7 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
         ("POST", ["agents", name, "turn"]) => Ok(Request::Turn(decode(name)?, parse(body)?)),
         ("POST", ["messages"]) => parse(body).map(Request::Message),
         ("POST", ["triggers"]) => parse(body).map(Request::Emit),
+        ("POST", ["triggers", id, "retry"]) => Ok(Request::RetryTrigger(decode(id)?)),
         ("GET", ["status"]) => Ok(Request::Status),
         ("POST", ["confirm"]) => parse(body).map(Request::Confirm),
         ("POST", ["schedules"]) => parse(body).map(Request::AddSchedule),
@@ -66,6 +67,7 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
             | ["agents", _, "turn"]
             | ["messages"]
             | ["triggers"]
+            | ["triggers", _, "retry"]
             | ["status"]
             | ["confirm"]
             | ["schedules"]
@@ -187,6 +189,11 @@ mod tests {
     #[test]
     fn routes_and_refusals() {
         assert!(matches!(route("GET", "/status", ""), Ok(Request::Status)));
+        assert!(matches!(
+            route("POST", "/triggers/trg-3/retry", ""),
+            Ok(Request::RetryTrigger(id)) if id == "trg-3"
+        ));
+        assert!(matches!(route("GET", "/triggers/trg-3/retry", ""), Err(r) if r.status == 405));
         assert!(matches!(
             route("POST", "/agents/my%20bot/turn", r#"{"prompt":"hi"}"#),
             Ok(Request::Turn(name, _)) if name == "my bot"

@@ -107,6 +107,14 @@ enum Command {
         #[arg(long)]
         fire_at_ms: Option<u64>,
     },
+    /// Retry a DEAD or FAILED trigger (listed by `status`): PENDING now,
+    /// its attempts reset.
+    Retry {
+        #[arg(long)]
+        config: PathBuf,
+        /// The trigger's id (`trg-N`).
+        trigger_id: String,
+    },
     /// Tell the ledger whether an irreversible call that needs confirmation
     /// happened (look it up with `status`, at the receiving service). The
     /// work blocked on it (a trigger's turn) then runs again and resumes
@@ -156,6 +164,14 @@ fn main() -> ExitCode {
         }
         Command::Serve { config } => serve(&config).map(|()| ExitCode::SUCCESS),
         Command::Status { config } => control(&config, "GET", "/status", None),
+        Command::Retry { config, trigger_id } => {
+            // The id goes into the path: only what an id can hold.
+            if trigger_id.is_empty() || !trigger_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+                Err(format!("not a trigger id: {trigger_id:?}"))
+            } else {
+                control(&config, "POST", &format!("/triggers/{trigger_id}/retry"), None)
+            }
+        }
         Command::Emit {
             config,
             dedup_key,

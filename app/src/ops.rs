@@ -101,6 +101,8 @@ pub enum Request {
     Emit(EmitRequest),
     Status,
     Confirm(ConfirmRequest),
+    /// A human retries a DEAD or FAILED trigger (attempts reset).
+    RetryTrigger(String),
     AddSchedule(Schedule),
     DeleteSchedule(String),
 }
@@ -215,6 +217,7 @@ pub fn apply(
         Request::Message(r) => message(system, r),
         Request::Emit(r) => emit(system, r),
         Request::Confirm(r) => confirm(system, r),
+        Request::RetryTrigger(id) => retry_trigger(system, &id),
     }
 }
 
@@ -540,6 +543,16 @@ fn confirm(system: &mut System, r: ConfirmRequest) -> Result<Value, OpError> {
             "no activity with key {:?}",
             r.idem_key
         ))),
+        Err(SystemError::Store(e @ StoreError::WrongState { .. })) => Err(OpError::Conflict(e.to_string())),
+        Err(SystemError::Store(e)) => Err(e.into()),
+        Err(e) => Err(OpError::UnknownOutcome(e.to_string())),
+    }
+}
+
+fn retry_trigger(system: &mut System, id: &str) -> Result<Value, OpError> {
+    match system.retry_trigger(id) {
+        Ok(t) => Ok(json!({"id": t.id, "status": t.status.as_str(), "attempts": t.attempts})),
+        Err(SystemError::Store(e @ StoreError::NotFound { .. })) => Err(OpError::NotFound(e.to_string())),
         Err(SystemError::Store(e @ StoreError::WrongState { .. })) => Err(OpError::Conflict(e.to_string())),
         Err(SystemError::Store(e)) => Err(e.into()),
         Err(e) => Err(OpError::UnknownOutcome(e.to_string())),

@@ -545,3 +545,64 @@ fn an_api_turn_that_fails_leaves_its_messages_pending_for_the_next() -> TestResu
     assert!(serve.wait()?.success());
     Ok(())
 }
+
+/// A trigger the daemon gave up on is listed by `status` and retried by a
+/// human with `durable-agent retry` (the CLI asks the daemon's API, which
+/// holds the root): PENDING again, attempts reset, and it fires.
+#[test]
+fn a_failed_trigger_is_retried_through_the_cli_and_fires() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mock = MockLlm::echo(loopback())?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let (mut serve, url) = start_serve(&config)?;
+    let api = client(&url)?;
+    // Its agent is gone when it fires: FAILED, not retried by itself.
+    api.call("POST", "/agents", Some(&json!({"name": "x"})))?;
+    let emitted = api.call(
+        "POST",
+        "/triggers",
+        Some(&json!({"dedup_key": "once", "agent": "x", "prompt": "hello", "delay_ms": 300})),
+    )?;
+    let id = emitted["id"].as_str().ok_or("id")?.to_string();
+    api.call("DELETE", "/agents/x", None)?;
+    let mut status = Value::Null;
+    wait_for("the trigger to fail", || {
+        status = api.call("GET", "/status", None).unwrap_or(Value::Null);
+        trigger_statuses(&status).contains(&("once".to_string(), "FAILED".to_string()))
+    })?;
+    // Not a trigger id: refused before anything is asked.
+    let bad = run(&["retry", "../x", "--config", path_str(&config)])?;
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert!(bad.stderr.contains("not a trigger id"), "{bad:?}");
+    // The human fixes the cause and retries it.
+    api.call("POST", "/agents", Some(&json!({"name": "x"})))?;
+    let retried = run(&["retry", &id, "--config", path_str(&config)])?;
+    assert!(retried.status.success(), "{retried:?}");
+    let answer = retried.json()?;
+    assert_eq!(
+        (answer["status"].as_str(), answer["attempts"].as_u64()),
+        (Some("PENDING"), Some(0)),
+        "{answer}"
+    );
+    wait_for("the retried trigger to fire", || {
+        status = api.call("GET", "/status", None).unwrap_or(Value::Null);
+        trigger_statuses(&status).contains(&("once".to_string(), "DONE".to_string()))
+    })?;
+    // A DONE trigger is not retried: 409, named.
+    let again = run(&["retry", &id, "--config", path_str(&config)])?;
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    assert!(
+        again.stderr.contains("409") && again.stderr.contains("DONE"),
+        "{again:?}"
+    );
+    signal(&serve, "TERM")?;
+    assert!(serve.wait()?.success());
+    Ok(())
+}
