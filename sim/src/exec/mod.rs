@@ -13,7 +13,7 @@ use durable_agent::fs::Fault;
 use serde::{Deserialize, Serialize};
 
 use crate::driver::{installed_disk, Driver};
-use crate::model::{Model, State, Status};
+use crate::model::Model;
 use crate::op::{CrashKind, FaultKind, Op};
 use crate::oracle;
 use crate::report::Failure;
@@ -86,14 +86,6 @@ pub struct Exec {
     /// The side the oracle accepted at the first restart after an
     /// injected crash was hit (what a sweep's picture colours a cell by).
     crash_side: Option<oracle::Side>,
-}
-
-fn suspended(state: &State) -> State {
-    let mut s = state.clone();
-    for a in s.agents.values_mut() {
-        a.status = Status::Suspended;
-    }
-    s
 }
 
 impl Exec {
@@ -359,8 +351,9 @@ impl Exec {
             return Err(self.fail("an invariant broke", violations.join("\n"), None));
         }
         let full_outbox = state.outbox.clone();
-        let mut recovered = suspended(&state);
-        let mut expected = suspended(&self.model.state);
+        // Residency too: the model's LRU evicts as the runtime's slots do.
+        let mut recovered = state.clone();
+        let mut expected = self.model.state.clone();
         // Effects of unknown fate (R4) are compared by the oracle and I4
         // only; one that shows up now becomes known.
         let maybe = &self.model.maybe_effects;
@@ -375,7 +368,7 @@ impl Exec {
         if recovered != expected {
             return Err(self.fail(
                 "the runtime diverged from the model with no crash",
-                "state after the op differs (session residency ignored)".into(),
+                "state after the op differs (residency included)".into(),
                 Some((expected, recovered)),
             ));
         }

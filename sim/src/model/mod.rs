@@ -183,6 +183,10 @@ pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
     format!("p{n}:{script}")
 }
 
+/// Provider slots of the system under test (`SystemConfig::new`'s 3): the
+/// model's LRU evicts as the runtime's does.
+pub const SLOTS: usize = 3;
+
 /// The model: acknowledged state plus the counter that names new things.
 /// The counter is harness bookkeeping, never compared with the runtime.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -205,6 +209,10 @@ pub struct Model {
     /// Triggers whose turn completed (durably), by key. Bookkeeping.
     #[serde(default)]
     pub done_work: BTreeSet<String>,
+    /// Resident agents, least recently used first: the runtime's provider
+    /// slots ([`SLOTS`]), so residency is compared exactly. Bookkeeping.
+    #[serde(default)]
+    pub lru: Vec<String>,
     /// Keys a process claimed before a restart (a zombie may ack them).
     /// Bookkeeping.
     #[serde(default)]
@@ -236,10 +244,40 @@ impl Model {
             .any(|a| a.parent.as_deref() == Some(name))
     }
 
-    /// A completed turn of `agent` and its irreversible effects.
-    fn add_turn(&mut self, agent: &str, prompt: &str, tools: &[ToolStep], response: &str) {
+    /// Suspend least recently used agents (never `keep`) until one more
+    /// fits in the [`SLOTS`] (the runtime's `make_room`).
+    fn make_room(&mut self, keep: Option<&str>) {
+        while self.lru.len() >= SLOTS {
+            let Some(i) = self.lru.iter().position(|a| Some(a.as_str()) != keep) else {
+                break;
+            };
+            let victim = self.lru.remove(i);
+            if let Some(a) = self.state.agents.get_mut(&victim) {
+                a.status = Status::Suspended;
+            }
+        }
+    }
+
+    /// `agent` is used (a turn, a restore): resident and most recently
+    /// used, restored into a slot if it was suspended (the runtime's
+    /// `acquire`).
+    fn touch(&mut self, agent: &str) {
+        if let Some(i) = self.lru.iter().position(|a| a == agent) {
+            let a = self.lru.remove(i);
+            self.lru.push(a);
+            return;
+        }
+        self.make_room(Some(agent));
+        self.lru.push(agent.to_string());
         if let Some(a) = self.state.agents.get_mut(agent) {
             a.status = Status::Resident;
+        }
+    }
+
+    /// A completed turn of `agent` and its irreversible effects.
+    fn add_turn(&mut self, agent: &str, prompt: &str, tools: &[ToolStep], response: &str) {
+        self.touch(agent);
+        if let Some(a) = self.state.agents.get_mut(agent) {
             a.turns.push(Turn {
                 prompt: prompt.to_string(),
                 tools: tools.to_vec(),
@@ -339,10 +377,14 @@ impl Model {
         };
         match action {
             Action::CreateRoot { name } => {
-                agents.insert(name.clone(), fresh(None));
+                self.make_room(None);
+                self.lru.push(name.clone());
+                self.state.agents.insert(name.clone(), fresh(None));
             }
             Action::SpawnChild { parent, name } => {
-                agents.insert(name.clone(), fresh(Some(parent.clone())));
+                self.make_room(None);
+                self.lru.push(name.clone());
+                self.state.agents.insert(name.clone(), fresh(Some(parent.clone())));
             }
             Action::RunTurn {
                 agent,
@@ -388,17 +430,15 @@ impl Model {
                 }
             }
             Action::Evict { agent } => {
+                self.lru.retain(|a| a != agent);
                 if let Some(a) = agents.get_mut(agent) {
                     a.status = Status::Suspended;
                 }
             }
-            Action::Restore { agent } => {
-                if let Some(a) = agents.get_mut(agent) {
-                    a.status = Status::Resident;
-                }
-            }
+            Action::Restore { agent } => self.touch(agent),
             Action::Terminate { agent } => {
-                agents.remove(agent);
+                self.lru.retain(|a| a != agent);
+                self.state.agents.remove(agent);
             }
             Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } | Action::StaleAck { .. } => {
                 self.apply_trigger(action)
@@ -419,10 +459,12 @@ impl Model {
     pub fn blocked(&self, action: &Action) -> Option<Model> {
         let mut m = self.clone();
         match action {
-            Action::RunTurn { agent, .. } if self.lost_turns.get(agent) == Some(action) => {}
-            Action::Fire { key, .. }
+            // The turn took its agent's slot before it stopped.
+            Action::RunTurn { agent, .. } if self.lost_turns.get(agent) == Some(action) => m.touch(agent),
+            Action::Fire { key, agent, .. }
                 if self.fire_work.get(key) == Some(action) && !self.done_work.contains(key) =>
             {
+                m.touch(agent);
                 let t = m.state.triggers.iter_mut().find(|t| &t.key == key)?;
                 t.status = TriggerStatus::Failed;
                 t.attempts += 1;
@@ -440,6 +482,7 @@ impl Model {
         for a in m.state.agents.values_mut() {
             a.status = Status::Suspended;
         }
+        m.lru.clear();
         // Boot reclaims every lease (the root lock proves their holders
         // dead); a zombie holder may still try to ack.
         for t in &mut m.state.triggers {
