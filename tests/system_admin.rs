@@ -14,7 +14,7 @@ use durable_agent::runtime::{
     WorkTurn,
 };
 use durable_agent::store::activities::{ActivityOutcome, ActivityStatus, IrreversibleCall};
-use durable_agent::store::tool_calls::{NewToolCall, ReplayOutcome, SideEffect, ToolCallStore};
+use durable_agent::store::tool_calls::{NewToolCall, ReplayOutcome, RunStatus, SideEffect, ToolCallStore};
 use durable_agent::store::triggers::{EmitOutcome, TriggerPolicy, TriggerSource, TriggerSpec, TriggerStatus};
 use durable_agent::store::StoreError;
 use durable_agent::system::{
@@ -397,6 +397,35 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
     assert_eq!(waiting[0].run.run_id, "run-stuck");
     assert_eq!(waiting[0].in_flight.len(), 1);
     assert_eq!(waiting[0].in_flight[0].error.as_deref(), Some("still failing"));
+
+    // The human fixed the cause and releases it: running again, its
+    // stuck call's replay count restarted (a full set of replays ahead).
+    let released = system.release_run("run-stuck").expect("release");
+    assert_eq!(released.status, RunStatus::Running);
+    assert!(system.waiting_for_human().expect("list").is_empty());
+    {
+        let db = system.db();
+        let call = store.get(db.conn(), "call-1").expect("get").expect("call");
+        assert_eq!(call.replay_attempts, 0);
+        // (The system's ledger allows 3 replays: the count starts over.)
+        let again = ToolCallStore::default()
+            .record_replay(db.conn(), "call-1", Err("failing once more"), 3)
+            .expect("replay");
+        assert_eq!(
+            again,
+            ReplayOutcome::WillRetry { replay_attempts: 1 },
+            "not parked at once"
+        );
+    }
+    assert_eq!(
+        wrong_state(system.release_run("run-stuck").unwrap_err()),
+        "running",
+        "only a parked run is released"
+    );
+    assert!(matches!(
+        system.release_run("run-404"),
+        Err(SystemError::Store(StoreError::NotFound { .. }))
+    ));
 }
 
 #[test]

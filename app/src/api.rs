@@ -56,6 +56,7 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
         ("POST", ["messages"]) => parse(body).map(Request::Message),
         ("POST", ["triggers"]) => parse(body).map(Request::Emit),
         ("POST", ["triggers", id, "retry"]) => Ok(Request::RetryTrigger(decode(id)?)),
+        ("POST", ["runs", id, "release"]) => Ok(Request::ReleaseRun(decode(id)?)),
         ("GET", ["status"]) => Ok(Request::Status),
         ("POST", ["confirm"]) => parse(body).map(Request::Confirm),
         ("POST", ["schedules"]) => parse(body).map(Request::AddSchedule),
@@ -68,6 +69,7 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
             | ["messages"]
             | ["triggers"]
             | ["triggers", _, "retry"]
+            | ["runs", _, "release"]
             | ["status"]
             | ["confirm"]
             | ["schedules"]
@@ -194,6 +196,10 @@ mod tests {
             Ok(Request::RetryTrigger(id)) if id == "trg-3"
         ));
         assert!(matches!(route("GET", "/triggers/trg-3/retry", ""), Err(r) if r.status == 405));
+        assert!(matches!(
+            route("POST", "/runs/session%3Aab/release", ""),
+            Ok(Request::ReleaseRun(id)) if id == "session:ab"
+        ));
         assert!(matches!(
             route("POST", "/agents/my%20bot/turn", r#"{"prompt":"hi"}"#),
             Ok(Request::Turn(name, _)) if name == "my bot"

@@ -115,6 +115,15 @@ enum Command {
         /// The trigger's id (`trg-N`).
         trigger_id: String,
     },
+    /// Release a run parked `waiting_for_human` (listed by `status`) once
+    /// what made its replays fail is fixed: `running` again, its stuck
+    /// calls' replay counts reset; resuming the work replays them.
+    Release {
+        #[arg(long)]
+        config: PathBuf,
+        /// The run's id (`session:{id}` or a job run's id).
+        run_id: String,
+    },
     /// Tell the ledger whether an irreversible call that needs confirmation
     /// happened (look it up with `status`, at the receiving service). The
     /// work blocked on it (a trigger's turn) then runs again and resumes
@@ -164,6 +173,12 @@ fn main() -> ExitCode {
         }
         Command::Serve { config } => serve(&config).map(|()| ExitCode::SUCCESS),
         Command::Status { config } => control(&config, "GET", "/status", None),
+        Command::Release { config, run_id } => control(
+            &config,
+            "POST",
+            &format!("/runs/{}/release", path_segment(&run_id)),
+            None,
+        ),
         Command::Retry { config, trigger_id } => {
             // The id goes into the path: only what an id can hold.
             if trigger_id.is_empty() || !trigger_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
@@ -208,6 +223,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `s` as one URL path segment: unreserved characters as they are, every
+/// other byte percent-escaped (the API decodes it back).
+fn path_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn mock_llm(script: Option<PathBuf>, listen: SocketAddr) -> Result<(), String> {

@@ -103,6 +103,8 @@ pub enum Request {
     Confirm(ConfirmRequest),
     /// A human retries a DEAD or FAILED trigger (attempts reset).
     RetryTrigger(String),
+    /// A human releases a run parked `waiting_for_human` (replays reset).
+    ReleaseRun(String),
     AddSchedule(Schedule),
     DeleteSchedule(String),
 }
@@ -218,6 +220,7 @@ pub fn apply(
         Request::Emit(r) => emit(system, r),
         Request::Confirm(r) => confirm(system, r),
         Request::RetryTrigger(id) => retry_trigger(system, &id),
+        Request::ReleaseRun(id) => release_run(system, &id),
     }
 }
 
@@ -559,6 +562,16 @@ fn retry_trigger(system: &mut System, id: &str) -> Result<Value, OpError> {
     }
 }
 
+fn release_run(system: &mut System, id: &str) -> Result<Value, OpError> {
+    match system.release_run(id) {
+        Ok(run) => Ok(json!({"run_id": run.run_id, "status": run.status.as_str()})),
+        Err(SystemError::Store(e @ StoreError::NotFound { .. })) => Err(OpError::NotFound(e.to_string())),
+        Err(SystemError::Store(e @ StoreError::WrongState { .. })) => Err(OpError::Conflict(e.to_string())),
+        Err(SystemError::Store(e)) => Err(e.into()),
+        Err(e) => Err(OpError::UnknownOutcome(e.to_string())),
+    }
+}
+
 /// Agents, triggers by status, activities needing confirmation, runs.
 pub fn status(system: &mut System) -> Result<Value, OpError> {
     let state = system.runtime().state();
@@ -597,7 +610,21 @@ pub fn status(system: &mut System) -> Result<Value, OpError> {
         .collect();
     let store = ToolCallStore::default();
     let mut runs = Vec::new();
+    // Runs parked after their replays kept failing, with the stuck calls:
+    // `POST /runs/{id}/release` (`durable-agent release`) once fixed.
+    let mut waiting = Vec::new();
     for run_id in store.run_ids(conn.conn())? {
+        if let Some(run) = store
+            .get_run(conn.conn(), &run_id)?
+            .filter(|r| r.status == RunStatus::WaitingForHuman)
+        {
+            let stuck: Vec<Value> = store
+                .in_flight(conn.conn(), &run_id)?
+                .into_iter()
+                .map(|c| json!({"call_id": c.id, "tool": c.raw_tool_name, "error": c.error, "replay_attempts": c.replay_attempts}))
+                .collect();
+            waiting.push(json!({"run_id": run.run_id, "in_flight": stuck}));
+        }
         // Job runs only: the tool-call ledger also keeps one run per agent
         // session (`session:{id}`), which is bookkeeping, not a job.
         if let Some(run) = store
@@ -612,6 +639,7 @@ pub fn status(system: &mut System) -> Result<Value, OpError> {
         "agents": agents,
         "triggers": triggers,
         "needs_confirmation": needs_confirmation,
+        "waiting_for_human": waiting,
         "runs": runs,
     }))
 }

@@ -189,6 +189,7 @@ fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resendi
         "{status}"
     );
     assert_eq!(status["runs"][0]["status"], "waiting_for_human");
+    assert_eq!(status["waiting_for_human"][0]["run_id"], "killed", "{status}");
     let confirmed = run(&[
         "confirm",
         &key,
@@ -217,6 +218,14 @@ fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resendi
     assert_eq!(w.sink.requests(), 1, "sent again after the human said delivered");
     let status = run(&["status", "--config", path_str(&w.config)])?.json()?;
     assert_eq!(status["runs"][0]["status"], "succeeded");
+    assert_eq!(status["waiting_for_human"], json!([]), "{status}");
+    // Only a parked run can be released; an unknown one is named.
+    let late = run(&["release", "killed", "--config", path_str(&w.config)])?;
+    assert_eq!(late.status.code(), Some(1), "{late:?}");
+    assert!(late.stderr.contains("succeeded"), "{late:?}");
+    let unknown = run(&["release", "no such/run", "--config", path_str(&w.config)])?;
+    assert_eq!(unknown.status.code(), Some(1), "{unknown:?}");
+    assert!(unknown.stderr.contains("no such/run"), "{unknown:?}");
     Ok(())
 }
 

@@ -151,6 +151,15 @@ impl System {
         Ok(waiting)
     }
 
+    /// A human releases a run parked `waiting_for_human` (see
+    /// `ToolCallStore::release`): `running` again, its in-flight calls'
+    /// replay counts reset, so resuming the work replays them again.
+    pub fn release_run(&self, run_id: &str) -> Result<RunRecord, SystemError> {
+        let now = self.now_ms();
+        let db = self.db();
+        Ok(ToolCallStore::default().release(db.conn(), run_id, now)?)
+    }
+
     /// Collect settled rows older than `ttl_ms` (use [`DEFAULT_GC_TTL_MS`]
     /// unless you know every retry and resume horizon is shorter): DONE,
     /// FAILED and DEAD triggers, then DONE and FAILED ledger rows — except

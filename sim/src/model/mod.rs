@@ -384,7 +384,9 @@ impl Model {
             Action::SpawnChild { parent, name } => {
                 self.make_room(None);
                 self.lru.push(name.clone());
-                self.state.agents.insert(name.clone(), fresh(Some(parent.clone())));
+                self.state
+                    .agents
+                    .insert(name.clone(), fresh(Some(parent.clone())));
             }
             Action::RunTurn {
                 agent,

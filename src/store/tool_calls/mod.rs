@@ -289,6 +289,43 @@ impl ToolCallStore {
         self.select(conn, "WHERE run_id = ?1 ORDER BY created_at, rowid", run_id)
     }
 
+    /// A human releases run `run_id` parked `waiting_for_human` (they fixed
+    /// what made its replays fail): `running` again, and its in-flight
+    /// calls' replay counts restart at 0, so the next resume replays them
+    /// `max_replays` more times. One transaction; a run in any other state
+    /// is [`StoreError::WrongState`], unchanged.
+    pub fn release(&self, conn: &Connection, run_id: &str, now_ms: u64) -> Result<RunRecord, StoreError> {
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+            .map_err(sql("run release begin"))?;
+        let run = self.get_run(&tx, run_id)?.ok_or_else(|| StoreError::NotFound {
+            table: "runs",
+            id: run_id.to_string(),
+        })?;
+        if run.status != RunStatus::WaitingForHuman {
+            return Err(StoreError::WrongState {
+                table: "runs",
+                id: run_id.to_string(),
+                op: "release",
+                expected: "waiting_for_human",
+                actual: run.status.as_str().to_string(),
+            });
+        }
+        set_run_status(&tx, run_id, RunStatus::Running, now_ms)?;
+        tx.execute(
+            "UPDATE tool_calls SET replay_attempts = 0, updated_at = ?2 \
+             WHERE run_id = ?1 AND status IN ('prepared', 'running')",
+            params![run_id, now_ms],
+        )
+        .map_err(sql("run release calls"))?;
+        let released = self.get_run(&tx, run_id)?.ok_or_else(|| StoreError::NotFound {
+            table: "runs",
+            id: run_id.to_string(),
+        })?;
+        tx.commit().map_err(sql("run release commit"))?;
+        tracing::info!(run_id, "run released by a human");
+        Ok(released)
+    }
+
     /// Record one forced replay of in-flight call `id`. Success updates the
     /// original row; the `max_replays`-th failure parks the run.
     pub fn record_replay(
