@@ -290,3 +290,60 @@ fn unsealed_lines_load_when_older_and_are_refused_when_current() {
         "a current line must carry its checksum"
     );
 }
+
+/// A power cut may persist an unacknowledged append's pages out of order:
+/// a complete last line with a hole of zeros. When `events.pending` holds
+/// that entry whole (same length, next `seq`), the line is cut and the
+/// entry replayed from it; without the pending copy, or anywhere but the
+/// last line, the same damage is corruption, reported with its offset.
+#[test]
+fn a_damaged_last_line_that_events_pending_holds_is_replayed_from_it() {
+    let entry = log::LogEntry {
+        schema_version: SCHEMA_VERSION,
+        session_id: sid(),
+        seq: 3,
+        ts: 4,
+        event: Event::TurnComplete {
+            response: "d".into(),
+            delivered: Vec::new(),
+        },
+    };
+    let line = entry.to_line().unwrap();
+    assert!(line.ends_with('\n'));
+    let mut holed = line.clone().into_bytes();
+    holed[..12].fill(0);
+    for (with_pending, then_another) in [(true, false), (false, false), (true, true)] {
+        let case = format!("pending={with_pending} another line after={then_another}");
+        let (sim, dir, lines) = log_with_three();
+        let path = dir.join(EVENTS_FILE);
+        let offset: usize = lines.iter().map(String::len).sum();
+        if with_pending {
+            let pending = dir.join(PENDING_FILE);
+            sim.open(&pending, OpenMode::Truncate, "t").unwrap();
+            sim.write_at(&pending, 0, line.as_bytes(), "t").unwrap();
+        }
+        sim.append(&path, &holed, "holed append").unwrap();
+        if then_another {
+            sim.append(&path, lines[0].as_bytes(), "t").unwrap();
+        }
+        match (repair(&sim, &dir), with_pending && !then_another) {
+            (Ok((entries, report)), true) => {
+                assert_eq!(entries.len(), 4, "{case}");
+                assert_eq!(entries[3], entry, "{case}");
+                assert!(report.pending_replayed, "{case}");
+                assert_eq!(report.truncated_at, Some(offset as u64), "{case}");
+                assert_eq!(report.truncated_bytes, line.len() as u64, "{case}");
+                assert!(!sim.exists(&dir.join(PENDING_FILE), "t").unwrap(), "{case}");
+            }
+            (
+                Err(LogError::Corrupt {
+                    line: 4, offset: at, ..
+                }),
+                false,
+            ) => {
+                assert_eq!(at, offset as u64, "{case}");
+            }
+            (other, _) => panic!("{case}: {other:?}"),
+        }
+    }
+}

@@ -53,8 +53,11 @@
 //!   with the typed corruption error naming exactly that file, that line
 //!   and the byte offset the line starts at; or, if the boot never read
 //!   the file (a record-less orphan directory it removes unread), it may
-//!   succeed. Never `Ok` after reading the damaged line, never another
-//!   error. Then the bit is restored (an operator's restore from backup)
+//!   succeed; or, if the line is the log's last and `events.pending` holds
+//!   its whole entry (an append never acknowledged: the crash fell between
+//!   its fsync and the pending unlink), the boot may replace the line from
+//!   that copy ([`RotVerdict::Replaced`]: the flipped byte is back). Never
+//!   `Ok` after reading the damaged line as data, never another error. Then the bit is restored (an operator's restore from backup)
 //!   and the same disk is booted again, judged as any restart. Only the
 //!   line's content can rot here: a flipped final newline makes a durable
 //!   line look like a torn, unacknowledged tail, which no reader can tell
@@ -87,18 +90,26 @@ pub enum RotVerdict {
     Refused,
     /// Booted without ever reading the rotted file.
     Unread,
+    /// Booted after replacing the rotted line with the whole copy
+    /// `events.pending` held (the line was the last one, of an append
+    /// never acknowledged): the flipped byte is back to its value, and
+    /// nothing damaged was read as data.
+    Replaced,
 }
 
 /// R6: judge a boot of a disk with one flipped bit. `opened` is the boot's
 /// result, `named` the damaged line its error reported (if typed as a
-/// corruption), `read` whether it read the rotted file at all.
+/// corruption), `read` whether it read the rotted file at all,
+/// `replaced` whether the flipped byte holds its original value again.
 pub fn judge_rot(
     rot: &crate::rot::Rot,
     opened: &Result<(), String>,
     named: Option<&durable_agent::system::CorruptLine>,
     read: bool,
+    replaced: bool,
 ) -> Result<RotVerdict, String> {
     match (opened, named) {
+        (Ok(()), _) if read && replaced => Ok(RotVerdict::Replaced),
         (Err(_), Some(n)) if n.path == rot.path && n.line == rot.line && n.offset == rot.line_offset => {
             Ok(RotVerdict::Refused)
         }

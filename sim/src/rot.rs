@@ -33,6 +33,8 @@ pub struct Rot {
     /// The disk's point count when the bit flipped (reads after it are
     /// the boot's).
     pub at_point: u64,
+    /// The byte's value before the flip.
+    pub original: u8,
 }
 
 /// Files that carry checksummed lines: event logs and session records.
@@ -72,6 +74,7 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
     let (path, line, start, end) = lines[rng.random_range(0..lines.len())];
     let byte = rng.random_range(start..end);
     let mask = 1u8 << rng.random_range(0..8);
+    let original = *disk.get(path)?.get(byte)?;
     fs.rot(path, byte as u64, mask).ok()?;
     Some(Rot {
         path: path.clone(),
@@ -80,6 +83,7 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
         byte_offset: byte as u64,
         mask,
         at_point: fs.points(),
+        original,
     })
 }
 
@@ -90,6 +94,14 @@ impl Rot {
         fs.trace_from(self.at_point + 1)
             .iter()
             .any(|e| matches!(e.op, IoOp::Read | IoOp::ReadAt) && e.path == shown)
+    }
+
+    /// Whether the flipped byte holds its original value again: recovery
+    /// replaced the line (see [`crate::oracle::RotVerdict::Replaced`]).
+    pub fn replaced(&self, fs: &SimFs) -> bool {
+        let disk = fs.disk_image_where(|p| p == self.path);
+        let at = usize::try_from(self.byte_offset).unwrap_or(usize::MAX);
+        disk.get(&self.path).and_then(|b| b.get(at)) == Some(&self.original)
     }
 
     /// Flip the bit back (the operator restored the line from a backup,

@@ -2,9 +2,12 @@
 //!
 //! Invariant: after [`repair`] returns `Ok`, `events.jsonl` holds only
 //! complete, valid entries with contiguous `seq` from 0, fsynced, and no
-//! `events.pending` is left. Only the bytes after the last newline (a torn
-//! append, never acknowledged) are ever cut; a bad complete line anywhere is
-//! a [`LogError::Corrupt`] naming file and offset, never silently dropped.
+//! `events.pending` is left. Only a torn append, never acknowledged, is
+//! ever cut: the bytes after the last newline, or a damaged last line
+//! whose whole entry `events.pending` still holds (a power cut persisted
+//! the append's pages out of order), which is then replayed from it. Any
+//! other bad complete line is a [`LogError::Corrupt`] naming file and
+//! offset, never silently dropped.
 
 use std::io;
 use std::path::Path;
@@ -139,6 +142,59 @@ fn parse_log_with(
     }
 }
 
+/// Whether the complete line at `offset` of the log at `path` is the
+/// damaged copy of the append in flight: it is the file's last line, and
+/// `events.pending` holds a complete, valid entry of this session with the
+/// next `seq` and exactly the line's length. That append was never
+/// acknowledged (its entry is acknowledged only after the log's fsync and
+/// the pending unlink), and a power cut may persist its pages in any order
+/// (a hole of zeros before a durable newline), so the line is cut and the
+/// pending entry replayed — never read as data. Returns the log before
+/// the line, or `None` when the line is anything else (then it is
+/// corruption, reported as such).
+fn damaged_pending_append(
+    fs: &dyn Fs,
+    path: &Path,
+    pending: &Path,
+    session_id: &SessionId,
+    offset: u64,
+    canaries: &Canaries,
+) -> Result<Option<ParsedLog>, LogError> {
+    let has_pending = fs
+        .exists(pending, "events.pending exists (recovery)")
+        .map_err(|e| LogError::io(pending, "exists", e))?;
+    if !has_pending {
+        return Ok(None);
+    }
+    let bytes = fs
+        .read(path, "events.jsonl read (damaged line)")
+        .map_err(|e| LogError::io(path, "read", e))?;
+    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+    let Some(rest) = bytes.get(start..) else {
+        return Ok(None);
+    };
+    let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    if rest[nl + 1..].contains(&b'\n') {
+        return Ok(None); // not the last line
+    }
+    let copy = fs
+        .read(pending, "events.pending read (damaged line)")
+        .map_err(|e| LogError::io(pending, "read", e))?;
+    if copy.len() != nl + 1 {
+        return Ok(None);
+    }
+    let prefix = parse_bytes_with(path, &bytes[..start], Some(session_id), canaries)?;
+    let entry = match copy.strip_suffix(b"\n") {
+        Some(line) if !line.contains(&b'\n') => parse_line(line, canaries).ok(),
+        _ => None,
+    };
+    Ok(entry
+        .filter(|e| &e.session_id == session_id && e.seq == prefix.entries.len() as u64)
+        .map(|_| prefix))
+}
+
 /// Repair the log in `dir`: cut a partial trailing line, replay or clean a
 /// pending entry. Returns the entries and what was done.
 pub fn repair(
@@ -153,7 +209,30 @@ pub fn repair(
     let exists = fs
         .exists(&path, "events.jsonl exists (recovery)")
         .map_err(|e| LogError::io(&path, "exists", e))?;
-    let mut parsed = parse_log_with(fs, dir, Some(session_id), canaries)?;
+    let mut parsed = match parse_log_with(fs, dir, Some(session_id), canaries) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            // The one damaged line recovery may cut: the append in flight,
+            // whose whole entry `events.pending` still holds.
+            let prefix = match &e {
+                LogError::Corrupt { offset, .. } => {
+                    damaged_pending_append(fs, &path, &pending, session_id, *offset, canaries)?
+                }
+                _ => None,
+            };
+            let Some(prefix) = prefix else { return Err(e) };
+            let offset = prefix.valid_len;
+            let len = fs
+                .len(&path, "events.jsonl size (recovery)")
+                .map_err(|e| LogError::io(&path, "size", e))?;
+            fs.truncate(&path, offset, "events.jsonl truncate damaged append")
+                .map_err(|e| LogError::io(&path, "truncate", e))?;
+            tracing::warn!(path = %path.display(), offset, "cut a damaged last line that events.pending holds whole (an unacknowledged append)");
+            report.truncated_at = Some(offset);
+            report.truncated_bytes = len.saturating_sub(offset);
+            prefix
+        }
+    };
     if parsed.partial_tail_bytes > 0 && !canaries.has(Canary::NoPartialLineRepair) {
         fs.truncate(&path, parsed.valid_len, "events.jsonl truncate partial line")
             .map_err(|e| LogError::io(&path, "truncate", e))?;

@@ -118,9 +118,12 @@ impl Exec {
                 if let Some(rot) = self.driver.take_rot() {
                     let named = self.driver.take_corruption();
                     let read = rot.read_since(&self.driver.fs);
-                    match oracle::judge_rot(&rot, &opened, named.as_ref(), read) {
+                    let replaced = rot.replaced(&self.driver.fs);
+                    match oracle::judge_rot(&rot, &opened, named.as_ref(), read, replaced) {
                         Ok(verdict) => {
-                            rot.restore(&self.driver.fs);
+                            if verdict != oracle::RotVerdict::Replaced {
+                                rot.restore(&self.driver.fs);
+                            }
                             self.restart_notes
                                 .push(format!("{}: {verdict:?}", rot.describe()));
                             if verdict == oracle::RotVerdict::Refused {
