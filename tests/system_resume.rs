@@ -13,9 +13,7 @@ use durable_agent::runtime::{
     ToolRequest, Usage,
 };
 use durable_agent::store::triggers::TriggerSource;
-use durable_agent::system::{
-    resume_key, BootReport, Deps, Fired, LogicalClock, Resolution, System, SystemConfig,
-};
+use durable_agent::system::{resume_key, BootReport, Deps, Fired, LogicalClock, System, SystemConfig};
 use durable_agent::world::World;
 use serde_json::json;
 
@@ -101,16 +99,7 @@ fn boot(fs: &SimFs, provider: &Arc<CountingProvider>, world: &World) -> System {
 fn answer_confirmations(system: &System, world: &World) -> usize {
     let keys = system.needs_confirmation().expect("list");
     for key in &keys {
-        let delivered = world
-            .deliveries()
-            .into_iter()
-            .find(|d| d.idem_key == key.idem_key);
-        let answer = match delivered {
-            Some(d) => Resolution::Delivered {
-                provider_ref: d.provider_ref,
-            },
-            None => Resolution::NotDelivered,
-        };
+        let answer = world.honest_answer(&key.idem_key);
         system.confirm(&key.idem_key, &answer).expect("confirm");
     }
     keys.len()

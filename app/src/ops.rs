@@ -536,39 +536,38 @@ fn confirm(system: &mut System, r: ConfirmRequest) -> Result<Value, OpError> {
         },
         (false, false) => Resolution::NotDelivered,
     };
-    match system.confirm(&r.idem_key, &resolution) {
-        Ok(done) => Ok(json!({
-            "idem_key": r.idem_key,
-            "status": done.status.map_or("RELEASED", |s| s.as_str()),
-            "retried_triggers": done.retried.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
-        })),
-        Err(SystemError::Store(StoreError::NotFound { .. })) => Err(OpError::NotFound(format!(
-            "no activity with key {:?}",
-            r.idem_key
-        ))),
-        Err(SystemError::Store(e @ StoreError::WrongState { .. })) => Err(OpError::Conflict(e.to_string())),
-        Err(SystemError::Store(e)) => Err(e.into()),
-        Err(e) => Err(OpError::UnknownOutcome(e.to_string())),
-    }
+    let done = system.confirm(&r.idem_key, &resolution).map_err(|e| match e {
+        SystemError::Store(StoreError::NotFound { .. }) => {
+            OpError::NotFound(format!("no activity with key {:?}", r.idem_key))
+        }
+        e => admin_error(e),
+    })?;
+    Ok(json!({
+        "idem_key": r.idem_key,
+        "status": done.status.map_or("RELEASED", |s| s.as_str()),
+        "retried_triggers": done.retried.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+    }))
 }
 
 fn retry_trigger(system: &mut System, id: &str) -> Result<Value, OpError> {
-    match system.retry_trigger(id) {
-        Ok(t) => Ok(json!({"id": t.id, "status": t.status.as_str(), "attempts": t.attempts})),
-        Err(SystemError::Store(e @ StoreError::NotFound { .. })) => Err(OpError::NotFound(e.to_string())),
-        Err(SystemError::Store(e @ StoreError::WrongState { .. })) => Err(OpError::Conflict(e.to_string())),
-        Err(SystemError::Store(e)) => Err(e.into()),
-        Err(e) => Err(OpError::UnknownOutcome(e.to_string())),
-    }
+    let t = system.retry_trigger(id).map_err(admin_error)?;
+    Ok(json!({"id": t.id, "status": t.status.as_str(), "attempts": t.attempts}))
 }
 
 fn release_run(system: &mut System, id: &str) -> Result<Value, OpError> {
-    match system.release_run(id) {
-        Ok(run) => Ok(json!({"run_id": run.run_id, "status": run.status.as_str()})),
-        Err(SystemError::Store(e @ StoreError::NotFound { .. })) => Err(OpError::NotFound(e.to_string())),
-        Err(SystemError::Store(e @ StoreError::WrongState { .. })) => Err(OpError::Conflict(e.to_string())),
-        Err(SystemError::Store(e)) => Err(e.into()),
-        Err(e) => Err(OpError::UnknownOutcome(e.to_string())),
+    let run = system.release_run(id).map_err(admin_error)?;
+    Ok(json!({"run_id": run.run_id, "status": run.status.as_str()}))
+}
+
+/// A human's answer refused by the system's operator API: a missing row
+/// is 404, a row in another state 409 (both unchanged); anything else is
+/// what it is.
+fn admin_error(e: SystemError) -> OpError {
+    match e {
+        SystemError::Store(e @ StoreError::NotFound { .. }) => OpError::NotFound(e.to_string()),
+        SystemError::Store(e @ StoreError::WrongState { .. }) => OpError::Conflict(e.to_string()),
+        SystemError::Store(e) => e.into(),
+        e => OpError::UnknownOutcome(e.to_string()),
     }
 }
 
@@ -614,10 +613,10 @@ pub fn status(system: &mut System) -> Result<Value, OpError> {
     // `POST /runs/{id}/release` (`durable-agent release`) once fixed.
     let mut waiting = Vec::new();
     for run_id in store.run_ids(conn.conn())? {
-        if let Some(run) = store
-            .get_run(conn.conn(), &run_id)?
-            .filter(|r| r.status == RunStatus::WaitingForHuman)
-        {
+        let Some(run) = store.get_run(conn.conn(), &run_id)? else {
+            continue;
+        };
+        if run.status == RunStatus::WaitingForHuman {
             let stuck: Vec<Value> = store
                 .in_flight(conn.conn(), &run_id)?
                 .into_iter()
@@ -627,10 +626,7 @@ pub fn status(system: &mut System) -> Result<Value, OpError> {
         }
         // Job runs only: the tool-call ledger also keeps one run per agent
         // session (`session:{id}`), which is bookkeeping, not a job.
-        if let Some(run) = store
-            .get_run(conn.conn(), &run_id)?
-            .filter(|r| r.job_json.is_some())
-        {
+        if run.job_json.is_some() {
             runs.push(json!({"run_id": run.run_id, "status": run.status.as_str(), "parent_run_id": run.parent_run_id}));
         }
     }

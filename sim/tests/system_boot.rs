@@ -8,7 +8,7 @@ use std::sync::Arc;
 use durable_agent::fs::{CrashMode, DirModel, Fault, RealFs, SimConfig, SimFs};
 use durable_agent::runtime::{AgentId, ConversationItem, RuntimeError};
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec, TriggerStatus};
-use durable_agent::system::{Deps, Fired, LogicalClock, Resolution, System, SystemConfig, SystemError};
+use durable_agent::system::{Deps, Fired, LogicalClock, System, SystemConfig, SystemError};
 use durable_agent::world::World;
 use durable_agent_sim::standins::{ScriptedOutbox, ScriptedProvider, SimTools, SteppedClock};
 
@@ -167,13 +167,9 @@ fn refire(system: &mut System, world: &World, clock: &SteppedClock) -> Result<(O
         }
         Err(e) => return Err(e.to_string()),
     };
-    let answer = match world.deliveries().into_iter().find(|d| d.idem_key == key) {
-        Some(d) => Resolution::Delivered {
-            provider_ref: d.provider_ref,
-        },
-        None => Resolution::NotDelivered,
-    };
-    let confirmed = system.confirm(&key, &answer).map_err(|e| e.to_string())?;
+    let confirmed = system
+        .confirm(&key, &world.honest_answer(&key))
+        .map_err(|e| e.to_string())?;
     if confirmed.retried.iter().map(|r| &r.id).ne([&t.id]) {
         return Err(format!(
             "confirming {key} retried {:?}, not {}",

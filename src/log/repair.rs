@@ -142,6 +142,15 @@ fn parse_log_with(
     }
 }
 
+/// The entry a pending file holds: one complete, valid line, else `None`
+/// (a torn or invalid pending file: its append never started).
+fn pending_entry(bytes: &[u8]) -> Option<LogEntry> {
+    match bytes.strip_suffix(b"\n") {
+        Some(line) if !line.contains(&b'\n') => LogEntry::parse(line).ok(),
+        _ => None,
+    }
+}
+
 /// Whether the complete line at `offset` of the log at `path` is the
 /// damaged copy of the append in flight: it is the file's last line, and
 /// `events.pending` holds a complete, valid entry of this session with the
@@ -186,11 +195,7 @@ fn damaged_pending_append(
         return Ok(None);
     }
     let prefix = parse_bytes_with(path, &bytes[..start], Some(session_id), canaries)?;
-    let entry = match copy.strip_suffix(b"\n") {
-        Some(line) if !line.contains(&b'\n') => parse_line(line, canaries).ok(),
-        _ => None,
-    };
-    Ok(entry
+    Ok(pending_entry(&copy)
         .filter(|e| &e.session_id == session_id && e.seq == prefix.entries.len() as u64)
         .map(|_| prefix))
 }
@@ -250,10 +255,7 @@ pub fn repair(
             .map_err(|e| LogError::io(&pending, "read", e))?;
         // The pending file was fsynced before the log append began, so an
         // incomplete or invalid one means that append never started.
-        let entry = match bytes.strip_suffix(b"\n") {
-            Some(line) if !line.contains(&b'\n') => LogEntry::parse(line).ok(),
-            _ => None,
-        };
+        let entry = pending_entry(&bytes);
         let next = parsed.entries.len() as u64;
         match entry {
             Some(e) if &e.session_id == session_id && e.seq == next && exists => {

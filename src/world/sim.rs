@@ -79,6 +79,19 @@ impl World {
         self.lock().deliveries.clone()
     }
 
+    /// What an honest human answers for a key that needs confirmation,
+    /// having looked it up here: delivered (with this world's reference)
+    /// or not.
+    pub fn honest_answer(&self, idem_key: &str) -> crate::store::activities::Resolution {
+        use crate::store::activities::Resolution;
+        match self.lock().deliveries.iter().find(|d| d.idem_key == idem_key) {
+            Some(d) => Resolution::Delivered {
+                provider_ref: d.provider_ref.clone(),
+            },
+            None => Resolution::NotDelivered,
+        }
+    }
+
     /// How many deliveries so far (`deliveries().len()` without the copy).
     pub fn deliveries_len(&self) -> usize {
         self.lock().deliveries.len()

@@ -19,12 +19,12 @@
 //! same keys). [`ActivityStore::gc_keeping`] lets the caller protect the
 //! rows of tasks that still have such a resume pending.
 
-use rusqlite::{params_from_iter, types::Value, Connection, TransactionBehavior};
+use rusqlite::{params_from_iter, Connection, TransactionBehavior};
 
 use super::ActivityStore;
 use crate::store::schema::{sql, StoreError};
-use crate::store::triggers::cutoff_ms;
 pub use crate::store::triggers::GcReport;
+use crate::store::triggers::{cutoff_and_kept, cutoff_ms};
 
 impl ActivityStore {
     /// Delete DONE/FAILED rows last updated more than `ttl_ms` before
@@ -45,16 +45,10 @@ impl ActivityStore {
         keep_task_ids: &[String],
     ) -> Result<GcReport, StoreError> {
         let cutoff_ms = cutoff_ms(now_ms, ttl_ms);
-        // ?1 is the cutoff, ?2.. the kept tasks (few: agents mid-turn).
-        let kept = (0..keep_task_ids.len())
-            .map(|i| format!("?{}", i + 2))
-            .collect::<Vec<_>>()
-            .join(", ");
+        // The kept tasks are few: agents mid-turn.
+        let (kept, binds) = cutoff_and_kept(cutoff_ms, keep_task_ids);
         let eligible =
             format!("status IN ('DONE', 'FAILED') AND updated_at < ?1 AND task_id NOT IN ({kept})");
-        let mut binds: Vec<Value> = Vec::with_capacity(keep_task_ids.len() + 1);
-        binds.push(Value::Integer(i64::try_from(cutoff_ms).unwrap_or(i64::MAX)));
-        binds.extend(keep_task_ids.iter().map(|t| Value::Text(t.clone())));
 
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(sql("activity gc begin"))?;

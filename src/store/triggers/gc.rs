@@ -49,6 +49,20 @@ pub(crate) fn cutoff_ms(now_ms: u64, ttl_ms: u64) -> u64 {
     now_ms.saturating_sub(ttl_ms)
 }
 
+/// The binds of a GC statement that keeps some rows: `?1` is the cutoff,
+/// `?2..` the kept values (few). Returns the placeholder list for
+/// `NOT IN (…)` (empty when nothing is kept) and the binds in order.
+pub(crate) fn cutoff_and_kept(cutoff_ms: u64, kept: &[String]) -> (String, Vec<Value>) {
+    let placeholders = (0..kept.len())
+        .map(|i| format!("?{}", i + 2))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut binds: Vec<Value> = Vec::with_capacity(kept.len() + 1);
+    binds.push(Value::Integer(i64::try_from(cutoff_ms).unwrap_or(i64::MAX)));
+    binds.extend(kept.iter().map(|k| Value::Text(k.clone())));
+    (placeholders, binds)
+}
+
 /// The statuses GC may delete.
 const SETTLED: &str = "status IN ('DONE', 'FAILED', 'DEAD')";
 
@@ -71,17 +85,11 @@ impl TriggerStore {
         keep_ids: &[String],
     ) -> Result<GcReport, StoreError> {
         let cutoff_ms = cutoff_ms(now_ms, ttl_ms);
-        // ?1 is the cutoff, ?2.. the kept ids (few: blocked triggers).
-        let kept = (0..keep_ids.len())
-            .map(|i| format!("?{}", i + 2))
-            .collect::<Vec<_>>()
-            .join(", ");
+        // The kept ids are few: blocked triggers.
+        let (kept, binds) = cutoff_and_kept(cutoff_ms, keep_ids);
         let eligible = format!(
             "{SETTLED} AND updated_at < ?1 AND rowid < (SELECT MAX(rowid) FROM triggers) AND id NOT IN ({kept})"
         );
-        let mut binds: Vec<Value> = Vec::with_capacity(keep_ids.len() + 1);
-        binds.push(Value::Integer(i64::try_from(cutoff_ms).unwrap_or(i64::MAX)));
-        binds.extend(keep_ids.iter().map(|t| Value::Text(t.clone())));
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(sql("trigger gc begin"))?;
         let deleted = {

@@ -22,8 +22,8 @@ mod admin;
 mod gc;
 mod model;
 
-pub(crate) use gc::cutoff_ms;
 pub use gc::GcReport;
+pub(crate) use gc::{cutoff_and_kept, cutoff_ms};
 use model::{decode, raw_row, COLUMNS};
 pub use model::{EmitOutcome, Trigger, TriggerPolicy, TriggerSource, TriggerSpec, TriggerStatus};
 
