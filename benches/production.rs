@@ -2,7 +2,7 @@
 //! with [`RealFs`], each workload beside the same one without our seam.
 //!
 //! - `log_append`: one durable [`EventLog::append`] (the runtime's protocol:
-//!   `events.pending` write + fsync, `events.jsonl` append + fsync, unlink)
+//!   `events.pending` overwrite + fsync, `events.jsonl` append + fsync)
 //!   beside a plain `std::fs` append + `fsync` on an open file.
 //! - `trigger_cycle`: one trigger emitted, claimed and acked DONE through
 //!   [`TriggerStore`] (three SQLite transactions) on our VFS over the `Fs`

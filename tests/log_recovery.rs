@@ -49,6 +49,15 @@ fn appended_entries_are_contiguous_plain_json_lines() {
     let (sim, dir, lines) = log_with_three();
     let bytes = sim.read(&dir.join(EVENTS_FILE), "t").unwrap();
     assert_eq!(String::from_utf8(bytes).unwrap(), lines.concat());
+    // The durable pending copy is overwritten, never unlinked: it holds the
+    // last entry, which recovery dedups.
+    assert_eq!(
+        sim.read(&dir.join(PENDING_FILE), "t").unwrap(),
+        lines[2].as_bytes()
+    );
+    let (entries, report) = repair(&sim, &dir).unwrap();
+    assert_eq!(entries.len(), 3);
+    assert!(report.pending_deduped && !report.pending_replayed, "{report:?}");
     assert!(!sim.exists(&dir.join(PENDING_FILE), "t").unwrap());
     let v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
     assert_eq!(v["seq"], 1);

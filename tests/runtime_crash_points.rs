@@ -35,6 +35,25 @@ fn after_label(
     crash_everywhere(&dry, ops, op_index, point, label, check);
 }
 
+/// Like [`at_label`], at the I/O point right after the one labelled
+/// `label`: the crash falls just after that I/O. When it was the op's last
+/// I/O, the op returned before the crash, which the next op observes.
+fn just_after(ops: &[Op], op_index: usize, label: &str, check: impl Fn(&DryRun, &CrashRun, CrashMode)) {
+    let dry = dry_run(SEED, ops);
+    let point = point_of(&dry, op_index, label) + 1;
+    let observer = if point <= dry.op_points[op_index].1 {
+        op_index
+    } else {
+        assert_eq!(
+            dry.op_points.get(op_index + 1).map(|p| p.0),
+            Some(point),
+            "{label:?} ends the run"
+        );
+        op_index + 1
+    };
+    crash_everywhere(&dry, ops, observer, point, label, check);
+}
+
 fn crash_everywhere(
     dry: &DryRun,
     ops: &[Op],
@@ -96,15 +115,12 @@ fn crash_after_pending_agent_created_replays_it_and_keeps_the_agent() {
     let mut ops = base();
     ops.push(Op::CreateRoot("beta"));
     at_label(&ops, 2, "events.jsonl append agent.created", |dry, run, mode| {
-        // The pending entry was fsynced (its directory entry was not): the
-        // unacknowledged create completes when the pending file survived,
-        // and it always survives a process crash.
-        let got = run.runtime.state().normalized();
+        // The pending copy is durable (data and directory entry) before
+        // the log append starts, so the unacknowledged create completes
+        // from it in every crash mode, power cuts included.
         let replayed = run.report.logs_repaired.values().any(|r| r.pending_replayed);
-        assert_eq!(got == dry.states[3], replayed);
-        if mode == CrashMode::ProcessCrash {
-            assert!(replayed);
-        }
+        assert!(replayed, "{mode:?}: {:?}", run.report);
+        assert_eq!(run.runtime.state().normalized(), dry.states[3], "{mode:?}");
     });
 }
 
@@ -112,15 +128,11 @@ fn crash_after_pending_agent_created_replays_it_and_keeps_the_agent() {
 fn crash_after_agent_created_before_spawn_success_keeps_the_child() {
     let mut ops = base();
     ops.push(Op::Spawn(1, "grandchild"));
-    at_label(
-        &ops,
-        2,
-        "events.pending unlink agent.created",
-        |dry, run, _mode| {
-            assert_eq!(run.runtime.state().normalized(), dry.states[3]);
-            assert_eq!(run.runtime.tree().nodes().len(), 3);
-        },
-    );
+    ops.push(Op::CreateRoot("beta"));
+    just_after(&ops, 2, "events.jsonl fsync agent.created", |dry, run, _mode| {
+        assert_eq!(run.runtime.state().normalized(), dry.states[3]);
+        assert_eq!(run.runtime.tree().nodes().len(), 3);
+    });
 }
 
 #[test]
@@ -202,10 +214,10 @@ fn crash_after_enqueue_before_logging_delivery_reinjects_the_message() {
 fn crash_after_agent_terminated_before_tree_removal_keeps_it_terminated() {
     let mut ops = base();
     ops.push(Op::Terminate(1));
-    at_label(
+    just_after(
         &ops,
         2,
-        "events.pending unlink agent.terminated",
+        "events.jsonl fsync agent.terminated",
         |dry, run, _mode| {
             assert_eq!(run.runtime.state().normalized(), dry.states[3]);
             assert_eq!(run.report.terminated_records_fixed.len(), 1);

@@ -54,9 +54,9 @@
 //!   and the byte offset the line starts at; or, if the boot never read
 //!   the file (a record-less orphan directory it removes unread), it may
 //!   succeed; or, if the line is the log's last and `events.pending` holds
-//!   its whole entry (an append never acknowledged: the crash fell between
-//!   its fsync and the pending unlink), the boot may replace the line from
-//!   that copy ([`RotVerdict::Replaced`]: the flipped byte is back). Never
+//!   its whole entry (the append in flight, or the last acknowledged one:
+//!   the writer keeps that copy durable), the boot may replace the line
+//!   from that copy ([`RotVerdict::Replaced`]: the flipped byte is back). Never
 //!   `Ok` after reading the damaged line as data, never another error. Then the bit is restored (an operator's restore from backup)
 //!   and the same disk is booted again, judged as any restart. Only the
 //!   line's content can rot here: a flipped final newline makes a durable
@@ -91,8 +91,8 @@ pub enum RotVerdict {
     /// Booted without ever reading the rotted file.
     Unread,
     /// Booted after replacing the rotted line with the whole copy
-    /// `events.pending` held (the line was the last one, of an append
-    /// never acknowledged): the flipped byte is back to its value, and
+    /// `events.pending` held (the line was the last one): the flipped
+    /// byte is back to its value, and
     /// nothing damaged was read as data.
     Replaced,
 }

@@ -5,11 +5,14 @@
 //! [`EventLog::append`] returned `Ok` for is in it durably (fsynced). Entries
 //! carry a contiguous `seq` (from 0) so the pending-file replay can dedup.
 //!
-//! Write protocol (one entry): write `events.pending` + fsync, append the
-//! line to `events.jsonl` + fsync, unlink `events.pending`. Recovery
-//! ([`repair()`]) truncates a partial trailing line, then replays a complete
-//! pending entry unless its `seq` is already in the log (tail dedup), and
-//! removes a torn pending file.
+//! Write protocol (one entry): overwrite `events.pending` with the line +
+//! fsync (the first append of an opened log also fsyncs the directory, so
+//! the copy's entry is durable), then append the line to `events.jsonl` +
+//! fsync. The pending file is never unlinked by the writer. Recovery
+//! ([`repair()`]) truncates a partial trailing line (or a damaged last line
+//! the pending copy holds whole), then replays a complete pending entry
+//! unless its `seq` is already in the log (tail dedup), ignores a torn one,
+//! and removes the file.
 //!
 //! Serialization contract: plain JSON only (strings, numbers, bools, lists,
 //! objects); ids are hex strings, `ts` is the runtime's logical clock (u64

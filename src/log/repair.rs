@@ -8,6 +8,10 @@
 //! the append's pages out of order), which is then replayed from it. Any
 //! other bad complete line is a [`LogError::Corrupt`] naming file and
 //! offset, never silently dropped.
+//!
+//! The writer keeps `events.pending` durable and never unlinks it (see
+//! [`super::EventLog`]), so after a clean stop it holds the last logged
+//! entry: the usual case here is a tail dedup.
 
 use std::io;
 use std::path::Path;
@@ -154,11 +158,12 @@ fn pending_entry(bytes: &[u8]) -> Option<LogEntry> {
 /// Whether the complete line at `offset` of the log at `path` is the
 /// damaged copy of the append in flight: it is the file's last line, and
 /// `events.pending` holds a complete, valid entry of this session with the
-/// next `seq` and exactly the line's length. That append was never
-/// acknowledged (its entry is acknowledged only after the log's fsync and
-/// the pending unlink), and a power cut may persist its pages in any order
-/// (a hole of zeros before a durable newline), so the line is cut and the
-/// pending entry replayed — never read as data. Returns the log before
+/// next `seq` and exactly the line's length. Either that append was in
+/// flight (a power cut may persist its pages in any order: a hole of zeros
+/// before a durable newline) or it was the last acknowledged one and its
+/// line rotted since; both ways the pending copy is the very entry the
+/// line was written from, so the line is cut and the copy replayed —
+/// nothing damaged is read as data, nothing acknowledged is lost. Returns the log before
 /// the line, or `None` when the line is anything else (then it is
 /// corruption, reported as such).
 fn damaged_pending_append(

@@ -4,11 +4,19 @@
 //! Invariant: `append` returns `Ok` only after the entry's line is fsynced in
 //! `events.jsonl` (acknowledged means durable). Any I/O error is an unknown
 //! outcome: the entry may or may not be in the log, and the caller must stop
-//! and recover. The pending file is not dir-synced: it only ever upgrades an
-//! unacknowledged entry (one whose `events.jsonl` fsync did not return), so
-//! losing it on power loss is allowed; a resurrected pending file after a
-//! lost unlink is harmless because replay dedups by `seq`.
-
+//! and recover.
+//!
+//! Invariant of the WAL: while an append writes `events.jsonl`, the whole
+//! entry is durable in `events.pending` — its data fsynced, and its
+//! directory entry too. A power cut may persist the log append's pages in
+//! any order (a complete last line with old or zero bytes in it); only the
+//! pending copy lets recovery tell that torn, unacknowledged append from
+//! corruption, so the copy must not be lost with the same cut. The file is
+//! created once per opened log, with a directory fsync, then overwritten in
+//! place (`O_TRUNC` + write + fsync: no directory change) for every later
+//! append and never unlinked by the writer: it always holds the last entry
+//! or a torn write of the next one, which recovery dedups by `seq` or
+//! ignores, then removes.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -26,6 +34,9 @@ pub struct EventLog {
     session_id: SessionId,
     next_seq: u64,
     canaries: Canaries,
+    /// `events.pending`'s directory entry is durable (created and
+    /// dir-fsynced by this writer).
+    pending_durable: bool,
 }
 
 impl EventLog {
@@ -50,6 +61,7 @@ impl EventLog {
             session_id,
             next_seq: 0,
             canaries,
+            pending_durable: false,
         })
     }
 
@@ -67,6 +79,7 @@ impl EventLog {
             session_id,
             next_seq,
             canaries,
+            pending_durable: false,
         }
     }
 
@@ -134,17 +147,23 @@ impl EventLog {
         self.fs
             .sync(&pending, &format!("events.pending fsync {name}"))
             .map_err(io(&pending, "fsync"))?;
+        if !self.pending_durable && !self.canaries.has(Canary::NoDirFsync) {
+            // Recovery removed the file, so this append created it: its
+            // entry must survive the power cut the copy is there for.
+            self.fs
+                .sync_dir(
+                    &self.dir,
+                    &format!("session dir fsync (events.pending create {name})"),
+                )
+                .map_err(io(&self.dir, "dir fsync"))?;
+            self.pending_durable = true;
+        }
         self.fs
             .append(&path, line.as_bytes(), &format!("events.jsonl append {name}"))
             .map_err(io(&path, "append"))?;
         self.fs
             .sync(&path, &format!("events.jsonl fsync {name}"))
             .map_err(io(&path, "fsync"))?;
-        // The entry is durable from here on. A failed unlink is still an
-        // error: the caller cannot tell whether later I/O works.
-        self.fs
-            .remove(&pending, &format!("events.pending unlink {name}"))
-            .map_err(io(&pending, "unlink"))?;
         self.next_seq += 1;
         tracing::trace!(session = %self.session_id, seq = entry.seq, event = name, "logged");
         Ok(entry)
