@@ -18,7 +18,7 @@ use durable_agent::store::tool_calls::{NewToolCall, ReplayOutcome, RunStatus, Si
 use durable_agent::store::triggers::{EmitOutcome, TriggerPolicy, TriggerSource, TriggerSpec, TriggerStatus};
 use durable_agent::store::StoreError;
 use durable_agent::system::{
-    Deps, Fired, LogicalClock, Resolution, System, SystemConfig, SystemError, DEFAULT_GC_TTL_MS,
+    resume_key, Deps, Fired, LogicalClock, Resolution, System, SystemConfig, SystemError, DEFAULT_GC_TTL_MS,
 };
 use durable_agent::world::{Scripted, World};
 use serde_json::json;
@@ -442,7 +442,7 @@ fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_nee
             .expect("claim")
             .expect("the RESUME trigger is due")
     };
-    assert_eq!(resume.dedup_key.as_deref(), Some("resume:job:nc"));
+    assert_eq!(resume.dedup_key, Some(resume_key(&mailer, "job:nc")));
     let blocked = system.fire(&resume, &mailer, EMAIL);
     assert!(
         matches!(

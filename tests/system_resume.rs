@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use durable_agent::fs::{CrashMode, DirModel, Fault, SimConfig, SimFs};
 use durable_agent::runtime::{
-    ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools, RuntimeError,
-    ToolRequest, Usage,
+    AgentId, ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools,
+    RuntimeError, ToolRequest, Usage,
 };
 use durable_agent::store::triggers::TriggerSource;
 use durable_agent::system::{resume_key, BootReport, Deps, Fired, LogicalClock, System, SystemConfig};
@@ -461,7 +461,7 @@ fn an_interrupted_work_turn_is_resumed_by_one_resume_trigger_across_boots() {
     drop(system);
 
     let (mut system, report) = boot_reported(&fs, &provider, &world);
-    assert_eq!(report.resumes_emitted, vec![resume_key("run:job-1")]);
+    assert_eq!(report.resumes_emitted, vec![resume_key(&agent, "run:job-1")]);
     drop(system);
     // A double boot cannot double-resume.
     let (_, report) = boot_reported(&fs, &provider, &world);
@@ -477,7 +477,10 @@ fn an_interrupted_work_turn_is_resumed_by_one_resume_trigger_across_boots() {
             .expect("the RESUME trigger is due")
     };
     assert_eq!(claim.source, TriggerSource::Resume);
-    assert_eq!(claim.dedup_key.as_deref(), Some("resume:run:job-1"));
+    assert_eq!(
+        claim.dedup_key.as_deref(),
+        Some(resume_key(&agent, "run:job-1").as_str())
+    );
     assert_eq!(System::trigger_work(&claim), "run:job-1");
     let prompt = claim.payload["prompt"].as_str().expect("prompt").to_string();
     let fired = system.fire(&claim, &agent, &prompt).expect("fire");
@@ -608,4 +611,50 @@ fn a_superseded_work_turn_keeps_its_first_prompt_and_its_keys() {
         assert_eq!(started(&system), None, "{repro}: done work listed after a reboot");
     }
     assert!(cases > 0, "no crash point fell between the delivery and its DONE");
+}
+
+/// Work ids are the caller's and scoped to their agent (the API's
+/// `work_id`): two agents interrupted in works of the same id each get
+/// their own RESUME trigger, and each firing completes its own work. (A
+/// RESUME key of the work alone let the second agent's trigger be deduped
+/// away at every boot: its work was never resumed.)
+#[test]
+fn two_agents_interrupted_in_works_of_the_same_id_are_each_resumed() {
+    let fs = SimFs::new(SimConfig::new(3));
+    let provider = Arc::new(CountingProvider::default());
+    let world = World::without_dedup();
+    let mut system = boot(&fs, &provider, &world);
+    let a = system.runtime_mut().create_root("a", "work").expect("agent a");
+    let b = system.runtime_mut().create_root("b", "work").expect("agent b");
+    for agent in [&a, &b] {
+        *provider.fail_once_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(2);
+        let failed = system.runtime_mut().run_work_turn(agent, PROMPT, "api:req-1");
+        assert!(failed.is_err(), "round 2's completion failed");
+    }
+    drop(system);
+
+    let (mut system, report) = boot_reported(&fs, &provider, &world);
+    let mut want = vec![resume_key(&a, "api:req-1"), resume_key(&b, "api:req-1")];
+    want.sort();
+    let mut got = report.resumes_emitted.clone();
+    got.sort();
+    assert_eq!(got, want, "one RESUME trigger per interrupted work");
+    for _ in 0..2 {
+        let claim = {
+            let db = system.db();
+            system
+                .triggers()
+                .claim(db.conn(), 0, 60_000)
+                .expect("claim")
+                .expect("a RESUME trigger is due")
+        };
+        let agent = AgentId::from_hex(claim.payload["agent"].as_str().expect("agent")).expect("agent id");
+        let prompt = claim.payload["prompt"].as_str().expect("prompt").to_string();
+        let fired = system.fire(&claim, &agent, &prompt).expect("fire");
+        assert!(matches!(fired, Fired::Ran { .. }), "{fired:?}");
+    }
+    for agent in [&a, &b] {
+        assert!(system.runtime().work_done(agent, "api:req-1").expect("agent"));
+    }
+    assert_eq!(world.deliveries_len(), 2, "each agent's email went out once");
 }

@@ -49,8 +49,21 @@ impl ReferenceStateMachine for RefMachine {
         if state.model.state.agents.is_empty() {
             // Nothing to act on yet: build, or crash an empty runtime.
             prop_oneof![4 => Just(Op::CreateRoot), 1 => op_strategy()].boxed()
+        } else if let Some(retry) = work_retry(state) {
+            // Before the trigger steer: the work's RESUME trigger is due
+            // too, and its fire would take the retry's place.
+            prop_oneof![1 => retry, 2 => op_strategy()].boxed()
         } else if let Some(steer) = trigger_steer(state) {
             prop_oneof![1 => steer, 2 => op_strategy()].boxed()
+        } else if state.crash_armed {
+            // A crash armed into a work turn: cut after its start, it gets
+            // a RESUME trigger and a retry (see `work_retry`).
+            prop_oneof![
+                1 => (0u8..8, prop::collection::vec(crate::op::tool_step(), 1..3))
+                    .prop_map(|(i, tools)| Op::WorkTurn { agent: AgentRef(i), work: i % 3, tools }),
+                3 => op_strategy(),
+            ]
+            .boxed()
         } else if !state.model.lost_turns.is_empty() {
             // A turn may have been rolled back: resuming it is what checks
             // that the ledger never repeats its effects.
@@ -78,6 +91,14 @@ impl ReferenceStateMachine for RefMachine {
                 state.model.fire_work.insert(key.clone(), action.clone());
                 state.crash_armed = false;
                 return state;
+            }
+            if state.crash_armed {
+                if let Some(started) = state.model.started_work(&action) {
+                    // Assume the crash cut it after its start (R7).
+                    state.model = started;
+                    state.crash_armed = false;
+                    return state;
+                }
             }
             state.model.apply(&action);
             if let (true, Action::RunTurn { agent, .. }) = (state.crash_armed, &action) {
@@ -114,6 +135,30 @@ impl StateMachineTest for SimTest {
         }
         exec
     }
+}
+
+/// A work was (assumed) cut after it started: its retry by the same agent
+/// and work id, with a new prompt (and new messages waiting), must run
+/// what it first started with — whether or not the authoritative model
+/// learned that it started (a missing RESUME trigger shows there).
+fn work_retry(state: &RefState) -> Option<BoxedStrategy<Op>> {
+    let model = &state.model;
+    let (agent, work) = model.works.values().find_map(|w| match w {
+        Action::WorkTurn { agent, work, .. } => Some((agent, work)),
+        _ => None,
+    })?;
+    let i = model.state.agents.keys().position(|n| n == agent)?;
+    let k: u8 = work.strip_prefix("api:w")?.parse().ok()?;
+    let agent = AgentRef(u8::try_from(i).ok()?);
+    Some(
+        prop::collection::vec(crate::op::tool_step(), 0..3)
+            .prop_map(move |tools| Op::WorkTurn {
+                agent,
+                work: k,
+                tools,
+            })
+            .boxed(),
+    )
 }
 
 /// Ops that exercise the trigger chain's crash windows, when the state

@@ -104,6 +104,19 @@ pub enum Op {
     /// A turn of the agent that reads its pending messages: they count as
     /// delivered only with the turn (both in its `turn.complete`).
     ReadTurn { agent: AgentRef, tools: Vec<ToolStep> },
+    /// An API turn with a work id (`POST /agents/{a}/turn` with `work_id`):
+    /// it reads the agent's pending messages, and a crash that leaves its
+    /// `turn.start` durable makes boot emit its RESUME trigger. `work`
+    /// below 128 names work `api:w{work % 3}` of the agent (done: answered
+    /// from the log; started and cut: run again); from 128 it retries a
+    /// started work of any agent. A retry asks with a NEW prompt (and new
+    /// messages may wait): the runtime must run the prompt and read the
+    /// messages the work first started with.
+    WorkTurn {
+        agent: AgentRef,
+        work: u8,
+        tools: Vec<ToolStep>,
+    },
     /// Enqueue a message from one agent to another (or itself).
     SendMessage { from: AgentRef, to: AgentRef },
     /// Deliver every pending message of an agent that has some.
@@ -196,6 +209,8 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => ((0u16..40), prop_oneof![Just(FaultKind::Eio), Just(FaultKind::Enospc), Just(FaultKind::LostReply)])
             .prop_map(|(offset, kind)| Op::Fault { offset, kind }),
         2 => agent_ref().prop_map(|agent| Op::ResumeTurn { agent }),
+        2 => (agent_ref(), any::<u8>(), prop::collection::vec(tool_step(), 0..3))
+            .prop_map(|(agent, work, tools)| Op::WorkTurn { agent, work, tools }),
         2 => any::<u8>().prop_map(|key| Op::EmitTrigger { key }),
         2 => Just(Op::ClaimTrigger),
         2 => (0u8..3).prop_map(|tools| Op::LoopRound { tools }),
@@ -226,6 +241,19 @@ pub fn render(op: &Op) -> String {
         Op::SpawnChild { parent } => format!("spawn_child(parent=#{})", parent.0),
         Op::RunTurn { agent, tools } => format!("run_turn(#{}, tools={})", agent.0, render_tools(tools)),
         Op::ReadTurn { agent, tools } => format!("read_turn(#{}, tools={})", agent.0, render_tools(tools)),
+        Op::WorkTurn { agent, work, tools } => match work {
+            128.. => format!(
+                "work_turn(retry a started work #{}, tools={})",
+                work - 128,
+                render_tools(tools)
+            ),
+            _ => format!(
+                "work_turn(#{}, api:w{}, tools={})",
+                agent.0,
+                work % 3,
+                render_tools(tools)
+            ),
+        },
         Op::SendMessage { from, to } => format!("send_message(#{} -> #{})", from.0, to.0),
         Op::Deliver { agent } => format!("deliver(#{})", agent.0),
         Op::Evict { agent } => format!("evict(#{})", agent.0),

@@ -46,6 +46,14 @@
 //!   either absent (R4 applies to the turn's effects) or complete. Its
 //!   re-fire runs the same work; a completed turn only gets its ack.
 //!
+//! - **R7 A cut work turn may have started.** A work turn (API `work_id`)
+//!   rolled back by a crash leaves either nothing, or — its `turn.start`
+//!   durable — its RESUME trigger, which the boot emits PENDING
+//!   ([`Model::started_work`]); the model cannot know which, so both are
+//!   candidates. From then on the work is known started: its retry and its
+//!   RESUME fire must run the prompt and read the messages it first
+//!   started with, with the same effect keys (R4 for those).
+//!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
 //!   that may be acknowledged, so "acknowledged means durable" cannot be
@@ -243,7 +251,11 @@ fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>
 /// The irreversible effects `action` would cause (R4).
 pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
     match action {
-        Some(Action::RunTurn { prompt, tools, .. } | Action::Fire { prompt, tools, .. }) => tools
+        Some(
+            Action::RunTurn { prompt, tools, .. }
+            | Action::Fire { prompt, tools, .. }
+            | Action::WorkTurn { prompt, tools, .. },
+        ) => tools
             .iter()
             .enumerate()
             .filter(|(_, t)| t.irreversible && t.ok)
@@ -297,6 +309,19 @@ pub fn judge(
     // then acks its trigger FAILED, which a crash may find committed.
     if let Some(blocked) = action.and_then(|a| before.blocked(a)) {
         if let Ok(adopted) = against(&blocked, recovered, &lost) {
+            return Ok(Accepted {
+                side: Side::Before,
+                adopted,
+            });
+        }
+    }
+    // A fresh work turn cut after its `turn.start` became durable: boot
+    // emitted its RESUME trigger (R7).
+    if let Some(started) = action
+        .filter(|_| after.is_some())
+        .and_then(|a| before.started_work(a))
+    {
+        if let Ok(adopted) = against(&started, recovered, &lost) {
             return Ok(Accepted {
                 side: Side::Before,
                 adopted,

@@ -58,14 +58,23 @@ pub fn turn_identity(prompt: &str, completed_with_same_prompt: usize) -> String 
 }
 
 /// The idempotency key of the `index`-th call of round `round` in the turn
-/// performing `work` (see [`super::Runtime::run_work_turn`]): independent
-/// of the session's turn count, so a trigger re-claimed after a crash —
-/// whose turn may now be the agent's n-th instead of its m-th — presents
-/// the same keys for the same calls.
-pub fn work_idempotency_key(work: &str, round: u32, index: usize, call: &ToolRequest) -> String {
+/// of `session` performing `work` (see [`super::Runtime::run_work_turn`]):
+/// independent of the session's turn count, so a trigger re-claimed after
+/// a crash — whose turn may now be the agent's n-th instead of its m-th —
+/// presents the same keys for the same calls. The session is in the key
+/// because work ids are scoped to their agent (the API's `work_id` is the
+/// caller's): without it, a second agent's call in a work of the same id
+/// was answered from the first agent's ledger entry and never sent.
+pub fn work_idempotency_key(
+    session: &SessionId,
+    work: &str,
+    round: u32,
+    index: usize,
+    call: &ToolRequest,
+) -> String {
     let content = format!("{}\n{}", call.tool, call.args);
     format!(
-        "{work}-r{round}-c{index}-{:016x}",
+        "{work}-r{round}-c{index}-{:016x}@{session}",
         super::ids::fnv1a(content.as_bytes())
     )
 }

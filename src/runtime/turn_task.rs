@@ -200,6 +200,14 @@ impl Runtime {
     /// suspended): `turn.start` is durable, or `turn.resume` when the same
     /// turn (same prompt and work) was interrupted — it continues after its
     /// last completed round. The first step is a provider call.
+    ///
+    /// A work that started and never completed runs the prompt and reads
+    /// the messages it first started with, whatever this call passes
+    /// ([`Runtime::started_work_prompt`]): its calls' idempotency keys
+    /// follow from the work and the calls the prompt leads to, so a retry
+    /// with another prompt (or with other messages waiting) would make
+    /// other calls with other keys, and an irreversible call the lost
+    /// attempt made could happen twice.
     pub fn start_turn(
         &mut self,
         agent: &AgentId,
@@ -215,11 +223,11 @@ impl Runtime {
                 .map(|m| m.id.clone())
                 .collect()
         };
-        let (work, consumed) = match kind {
-            TurnKind::Plain => (None, Vec::new()),
+        let (work, consumed, first_prompt) = match kind {
+            TurnKind::Plain => (None, Vec::new(), None),
             TurnKind::Consuming(ids) => {
                 self.slot(agent)?;
-                (None, pending_of(self, ids))
+                (None, pending_of(self, ids), None)
             }
             TurnKind::Work(work) | TurnKind::WorkReading(work, _) => {
                 // Canary: forget which work completed, so a lost ack re-runs it.
@@ -232,9 +240,11 @@ impl Runtime {
                     (TurnKind::WorkReading(_, ids), None) => ids.to_vec(),
                     _ => Vec::new(),
                 };
-                (Some(work.to_string()), pending_of(self, &reads))
+                let first = self.started_work_prompt(agent, work)?.map(str::to_string);
+                (Some(work.to_string()), pending_of(self, &reads), first)
             }
         };
+        let prompt = first_prompt.as_deref().unwrap_or(prompt);
         if self.slot(agent)?.in_turn.is_some() {
             return Err(RuntimeError::TurnInFlight(agent.clone()));
         }
@@ -488,7 +498,7 @@ impl Runtime {
         let (round, index) = (task.round, task.index);
         let key = match &task.work {
             _ if by_turn => idempotency_key(&session, &task.turn_no.to_string(), round, index, &call),
-            Some(work) => work_idempotency_key(work, round, index, &call),
+            Some(work) => work_idempotency_key(&session, work, round, index, &call),
             None => idempotency_key(&session, &task.identity, round, index, &call),
         };
         task.out = Some((call_id.clone(), call.clone()));

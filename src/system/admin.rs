@@ -61,7 +61,7 @@ pub struct Confirmed {
 }
 
 /// Whether FAILED trigger `t` stopped at `idem_key`: the key belongs to
-/// the trigger's work (work keys are `{work}-r{round}-…`, see
+/// the trigger's work (work keys are `{work}-r{round}-…@{session}`, see
 /// `runtime::work_idempotency_key`) and its last error names it.
 fn blocked_on(t: &Trigger, idem_key: &str) -> bool {
     let work = System::trigger_work(t);

@@ -1,7 +1,7 @@
 //! Boot's last step (seed 001 §6.3/§8): every work an agent started and
 //! never completed — a job run (`run:{id}`), an API turn with a work id
 //! (`api:{id}`), interrupted or since superseded by another turn — becomes
-//! a RESUME trigger, emitted with the dedup key `resume:{work}` and the
+//! a RESUME trigger, emitted with the dedup key `resume:{work}@{agent}` and the
 //! prompt the work began with, whose firing runs that same work again
 //! ([`super::System::trigger_work`]): the turn continues after its last
 //! completed round with the same idempotency keys, or only acks if the
@@ -19,16 +19,19 @@ use std::sync::Mutex;
 
 use serde_json::json;
 
-use crate::runtime::Runtime;
+use crate::runtime::{AgentId, Runtime};
 use crate::sqlite::Db;
 use crate::store::triggers::{EmitOutcome, Trigger, TriggerSource, TriggerSpec, TriggerStore};
 use crate::store::StoreError;
 
 use super::lock_db;
 
-/// The dedup key of the RESUME trigger of `work`.
-pub fn resume_key(work: &str) -> String {
-    format!("resume:{work}")
+/// The dedup key of the RESUME trigger of `agent`'s `work`. Work ids are
+/// scoped to their agent (the API's `work_id` is the caller's), so the
+/// key names both: with the work alone, a second agent's interrupted work
+/// of the same id was deduped away at every boot and never resumed.
+pub fn resume_key(agent: &AgentId, work: &str) -> String {
+    format!("resume:{work}@{agent}")
 }
 
 /// The work a RESUME trigger resumes (its payload's `work`), if it is one.
@@ -57,7 +60,7 @@ pub(super) fn emit_resumes(
             if work.starts_with("trigger:") {
                 continue;
             }
-            let key = resume_key(work);
+            let key = resume_key(agent, work);
             let spec = TriggerSpec {
                 source: TriggerSource::Resume,
                 dedup_key: Some(key.clone()),

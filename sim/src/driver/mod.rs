@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{Fault, SimConfig, SimFs, SimSnapshot};
-use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError};
+use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError, Started, TurnKind};
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
 use durable_agent::system::{Deps, System, SystemConfig, SystemError};
@@ -389,6 +389,34 @@ impl Driver {
                     return Err(e.to_string());
                 }
             }
+            Action::WorkTurn {
+                agent, work, asked, ..
+            }
+            | Action::WorkDone { agent, work, asked } => {
+                // What the API does: the caller's prompt and the messages
+                // waiting now; the runtime decides what a started work runs.
+                let id = self.id(agent)?;
+                let rt = self.rt()?;
+                let ids: Vec<MessageId> = rt.pending(&id).iter().map(|m| m.id.clone()).collect();
+                let ran = match rt.start_turn(&id, asked, TurnKind::WorkReading(work, &ids)) {
+                    Ok(Started::Running(task, step)) => rt.drive(task, step).map(|_| true),
+                    Ok(Started::AlreadyDone) => Ok(false),
+                    Err(e) => Err(e),
+                };
+                match ran {
+                    Err(e) => {
+                        self.note_blocked(&e);
+                        return Err(e.to_string());
+                    }
+                    Ok(true) if matches!(action, Action::WorkDone { .. }) => {
+                        return Err(format!("{work} of {agent} completed before, and ran again"))
+                    }
+                    Ok(false) if matches!(action, Action::WorkTurn { .. }) => {
+                        return Err(format!("{work} of {agent} was answered as done, and did not run"))
+                    }
+                    Ok(_) => {}
+                }
+            }
             Action::SendMessage { from, to, payload } => {
                 let (f, t) = (self.id(from)?, self.id(to)?);
                 let mid = self
@@ -441,7 +469,9 @@ impl Driver {
                     .triggers()
                     .claim(system.db().conn(), now, LEASE_MS)
                     .map_err(|e| e.to_string())?;
-                let got_key = got.as_ref().and_then(|t| t.dedup_key.clone());
+                let got_key = got
+                    .as_ref()
+                    .map(|t| self.model_key(t.dedup_key.as_deref(), &t.id));
                 match got {
                     Some(claim) if got_key.as_deref() == Some(key.as_str()) => {
                         self.claims.insert(key.clone(), claim);
@@ -463,8 +493,12 @@ impl Driver {
                     .triggers()
                     .claim(system.db().conn(), now, LEASE_MS)
                     .map_err(|e| e.to_string())?;
-                let Some(claim) = got.filter(|t| t.dedup_key.as_deref() == Some(key.as_str())) else {
-                    return Err(format!("fire: the model expected {key:?} to be due"));
+                let handed = got.as_ref().map(|t| (t.dedup_key.clone(), t.fire_at_ms, now));
+                let Some(claim) = got.filter(|t| self.model_key(t.dedup_key.as_deref(), &t.id) == *key)
+                else {
+                    return Err(format!(
+                        "fire: the model expected {key:?} to be due, the claim handed out {handed:?} (key, fire_at, now)"
+                    ));
                 };
                 let system = self.system.as_mut().ok_or("harness: system not open")?;
                 match system.fire(&claim, &id, prompt) {

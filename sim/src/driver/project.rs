@@ -57,6 +57,22 @@ impl Driver {
         Ok(msgs.into_iter().map(|m| m.message.content).collect())
     }
 
+    /// A trigger's dedup key as the model writes it: a RESUME key names
+    /// its agent by id (`resume:{work}@{id}`), the model by name.
+    pub(super) fn model_key(&self, dedup_key: Option<&str>, id: &str) -> String {
+        let Some(key) = dedup_key else {
+            return format!("?{id} (no dedup key)");
+        };
+        let named = key
+            .strip_prefix("resume:")
+            .and_then(|k| k.rsplit_once('@'))
+            .and_then(|(work, agent)| {
+                let agent = AgentId::from_hex(agent).ok()?;
+                Some(crate::model::work_key(self.names.get(&agent)?, work))
+            });
+        named.unwrap_or_else(|| key.to_string())
+    }
+
     fn trigger_rows(&self) -> Result<Vec<TriggerRow>, String> {
         let system = self.system()?;
         let all = system
@@ -66,7 +82,7 @@ impl Driver {
         Ok(all
             .into_iter()
             .map(|t| TriggerRow {
-                key: t.dedup_key.unwrap_or_else(|| format!("?{} (no dedup key)", t.id)),
+                key: self.model_key(t.dedup_key.as_deref(), &t.id),
                 status: match t.status {
                     StoreStatus::Pending => TriggerStatus::Pending,
                     StoreStatus::Claimed => TriggerStatus::Claimed,

@@ -98,6 +98,25 @@ pub enum Action {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         reads: bool,
     },
+    /// A work turn (API `work_id`) of `agent`: the caller `asked` with its
+    /// prompt, the runtime runs `prompt` — the one the work first started
+    /// with — reading `reads` (the messages pending when it first started,
+    /// those still pending), then the work is done.
+    WorkTurn {
+        agent: String,
+        work: String,
+        asked: String,
+        prompt: String,
+        tools: Vec<ToolStep>,
+        response: String,
+        reads: Vec<Msg>,
+    },
+    /// A work turn of a work that completed: answered from the log, no turn.
+    WorkDone {
+        agent: String,
+        work: String,
+        asked: String,
+    },
     SendMessage {
         from: String,
         to: String,
@@ -183,6 +202,13 @@ pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
     format!("p{n}:{script}")
 }
 
+/// The key of `agent`'s work `work` in the model's bookkeeping, which is
+/// also the dedup key of its RESUME trigger as the driver projects it
+/// (`resume:{work}@{agent id}`, the agent by name).
+pub fn work_key(agent: &str, work: &str) -> String {
+    format!("resume:{work}@{agent}")
+}
+
 /// Provider slots of the system under test (`SystemConfig::new`'s 3): the
 /// model's LRU evicts as the runtime's does.
 pub const SLOTS: usize = 3;
@@ -217,6 +243,15 @@ pub struct Model {
     /// Bookkeeping.
     #[serde(default)]
     pub stale_claims: BTreeSet<String>,
+    /// Works that started durably and never completed, by [`work_key`]:
+    /// the `WorkTurn` that started them (a retry, or their RESUME
+    /// trigger's fire, runs it). Known from the RESUME row the boot after
+    /// the crash emitted. Bookkeeping.
+    #[serde(default)]
+    pub works: BTreeMap<String, Action>,
+    /// Completed works, by [`work_key`], with their agent. Bookkeeping.
+    #[serde(default)]
+    pub works_done: BTreeMap<String, String>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -298,6 +333,44 @@ impl Model {
         }
     }
 
+    /// A completed work turn delivers the messages it read that are still
+    /// pending (a `deliver` may have taken some since it first started),
+    /// in their pending order.
+    fn deliver_read(&mut self, agent: &str, reads: &[Msg]) {
+        if let Some(a) = self.state.agents.get_mut(agent) {
+            let (read, rest): (Vec<Msg>, Vec<Msg>) = std::mem::take(&mut a.pending)
+                .into_iter()
+                .partition(|m| reads.contains(m));
+            a.pending = rest;
+            a.delivered.extend(read);
+        }
+    }
+
+    /// The candidate state in which a crash cut a fresh work turn after its
+    /// `turn.start` became durable: nothing of the turn is kept, but the
+    /// boot emitted the work's RESUME trigger (PENDING, last in emit
+    /// order), and the work is known started. `None` for anything else.
+    pub fn started_work(&self, action: &Action) -> Option<Model> {
+        let Action::WorkTurn { agent, work, .. } = action else {
+            return None;
+        };
+        let key = work_key(agent, work);
+        if self.works.contains_key(&key) {
+            return None; // a retry: its row was emitted when it first started
+        }
+        let mut m = self.clone();
+        m.works.insert(key.clone(), action.clone());
+        if !m.state.triggers.iter().any(|t| t.key == key) {
+            m.state.triggers.push(TriggerRow {
+                key,
+                status: TriggerStatus::Pending,
+                attempts: 0,
+            });
+        }
+        m.counter += 1;
+        Some(m)
+    }
+
     /// Turn an abstract op into a concrete action against this state, or
     /// `None` when no agent fits (the op is then skipped). Control ops
     /// (crash, recover) have no action.
@@ -320,6 +393,44 @@ impl Model {
                     tools: tools.to_vec(),
                     response: format!("r{n}"),
                     reads: matches!(op, Op::ReadTurn { .. }),
+                }
+            }
+            Op::WorkTurn { agent, work, tools } => {
+                let tools = &tools[..tools.len().min(MAX_TOOLS_PER_TURN)];
+                let asked = script_prompt(n, tools);
+                let started: Vec<&String> = self
+                    .works
+                    .iter()
+                    .filter(|(_, w)| matches!(w, Action::WorkTurn { agent, .. } if self.state.agents.contains_key(agent)))
+                    .map(|(k, _)| k)
+                    .collect();
+                let key = match *work {
+                    128.. => pick(&started, *work - 128)?.clone(),
+                    _ => work_key(pick(&all, agent.0)?, &format!("api:w{}", work % 3)),
+                };
+                if let Some(Action::WorkTurn { .. }) = self.works.get(&key) {
+                    let mut retry = self.works[&key].clone();
+                    if let Action::WorkTurn { asked: a, .. } = &mut retry {
+                        *a = asked;
+                    }
+                    return Some(retry);
+                }
+                let (work, agent) = key
+                    .strip_prefix("resume:")
+                    .and_then(|k| k.rsplit_once('@'))
+                    .map(|(w, a)| (w.to_string(), a.to_string()))?;
+                if self.works_done.contains_key(&key) {
+                    return Some(Action::WorkDone { agent, work, asked });
+                }
+                let reads = self.state.agents.get(&agent)?.pending.clone();
+                Action::WorkTurn {
+                    agent,
+                    work,
+                    prompt: asked.clone(),
+                    asked,
+                    tools: tools.to_vec(),
+                    response: format!("r{n}"),
+                    reads,
                 }
             }
             Op::SendMessage { from, to } => Action::SendMessage {
@@ -404,6 +515,24 @@ impl Model {
                     }
                 }
             }
+            Action::WorkTurn {
+                agent,
+                work,
+                prompt,
+                tools,
+                response,
+                reads,
+                ..
+            } => {
+                let key = work_key(agent, work);
+                self.works.remove(&key);
+                self.works_done.insert(key.clone(), agent.clone());
+                // Its RESUME trigger, if boot emitted one, only acks.
+                self.done_work.insert(key);
+                self.add_turn(agent, prompt, tools, response);
+                self.deliver_read(agent, reads);
+            }
+            Action::WorkDone { .. } => {}
             Action::Fire {
                 key,
                 agent,
@@ -413,6 +542,12 @@ impl Model {
             } => {
                 if self.done_work.insert(key.clone()) {
                     self.add_turn(agent, prompt, tools, response);
+                    // A RESUME trigger's fire completes its work, reading
+                    // what the work first read.
+                    if let Some(Action::WorkTurn { reads, .. }) = self.works.remove(key) {
+                        self.works_done.insert(key.clone(), agent.clone());
+                        self.deliver_read(agent, &reads);
+                    }
                 }
                 self.fire_work.insert(key.clone(), action.clone());
                 self.apply_trigger(action);
@@ -463,8 +598,12 @@ impl Model {
         match action {
             // The turn took its agent's slot before it stopped.
             Action::RunTurn { agent, .. } if self.lost_turns.get(agent) == Some(action) => m.touch(agent),
+            Action::WorkTurn { agent, work, .. } if self.works.contains_key(&work_key(agent, work)) => {
+                m.touch(agent)
+            }
             Action::Fire { key, agent, .. }
-                if self.fire_work.get(key) == Some(action) && !self.done_work.contains(key) =>
+                if (self.fire_work.get(key) == Some(action) || self.works.contains_key(key))
+                    && !self.done_work.contains(key) =>
             {
                 m.touch(agent);
                 let t = m.state.triggers.iter_mut().find(|t| &t.key == key)?;

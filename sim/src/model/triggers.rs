@@ -5,8 +5,9 @@
 //!
 //! Invariant: a dedup key has at most one row, whatever is emitted; claim
 //! takes the oldest PENDING row (all triggers are due: `fire_at` 0, equal
-//! priority, and every op is later than any backoff); reaching DONE is
-//! final.
+//! priority, and every op is later than any backoff) — a RESUME row, which
+//! boot emits due at its own time (later than 0), only when no other row
+//! is PENDING ([`Model::next_due`]); reaching DONE is final.
 
 use serde::{Deserialize, Serialize};
 
@@ -42,16 +43,28 @@ pub struct TriggerRow {
 }
 
 impl Model {
+    /// The row a claim takes: the store orders by (`fire_at`, priority,
+    /// rowid), the harness emits at `fire_at` 0 and boot emits RESUME rows
+    /// at the boot's time, later at every boot.
+    pub fn next_due(&self) -> Option<&TriggerRow> {
+        let pending = || {
+            self.state
+                .triggers
+                .iter()
+                .filter(|t| t.status == TriggerStatus::Pending)
+        };
+        pending()
+            .find(|t| !t.key.starts_with("resume:"))
+            .or_else(|| pending().next())
+    }
+
     pub(super) fn resolve_trigger(&self, op: &Op) -> Option<Action> {
         let rows = &self.state.triggers;
         match op {
             Op::EmitTrigger { key } => Some(Action::Emit {
                 key: format!("k{}", key % KEYS),
             }),
-            Op::ClaimTrigger => rows
-                .iter()
-                .find(|t| t.status == TriggerStatus::Pending)
-                .map(|t| Action::Claim { key: t.key.clone() }),
+            Op::ClaimTrigger => self.next_due().map(|t| Action::Claim { key: t.key.clone() }),
             Op::AckTrigger { trigger, ok } => {
                 let claimed: Vec<&TriggerRow> = rows
                     .iter()
@@ -67,7 +80,7 @@ impl Model {
                 })
             }
             Op::FireTrigger { agent, tools } => {
-                let key = &rows.iter().find(|t| t.status == TriggerStatus::Pending)?.key;
+                let key = &self.next_due()?.key;
                 if let Some(work) = self.fire_work.get(key) {
                     // The work a trigger was first given: its agent must
                     // still be live (else the op is skipped).
@@ -75,6 +88,33 @@ impl Model {
                         return None;
                     };
                     return self.state.agents.contains_key(agent).then(|| work.clone());
+                }
+                // A RESUME row runs its work: the turn that started it, or
+                // (the work completed since) only the ack.
+                if let Some(Action::WorkTurn {
+                    agent,
+                    prompt,
+                    tools,
+                    response,
+                    ..
+                }) = self.works.get(key)
+                {
+                    return self.state.agents.contains_key(agent).then(|| Action::Fire {
+                        key: key.clone(),
+                        agent: agent.clone(),
+                        prompt: prompt.clone(),
+                        tools: tools.clone(),
+                        response: response.clone(),
+                    });
+                }
+                if let Some(agent) = self.works_done.get(key) {
+                    return self.state.agents.contains_key(agent).then(|| Action::Fire {
+                        key: key.clone(),
+                        agent: agent.clone(),
+                        prompt: String::new(),
+                        tools: Vec::new(),
+                        response: String::new(),
+                    });
                 }
                 let names: Vec<&String> = self.state.agents.keys().collect();
                 if names.is_empty() {

@@ -64,7 +64,16 @@ impl StatusView {
         if let Some(map) = status["triggers"].as_object() {
             for (state, list) in map {
                 for t in list.as_array().unwrap_or(&empty) {
-                    let key = t["dedup_key"].as_str().unwrap_or("?").to_string();
+                    let key = t["dedup_key"].as_str().unwrap_or("?");
+                    // A RESUME key names its agent by id (`resume:{work}@{id}`);
+                    // the soak knows agents by name.
+                    let key = match key.strip_prefix("resume:").and_then(|k| k.rsplit_once('@')) {
+                        Some((work, id)) => match name_of.get(id) {
+                            Some(name) => format!("resume:{work}@{name}"),
+                            None => key.to_string(),
+                        },
+                        None => key.to_string(),
+                    };
                     let last_error = t["last_error"].as_str().map(str::to_string);
                     v.triggers.insert(
                         key,

@@ -77,10 +77,11 @@ impl Expect {
                         a.acked_turns += 1;
                     }
                     // A turn cut by a crash is resumed by the RESUME trigger
-                    // the next boot emits for its work (`resume:api:{id}`);
-                    // a later retry of the request may still be acked.
+                    // the next boot emits for its work (`resume:api:{id}@{agent}`,
+                    // the agent by name as `StatusView` reads it); a later
+                    // retry of the request may still be acked.
                     e.triggers
-                        .entry(format!("resume:api:{work_id}"))
+                        .entry(format!("resume:api:{work_id}@{agent}"))
                         .or_insert((agent.clone(), Presence::May));
                 }
                 Op::Message { .. } => {}
