@@ -191,9 +191,22 @@ mod sim {
             let row = &out.view.triggers[&key];
             let ledger = out.view.ledger.get(&fire_key).map(String::as_str);
             // Exactly once, or surfaced for confirmation (crash between INTENT
-            // and the world's answer); never twice, never lost.
+            // and the world's answer): the fire's own key, or the trigger's
+            // turn re-run with the prompt it first started with, stopped at
+            // its call of unknown fate (FAILED, blocked on a human, seed 114);
+            // never twice, never lost.
+            // The turn's keys: `{work}-r…` with work `trigger:{key}`
+            // (`System::trigger_work`, `runtime::work_idempotency_key`).
+            let work_keys = format!("trigger:{key}-r");
+            let turn_blocked = row.status == "FAILED"
+                && out
+                    .view
+                    .ledger
+                    .iter()
+                    .any(|(k, s)| k.starts_with(&work_keys) && s == "NEEDS_CONFIRMATION");
             let ok = (sent == 1 && row.status == "DONE" && ledger == Some("DONE"))
-                || (sent <= 1 && ledger == Some("NEEDS_CONFIRMATION"));
+                || (sent <= 1 && ledger == Some("NEEDS_CONFIRMATION"))
+                || (sent <= 1 && turn_blocked);
             assert!(
                 ok,
                 "seed {seed}: {sent} deliveries, trigger {row:?}, ledger {ledger:?}\n{}",
@@ -213,9 +226,14 @@ mod sim {
                 // at boot, so it fires right after the restart (its handler's
                 // latency, then its turn's provider and tool calls, perhaps
                 // after the agent's own turn), not a lease later.
+                // (A turn blocked on a human is handled too: acked FAILED.)
                 let fired = out.events.iter().find(|(t, e)| {
                     *t >= crash.restarted_ms
-                        && matches!(e, DaemonEvent::TriggerFired { key: k, .. } if *k == key)
+                        && match e {
+                            DaemonEvent::TriggerFired { key: k, .. } => *k == key,
+                            DaemonEvent::TriggerFailed { key: k, .. } => *k == key && turn_blocked,
+                            _ => false,
+                        }
                 });
                 assert!(plan.daemon.lease_ms / 2 > 6 * plan.daemon.latency_ms.1);
                 let bound = crash.restarted_ms + plan.daemon.lease_ms / 2;
