@@ -65,13 +65,11 @@ impl StatusView {
             for (state, list) in map {
                 for t in list.as_array().unwrap_or(&empty) {
                     let key = t["dedup_key"].as_str().unwrap_or("?");
-                    // A RESUME key names its agent by id (`resume:{work}@{id}`);
-                    // the soak knows agents by name.
+                    // A RESUME key names its agent by id (`resume:{work}@{id}`),
+                    // perhaps of an agent deleted since; the soak's work ids
+                    // are unique across agents, so it keys them by work.
                     let key = match key.strip_prefix("resume:").and_then(|k| k.rsplit_once('@')) {
-                        Some((work, id)) => match name_of.get(id) {
-                            Some(name) => format!("resume:{work}@{name}"),
-                            None => key.to_string(),
-                        },
+                        Some((work, _agent)) => format!("resume:{work}"),
                         None => key.to_string(),
                     };
                     let last_error = t["last_error"].as_str().map(str::to_string);
@@ -505,6 +503,18 @@ mod tests {
                 "{want}: {violations:?}"
             );
         }
+    }
+
+    /// A RESUME key names its agent by id, and the agent may be deleted
+    /// since (the kill soak's seed 1 did): the view keys it by work.
+    #[test]
+    fn a_resume_trigger_of_a_deleted_agent_is_keyed_by_its_work() {
+        let status = serde_json::json!({
+            "agents": [],
+            "triggers": {"PENDING": [{"dedup_key": "resume:api:soak-t67@ee23863900000006"}]},
+        });
+        let v = StatusView::parse(&status);
+        assert_eq!(v.triggers.keys().collect::<Vec<_>>(), ["resume:api:soak-t67"]);
     }
 
     #[test]

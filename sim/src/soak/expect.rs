@@ -78,10 +78,10 @@ impl Expect {
                     }
                     // A turn cut by a crash is resumed by the RESUME trigger
                     // the next boot emits for its work (`resume:api:{id}@{agent}`,
-                    // the agent by name as `StatusView` reads it); a later
-                    // retry of the request may still be acked.
+                    // keyed by work alone as `StatusView` reads it: the soak's
+                    // work ids are unique); a later retry may still be acked.
                     e.triggers
-                        .entry(format!("resume:api:{work_id}@{agent}"))
+                        .entry(format!("resume:api:{work_id}"))
                         .or_insert((agent.clone(), Presence::May));
                 }
                 Op::Message { .. } => {}
