@@ -8,6 +8,12 @@
 //! twice" is checked by counting deliveries per key. A scripted status
 //! (see [`WebhookSink::script`]) answers without delivering; a reply delay
 //! ([`WebhookSink::delay_replies`]) delivers first and answers late.
+//!
+//! Requests are handled one at a time, in arrival order, so
+//! [`WebhookSink::settle`] (a request to [`SETTLE_PATH`], answered without
+//! being counted) returns only once every request that reached the sink
+//! before it is recorded: what a kill -9'd daemon had already sent may
+//! still wait in the queue behind a delayed reply.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -16,6 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::json;
 
 use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
+
+/// The path of [`WebhookSink::settle`]'s request: never a delivery.
+pub const SETTLE_PATH: &str = "/_settle";
 
 /// One request that took effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +73,10 @@ impl WebhookSink {
         let handler_state = Arc::clone(&state);
         let server = LoopbackServer::start(listen, "webhook-sink", move |mut request| {
             let recorded = Recorded::read(&mut request);
+            if recorded.path == SETTLE_PATH {
+                respond(request, json_response(200, r#"{"settled":true}"#));
+                return;
+            }
             let (status, body) = accept(&handler_state, recorded);
             let delay_ms = lock(&handler_state).reply_delay_ms;
             if delay_ms > 0 {
@@ -74,6 +87,15 @@ impl WebhookSink {
             respond(request, json_response(status, &body.to_string()));
         })?;
         Ok(WebhookSink { state, server })
+    }
+
+    /// Wait until every request that reached the sink before this call is
+    /// recorded (see the module docs): the sink's own loopback request to
+    /// [`SETTLE_PATH`], answered in arrival order, at most `timeout` late.
+    pub fn settle(&self, timeout: std::time::Duration) -> Result<(), crate::api::ClientError> {
+        crate::api::Client::new(self.addr(), timeout)
+            .call("GET", SETTLE_PATH, None)
+            .map(|_| ())
     }
 
     pub fn addr(&self) -> SocketAddr {

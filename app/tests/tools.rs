@@ -223,3 +223,34 @@ fn config_tools_run_reversible_tools_and_refuse_irreversible_ones() -> std::io::
     assert_eq!(sink.requests(), before);
     Ok(())
 }
+
+/// A send still queued behind a delayed reply when its sender died is on
+/// record once `settle` returns (the kill soak answers confirmations after
+/// it), and the settle request itself is never counted.
+#[test]
+fn settle_waits_for_queued_sends_and_is_not_a_delivery() {
+    let sink = WebhookSink::start(loopback(), false).expect("sink");
+    sink.delay_replies(200);
+    let send = |i: u32| {
+        let outbox = HttpOutbox::new(&tool("send_email", sink.url("/send"), true, false));
+        // The outcome does not matter here (the caller may time out).
+        std::thread::spawn(move || {
+            let _ = outbox.send(&format!("k{i}"), "send_email", &json!({"i": i}));
+        })
+    };
+    let first = send(0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while sink.deliveries_len() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The second send queues behind the first's delayed reply.
+    let second = send(1);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(sink.deliveries_len(), 1, "the second send is still queued");
+    sink.settle(std::time::Duration::from_secs(10)).expect("settle");
+    assert_eq!(sink.deliveries_len(), 2, "a queued send was not on record");
+    assert_eq!(sink.requests(), 2, "the settle request was counted");
+    for s in [first, second] {
+        s.join().expect("sender");
+    }
+}

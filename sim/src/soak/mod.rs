@@ -322,6 +322,15 @@ impl Generation {
         }
         self.count_verified(report);
         self.workload.observe(seen.agents.keys().cloned());
+        if !seen.needs_confirmation.is_empty() {
+            // An honest answer needs every send the dead daemon made on
+            // record: one may still queue behind a delayed reply (the
+            // gate's kill soak, seed 1, answered "not delivered" too soon).
+            self.world
+                .sink
+                .settle(std::time::Duration::from_secs(10))
+                .map_err(|e| Failed(format!("settling the sink before confirmations: {e}")))?;
+        }
         for key in seen.needs_confirmation {
             if self.confirmed.insert(key.clone()) {
                 let delivered = self.world.sink.deliveries_for(&key) > 0;
