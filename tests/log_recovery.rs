@@ -40,6 +40,20 @@ fn log_with_three() -> (SimFs, PathBuf, Vec<String>) {
     (sim, dir, lines)
 }
 
+/// The entry after [`log_with_three`]'s (`seq` 3), written at `schema_version`.
+fn fourth_entry(schema_version: u32) -> log::LogEntry {
+    log::LogEntry {
+        schema_version,
+        session_id: sid(),
+        seq: 3,
+        ts: 4,
+        event: Event::TurnComplete {
+            response: "d".into(),
+            delivered: Vec::new(),
+        },
+    }
+}
+
 fn repair(sim: &SimFs, dir: &Path) -> Result<(Vec<log::LogEntry>, log::LogRepair), LogError> {
     log::repair(sim, dir, &sid(), &Canaries::none())
 }
@@ -85,16 +99,7 @@ fn partial_trailing_line_is_truncated_at_its_offset() {
 fn complete_pending_entry_is_replayed_after_the_torn_tail_is_cut() {
     let (sim, dir, _) = log_with_three();
     let path = dir.join(EVENTS_FILE);
-    let entry = log::LogEntry {
-        schema_version: 1,
-        session_id: sid(),
-        seq: 3,
-        ts: 4,
-        event: Event::TurnComplete {
-            response: "d".into(),
-            delivered: Vec::new(),
-        },
-    };
+    let entry = fourth_entry(1);
     let line = entry.to_line().unwrap();
     let pending = dir.join(PENDING_FILE);
     sim.open(&pending, OpenMode::Truncate, "t").unwrap();
@@ -307,16 +312,7 @@ fn unsealed_lines_load_when_older_and_are_refused_when_current() {
 /// last line, the same damage is corruption, reported with its offset.
 #[test]
 fn a_damaged_last_line_that_events_pending_holds_is_replayed_from_it() {
-    let entry = log::LogEntry {
-        schema_version: SCHEMA_VERSION,
-        session_id: sid(),
-        seq: 3,
-        ts: 4,
-        event: Event::TurnComplete {
-            response: "d".into(),
-            delivered: Vec::new(),
-        },
-    };
+    let entry = fourth_entry(SCHEMA_VERSION);
     let line = entry.to_line().unwrap();
     assert!(line.ends_with('\n'));
     let mut holed = line.clone().into_bytes();

@@ -12,7 +12,7 @@ use durable_agent::runtime::{
     AgentId, ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, PureTools,
     RuntimeError, ToolRequest, Usage,
 };
-use durable_agent::store::triggers::TriggerSource;
+use durable_agent::store::triggers::{Trigger, TriggerSource};
 use durable_agent::system::{resume_key, BootReport, Deps, Fired, LogicalClock, System, SystemConfig};
 use durable_agent::world::World;
 use serde_json::json;
@@ -455,9 +455,7 @@ fn an_interrupted_work_turn_is_resumed_by_one_resume_trigger_across_boots() {
     let world = World::without_dedup();
     let mut system = boot(&fs, &provider, &world);
     let agent = system.runtime_mut().create_root("a", "work").expect("agent");
-    *provider.fail_once_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(2);
-    let failed = system.runtime_mut().run_work_turn(&agent, PROMPT, "run:job-1");
-    assert!(failed.is_err(), "round 2's completion failed");
+    interrupt_work(&mut system, &provider, &agent, "run:job-1");
     drop(system);
 
     let (mut system, report) = boot_reported(&fs, &provider, &world);
@@ -468,14 +466,7 @@ fn an_interrupted_work_turn_is_resumed_by_one_resume_trigger_across_boots() {
     assert!(report.resumes_emitted.is_empty(), "{report:?}");
     (system, _) = boot_reported(&fs, &provider, &world);
 
-    let claim = {
-        let db = system.db();
-        system
-            .triggers()
-            .claim(db.conn(), 0, 60_000)
-            .expect("claim")
-            .expect("the RESUME trigger is due")
-    };
+    let claim = claim_due(&system);
     assert_eq!(claim.source, TriggerSource::Resume);
     assert_eq!(
         claim.dedup_key.as_deref(),
@@ -511,6 +502,24 @@ fn an_interrupted_work_turn_is_resumed_by_one_resume_trigger_across_boots() {
         report.resumes_emitted.is_empty(),
         "a finished work is not resumed"
     );
+}
+
+/// Run `work` on `agent` with round 2's completion failing once: the work
+/// started, completed two rounds, and was cut.
+fn interrupt_work(system: &mut System, provider: &CountingProvider, agent: &AgentId, work: &str) {
+    *provider.fail_once_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(2);
+    let failed = system.runtime_mut().run_work_turn(agent, PROMPT, work);
+    assert!(failed.is_err(), "round 2's completion failed");
+}
+
+/// Claim the next due trigger (logical time 0, a minute's lease).
+fn claim_due(system: &System) -> Trigger {
+    let db = system.db();
+    system
+        .triggers()
+        .claim(db.conn(), 0, 60_000)
+        .expect("claim")
+        .expect("a trigger is due")
 }
 
 fn boot_reported(fs: &SimFs, provider: &Arc<CountingProvider>, world: &World) -> (System, BootReport) {
@@ -627,9 +636,7 @@ fn two_agents_interrupted_in_works_of_the_same_id_are_each_resumed() {
     let a = system.runtime_mut().create_root("a", "work").expect("agent a");
     let b = system.runtime_mut().create_root("b", "work").expect("agent b");
     for agent in [&a, &b] {
-        *provider.fail_once_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(2);
-        let failed = system.runtime_mut().run_work_turn(agent, PROMPT, "api:req-1");
-        assert!(failed.is_err(), "round 2's completion failed");
+        interrupt_work(&mut system, &provider, agent, "api:req-1");
     }
     drop(system);
 
@@ -640,14 +647,7 @@ fn two_agents_interrupted_in_works_of_the_same_id_are_each_resumed() {
     got.sort();
     assert_eq!(got, want, "one RESUME trigger per interrupted work");
     for _ in 0..2 {
-        let claim = {
-            let db = system.db();
-            system
-                .triggers()
-                .claim(db.conn(), 0, 60_000)
-                .expect("claim")
-                .expect("a RESUME trigger is due")
-        };
+        let claim = claim_due(&system);
         let agent = AgentId::from_hex(claim.payload["agent"].as_str().expect("agent")).expect("agent id");
         let prompt = claim.payload["prompt"].as_str().expect("prompt").to_string();
         let fired = system.fire(&claim, &agent, &prompt).expect("fire");

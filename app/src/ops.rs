@@ -335,38 +335,25 @@ fn prepare_turn(system: &mut System, name: &str, r: TurnRequest) -> Result<Prepa
         return Err(RuntimeError::TurnInFlight(id).into());
     }
     let work = r.work_id.as_ref().map(|w| format!("api:{w}"));
-    // A retried request whose turn was cut short (a crash, a stop) runs
-    // the prompt that turn began with — the messages it was handed
-    // included — even if another turn (a trigger's) ran in between: its
-    // calls keep their idempotency keys, so the ledger recognises an
-    // irreversible call the lost attempt made. Collecting messages again
-    // would make it another turn with other keys, and the email would go
-    // out twice (found by the kill -9 soak: `soak --kill --seed 2`, then
-    // `--seed 7` with a schedule's turn in between).
-    let reopened = match &work {
-        Some(w) => system.runtime().started_work_prompt(&id, w)?.map(str::to_string),
-        None => None,
-    };
-    let (prompt, reads) = match reopened {
-        // The runtime reads what the first attempt read (its turn.start).
-        Some(prompt) => (prompt, Vec::new()),
-        None => {
-            // Messages waiting for the agent are in this turn's prompt; they
-            // count as delivered only with the turn (seed 002: a turn lost
-            // in a crash leaves them pending, never lost).
-            let messages = system.runtime().pending(&id).to_vec();
-            let mut prompt = String::new();
-            if !messages.is_empty() {
-                prompt.push_str("Messages for you:\n");
-                for m in &messages {
-                    prompt.push_str(&format!("- from {}: {}\n", m.from, m.payload));
-                }
-                prompt.push('\n');
-            }
-            prompt.push_str(&r.prompt);
-            (prompt, messages.into_iter().map(|m| m.id).collect())
+    // Messages waiting for the agent are in this turn's prompt; they count
+    // as delivered only with the turn (seed 002: a turn lost in a crash
+    // leaves them pending, never lost). A retried request whose turn was
+    // cut short (a crash, a stop) runs the prompt and reads the messages
+    // that turn began with instead, even if another turn ran in between:
+    // `Runtime::start_turn` decides, so its calls keep their idempotency
+    // keys and the email does not go out twice (found by the kill -9 soak:
+    // `soak --kill --seed 2`, then `--seed 7`).
+    let messages = system.runtime().pending(&id).to_vec();
+    let mut prompt = String::new();
+    if !messages.is_empty() {
+        prompt.push_str("Messages for you:\n");
+        for m in &messages {
+            prompt.push_str(&format!("- from {}: {}\n", m.from, m.payload));
         }
-    };
+        prompt.push('\n');
+    }
+    prompt.push_str(&r.prompt);
+    let reads: Vec<MessageId> = messages.into_iter().map(|m| m.id).collect();
     let messages = match &work {
         Some(w) => system
             .runtime()

@@ -235,12 +235,13 @@ impl Runtime {
                 if self.work_done(agent, work)? && !rerun {
                     return Ok(Started::AlreadyDone);
                 }
-                let reads = match (kind, self.slot(agent)?.started_work.get(work)) {
-                    (_, Some(started)) => started.reads.clone(),
+                // A started work: what it first started with.
+                let first = self.started_work_prompt(agent, work)?.map(str::to_string);
+                let reads = match (kind, self.started_work_reads(agent, work)?) {
+                    (_, Some(reads)) => reads.to_vec(),
                     (TurnKind::WorkReading(_, ids), None) => ids.to_vec(),
                     _ => Vec::new(),
                 };
-                let first = self.started_work_prompt(agent, work)?.map(str::to_string);
                 (Some(work.to_string()), pending_of(self, &reads), first)
             }
         };

@@ -61,7 +61,7 @@ use crate::world::Outbox;
 pub use admin::{Confirmed, Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
 pub use calls::StoreCallLog;
 pub use outbox::OutboxRoutes;
-pub use resume::resume_key;
+pub use resume::{resume_key, resume_key_parts};
 pub use tools::{session_run, SystemTools};
 
 /// The stores' database, inside the root.

@@ -34,6 +34,12 @@ pub fn resume_key(agent: &AgentId, work: &str) -> String {
     format!("resume:{work}@{agent}")
 }
 
+/// The work and the agent (its id as written) a RESUME key names — the
+/// inverse of [`resume_key`] — or `None` for any other key.
+pub fn resume_key_parts(key: &str) -> Option<(&str, &str)> {
+    key.strip_prefix("resume:")?.rsplit_once('@')
+}
+
 /// The work a RESUME trigger resumes (its payload's `work`), if it is one.
 pub(super) fn resumed_work(trigger: &Trigger) -> Option<&str> {
     if trigger.source != TriggerSource::Resume {

@@ -63,13 +63,10 @@ impl Driver {
         let Some(key) = dedup_key else {
             return format!("?{id} (no dedup key)");
         };
-        let named = key
-            .strip_prefix("resume:")
-            .and_then(|k| k.rsplit_once('@'))
-            .and_then(|(work, agent)| {
-                let agent = AgentId::from_hex(agent).ok()?;
-                Some(crate::model::work_key(self.names.get(&agent)?, work))
-            });
+        let named = durable_agent::system::resume_key_parts(key).and_then(|(work, agent)| {
+            let agent = AgentId::from_hex(agent).ok()?;
+            Some(crate::model::work_key(self.names.get(&agent)?, work))
+        });
         named.unwrap_or_else(|| key.to_string())
     }
 

@@ -398,27 +398,31 @@ impl Model {
             Op::WorkTurn { agent, work, tools } => {
                 let tools = &tools[..tools.len().min(MAX_TOOLS_PER_TURN)];
                 let asked = script_prompt(n, tools);
-                let started: Vec<&String> = self
+                // (agent, work) of a started work of a live agent.
+                let started: Vec<(&String, &String)> = self
                     .works
-                    .iter()
-                    .filter(|(_, w)| matches!(w, Action::WorkTurn { agent, .. } if self.state.agents.contains_key(agent)))
-                    .map(|(k, _)| k)
+                    .values()
+                    .filter_map(|w| match w {
+                        Action::WorkTurn { agent, work, .. } if self.state.agents.contains_key(agent) => {
+                            Some((agent, work))
+                        }
+                        _ => None,
+                    })
                     .collect();
-                let key = match *work {
-                    128.. => pick(&started, *work - 128)?.clone(),
-                    _ => work_key(pick(&all, agent.0)?, &format!("api:w{}", work % 3)),
+                let (agent, work) = match *work {
+                    128.. => started
+                        .get(usize::from(*work - 128) % started.len().max(1))
+                        .map(|(a, w)| ((*a).clone(), (*w).clone()))?,
+                    _ => (pick(&all, agent.0)?.clone(), format!("api:w{}", work % 3)),
                 };
-                if let Some(Action::WorkTurn { .. }) = self.works.get(&key) {
-                    let mut retry = self.works[&key].clone();
+                let key = work_key(&agent, &work);
+                if let Some(mut retry) = self.works.get(&key).cloned() {
+                    // The work it first was, asked with the new prompt.
                     if let Action::WorkTurn { asked: a, .. } = &mut retry {
                         *a = asked;
                     }
                     return Some(retry);
                 }
-                let (work, agent) = key
-                    .strip_prefix("resume:")
-                    .and_then(|k| k.rsplit_once('@'))
-                    .map(|(w, a)| (w.to_string(), a.to_string()))?;
                 if self.works_done.contains_key(&key) {
                     return Some(Action::WorkDone { agent, work, asked });
                 }

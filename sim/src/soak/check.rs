@@ -68,7 +68,7 @@ impl StatusView {
                     // A RESUME key names its agent by id (`resume:{work}@{id}`),
                     // perhaps of an agent deleted since; the soak's work ids
                     // are unique across agents, so it keys them by work.
-                    let key = match key.strip_prefix("resume:").and_then(|k| k.rsplit_once('@')) {
+                    let key = match durable_agent::system::resume_key_parts(key) {
                         Some((work, _agent)) => format!("resume:{work}"),
                         None => key.to_string(),
                     };

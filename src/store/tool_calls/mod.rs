@@ -297,10 +297,11 @@ impl ToolCallStore {
     pub fn release(&self, conn: &Connection, run_id: &str, now_ms: u64) -> Result<RunRecord, StoreError> {
         let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
             .map_err(sql("run release begin"))?;
-        let run = self.get_run(&tx, run_id)?.ok_or_else(|| StoreError::NotFound {
+        let missing = || StoreError::NotFound {
             table: "runs",
             id: run_id.to_string(),
-        })?;
+        };
+        let run = self.get_run(&tx, run_id)?.ok_or_else(missing)?;
         if run.status != RunStatus::WaitingForHuman {
             return Err(StoreError::WrongState {
                 table: "runs",
@@ -317,10 +318,7 @@ impl ToolCallStore {
             params![run_id, now_ms],
         )
         .map_err(sql("run release calls"))?;
-        let released = self.get_run(&tx, run_id)?.ok_or_else(|| StoreError::NotFound {
-            table: "runs",
-            id: run_id.to_string(),
-        })?;
+        let released = self.get_run(&tx, run_id)?.ok_or_else(missing)?;
         tx.commit().map_err(sql("run release commit"))?;
         tracing::info!(run_id, "run released by a human");
         Ok(released)
