@@ -28,6 +28,14 @@ pub struct ToolStep {
     pub irreversible: bool,
     /// Whether the tool succeeds (a failed tool still completes the turn).
     pub ok: bool,
+    /// Asked in the same provider round as the step before it (parallel
+    /// tool calls): the runtime runs a round's calls as one batch and
+    /// checkpoints the round once (`round.complete`), so a crash between
+    /// two calls of a batch reruns the round. Ignored on a turn's first
+    /// step. Rounds are how a turn is asked, not what it did: the turns
+    /// the model records and the projection reads back have it false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub joins_round: bool,
 }
 
 /// What a [`Op::Crash`] does to the disk.
@@ -184,7 +192,16 @@ pub(crate) fn crash_kind() -> impl Strategy<Value = CrashKind> {
 }
 
 pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
-    (any::<bool>(), prop::bool::weighted(0.85)).prop_map(|(irreversible, ok)| ToolStep { irreversible, ok })
+    (
+        any::<bool>(),
+        prop::bool::weighted(0.85),
+        prop::bool::weighted(0.4),
+    )
+        .prop_map(|(irreversible, ok, joins_round)| ToolStep {
+            irreversible,
+            ok,
+            joins_round,
+        })
 }
 
 /// The generator. Weights favour ops that build state (so sequences reach
@@ -223,15 +240,19 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
 }
 
 fn render_tools(tools: &[ToolStep]) -> String {
-    let tools: Vec<String> = tools
-        .iter()
-        .map(|t| {
-            let kind = if t.irreversible { "irrev" } else { "rev" };
-            let ok = if t.ok { "" } else { "!fail" };
-            format!("{kind}{ok}")
-        })
-        .collect();
-    format!("[{}]", tools.join(","))
+    // `,` opens a new provider round, `+` joins the call to the round of
+    // the one before it.
+    let mut out = String::new();
+    for (i, t) in tools.iter().enumerate() {
+        if i > 0 {
+            out.push(if t.joins_round { '+' } else { ',' });
+        }
+        out.push_str(if t.irreversible { "irrev" } else { "rev" });
+        if !t.ok {
+            out.push_str("!fail");
+        }
+    }
+    format!("[{out}]")
 }
 
 /// A compact one-line rendering for reports (`spawn_child(parent=#1)`).

@@ -20,19 +20,36 @@ use serde_json::json;
 use crate::model::effect_key;
 use crate::op::ToolStep;
 
-fn parse_script(prompt: &str) -> Vec<ToolStep> {
+/// The prompt's tool script as provider rounds: each round's steps with
+/// their index in the turn (`+` joins a step to the round before it).
+fn parse_rounds(prompt: &str) -> Vec<Vec<(usize, ToolStep)>> {
     let script = prompt.split_once(':').map(|(_, s)| s).unwrap_or("");
-    script
-        .chars()
-        .map(|c| ToolStep {
+    let mut rounds: Vec<Vec<(usize, ToolStep)>> = Vec::new();
+    let mut joins = false;
+    let mut index = 0;
+    for c in script.chars() {
+        if c == '+' {
+            joins = true;
+            continue;
+        }
+        let step = ToolStep {
             irreversible: c.eq_ignore_ascii_case(&'i'),
             ok: c.is_ascii_uppercase(),
-        })
-        .collect()
+            joins_round: joins,
+        };
+        match rounds.last_mut() {
+            Some(round) if joins => round.push((index, step)),
+            _ => rounds.push(vec![(index, step)]),
+        }
+        joins = false;
+        index += 1;
+    }
+    rounds
 }
 
-/// The LLM stand-in: round `r` asks for the `r`-th scripted tool, then
-/// answers `r<n>` for prompt `p<n>:…`. A pure function of the request.
+/// The LLM stand-in: round `r` asks for the `r`-th round of the script
+/// (one call, or several asked together), then answers `r<n>` for prompt
+/// `p<n>:…`. A pure function of the request.
 #[derive(Debug)]
 pub struct ScriptedProvider;
 
@@ -53,19 +70,19 @@ impl Provider for ScriptedProvider {
                 _ => None,
             })
             .ok_or_else(|| ProviderError("no prompt in the open turn".into()))?;
-        let tools = parse_script(prompt);
-        let round = request.round as usize;
-        if let Some(step) = tools.get(round) {
-            let key = effect_key(prompt, round);
-            let tool = if step.irreversible { "effect" } else { "lookup" };
-            let call = ToolRequest {
-                tool: tool.into(),
-                args: json!({ "key": key, "ok": step.ok }),
-                irreversible: step.irreversible,
-            };
+        let rounds = parse_rounds(prompt);
+        if let Some(round) = rounds.get(request.round as usize) {
+            let tool_calls = round
+                .iter()
+                .map(|(index, step)| ToolRequest {
+                    tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                    args: json!({ "key": effect_key(prompt, *index), "ok": step.ok }),
+                    irreversible: step.irreversible,
+                })
+                .collect();
             return Ok(ProviderReply {
                 text: String::new(),
-                tool_calls: vec![call],
+                tool_calls,
                 usage: Some(Usage {
                     input_tokens: request.history.len() as u64,
                     output_tokens: 1,

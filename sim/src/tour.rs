@@ -10,14 +10,17 @@ use crate::op::{AgentRef as A, Op, ToolStep};
 const REV: ToolStep = ToolStep {
     irreversible: false,
     ok: true,
+    joins_round: false,
 };
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
     ok: true,
+    joins_round: false,
 };
 const FAILING: ToolStep = ToolStep {
     irreversible: true,
     ok: false,
+    joins_round: false,
 };
 
 /// The tour: a tree of four agents, turns with every tool kind, messages

@@ -38,6 +38,7 @@ fn turn(agent: &str, prompt: &str, tools: Vec<ToolStep>) -> Action {
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
     ok: true,
+    joins_round: false,
 };
 
 #[test]

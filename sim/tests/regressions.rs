@@ -84,6 +84,7 @@ fn injected_io_errors_are_judged_like_crashes_at_every_offset() {
                     tools: vec![ToolStep {
                         irreversible: true,
                         ok: true,
+                        joins_round: false,
                     }],
                 },
                 Op::Fault { offset, kind },

@@ -179,3 +179,54 @@ fn fork_sweep_gives_the_replay_sweeps_verdicts_on_the_whole_tour_and_generated_c
         fork_matches_replay(case.seed, &case.ops, &Canaries::none(), &CrashKind::ALL);
     }
 }
+
+/// A round asking for several calls at once (parallel tool calls) runs as
+/// one batch with one checkpoint (`round.complete`): a crash between two
+/// of its calls reruns the whole round, and the ledger must send each
+/// irreversible call exactly once across that rerun (each call keeps its
+/// index in the round in its key). Swept at every point: forked, to show
+/// some crash does fall between the batch's two sends; replayed and
+/// continued, to show the rerun (the `resume_turn` after it) completes the
+/// turn with each effect once.
+#[test]
+fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once() {
+    use durable_agent_sim::op::{AgentRef as A, ToolStep};
+    let step = |irreversible, joins_round| ToolStep {
+        irreversible,
+        ok: true,
+        joins_round,
+    };
+    let ops = vec![
+        Op::CreateRoot,
+        Op::RunTurn {
+            agent: A(0),
+            tools: vec![step(true, false), step(true, true), step(false, true)],
+        },
+        Op::ResumeTurn { agent: A(0) },
+        Op::RunTurn {
+            agent: A(0),
+            tools: vec![step(false, false), step(true, true)],
+        },
+    ];
+    let (_, forked) = verdicts(7, &ops, &Canaries::none(), &CrashKind::ALL, SweepMethod::Fork);
+    let mut between = 0;
+    for (point, kind, hit, _, outcome) in &forked {
+        let model = outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("point {point} ({kind}): {e}"));
+        assert!(hit, "point {point} ({kind}) not hit");
+        let batch: Vec<&String> = model.state.outbox.iter().filter(|k| k.contains(":I+I")).collect();
+        between += usize::from(batch.len() == 1);
+    }
+    assert!(between > 0, "no crash point fell between the batch's two sends");
+    let options = SweepOptions {
+        continue_after_crash: true,
+        method: SweepMethod::Replay,
+        ..SweepOptions::default()
+    };
+    let s = sweep(7, &ops, &Canaries::none(), &options);
+    if let Some(f) = s.failures.first() {
+        panic!("{} failing points; first:\n{}", s.failures.len(), f.report());
+    }
+    assert_eq!(s.runs, CrashKind::ALL.len() as u64 * s.points);
+}

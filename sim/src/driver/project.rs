@@ -242,6 +242,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                     t.tools.push(ToolStep {
                         irreversible: *irreversible,
                         ok: false,
+                        joins_round: false,
                     });
                 }
             }

@@ -174,9 +174,10 @@ pub fn round_messages(round: u64, tools: u8) -> Vec<String> {
     out
 }
 
-/// Tools per turn, at most: the scripted provider asks for one per round
-/// and the runtime allows 4 rounds (`RuntimeConfig::max_tool_rounds`), the
-/// last of which must answer. Longer scripts (from `arbitrary`) are cut.
+/// Tools per turn, at most: the scripted provider asks for at least one
+/// per round and the runtime allows 4 rounds
+/// (`RuntimeConfig::max_tool_rounds`), the last of which must answer.
+/// Longer scripts (from `arbitrary`) are cut.
 pub const MAX_TOOLS_PER_TURN: usize = 3;
 
 /// The idempotency key of the `index`-th tool of the turn with `prompt`:
@@ -188,17 +189,21 @@ pub fn effect_key(prompt: &str, index: usize) -> String {
 
 /// A turn's prompt: unique (`p<n>`) and carrying the tool script, so the
 /// stateless scripted provider can follow it: `p7:Ir` = an irreversible
-/// tool that succeeds, then a reversible one that fails.
+/// tool that succeeds, then (next round) a reversible one that fails;
+/// `p7:I+r` asks for both in one round.
 pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
-    let script: String = tools
-        .iter()
-        .map(|t| match (t.irreversible, t.ok) {
+    let mut script = String::new();
+    for (i, t) in tools.iter().enumerate() {
+        if i > 0 && t.joins_round {
+            script.push('+');
+        }
+        script.push(match (t.irreversible, t.ok) {
             (true, true) => 'I',
             (true, false) => 'i',
             (false, true) => 'R',
             (false, false) => 'r',
-        })
-        .collect();
+        });
+    }
     format!("p{n}:{script}")
 }
 
@@ -315,7 +320,14 @@ impl Model {
         if let Some(a) = self.state.agents.get_mut(agent) {
             a.turns.push(Turn {
                 prompt: prompt.to_string(),
-                tools: tools.to_vec(),
+                // What the turn did, not how it was asked: no rounds.
+                tools: tools
+                    .iter()
+                    .map(|t| ToolStep {
+                        joins_round: false,
+                        ..*t
+                    })
+                    .collect(),
                 response: response.to_string(),
             });
         }
