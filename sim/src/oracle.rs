@@ -61,10 +61,12 @@
 //!   with the typed corruption error naming exactly that file, that line
 //!   and the byte offset the line starts at; or, if the boot never read
 //!   the file (a record-less orphan directory it removes unread), it may
-//!   succeed; or, if the line is the log's last and `events.pending` holds
-//!   its whole entry (the append in flight, or the last acknowledged one:
-//!   the writer keeps that copy durable), the boot may replace the line
-//!   from that copy ([`RotVerdict::Replaced`]: the flipped byte is back). Never
+//!   succeed; but if the line is the log's last and `events.pending` holds
+//!   exactly its bytes (the append in flight, or the last acknowledged one:
+//!   the writer keeps that copy durable), the boot must replace the line
+//!   from that copy ([`RotVerdict::Replaced`]: the flipped byte is back)
+//!   rather than refuse: nothing was lost, so refusing the root is a
+//!   needless outage ([`crate::rot::Rot::replaceable`]). Never
 //!   `Ok` after reading the damaged line as data, never another error. Then the bit is restored (an operator's restore from backup)
 //!   and the same disk is booted again, judged as any restart. Only the
 //!   line's content can rot here: a flipped final newline makes a durable
@@ -118,8 +120,16 @@ pub fn judge_rot(
 ) -> Result<RotVerdict, String> {
     match (opened, named) {
         (Ok(()), _) if read && replaced => Ok(RotVerdict::Replaced),
-        (Err(_), Some(n)) if n.path == rot.path && n.line == rot.line && n.offset == rot.line_offset => {
-            Ok(RotVerdict::Refused)
+        (Err(e), Some(n)) if n.path == rot.path && n.line == rot.line && n.offset == rot.line_offset => {
+            if rot.replaceable {
+                Err(format!(
+                    "the boot refused {} line {}, the log's last, which events.pending holds whole: it must replace the line from that copy: {e}",
+                    rot.path.display(),
+                    rot.line
+                ))
+            } else {
+                Ok(RotVerdict::Refused)
+            }
         }
         (Err(e), Some(n)) => Err(format!(
             "the boot named {} line {} (byte {}) instead of line {} (byte {}): {e}",

@@ -35,6 +35,11 @@ pub struct Rot {
     pub at_point: u64,
     /// The byte's value before the flip.
     pub original: u8,
+    /// The line is its log's last and `events.pending` beside it holds
+    /// exactly its bytes (the writer keeps the last append's copy durable):
+    /// the boot has everything it needs to replace it, so it must
+    /// ([`crate::oracle::RotVerdict::Replaced`]), not refuse.
+    pub replaceable: bool,
 }
 
 /// Files that carry checksummed lines: event logs and session records.
@@ -74,7 +79,14 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
     let (path, line, start, end) = lines[rng.random_range(0..lines.len())];
     let byte = rng.random_range(start..end);
     let mask = 1u8 << rng.random_range(0..8);
-    let original = *disk.get(path)?.get(byte)?;
+    let now = disk.get(path)?;
+    let original = *now.get(byte)?;
+    let last_line = !now.get(end + 1..).unwrap_or_default().contains(&b'\n');
+    let replaceable = last_line && path.file_name().and_then(|n| n.to_str()) == Some("events.jsonl") && {
+        let pending = path.with_file_name("events.pending");
+        let copy = fs.disk_image_where(|p| p == pending);
+        copy.get(&pending).map(Vec::as_slice) == now.get(start..=end)
+    };
     fs.rot(path, byte as u64, mask).ok()?;
     Some(Rot {
         path: path.clone(),
@@ -84,6 +96,7 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
         mask,
         at_point: fs.points(),
         original,
+        replaceable,
     })
 }
 

@@ -211,3 +211,50 @@ fn i3_flags_partial_lines_bad_json_and_bad_utf8_in_logs_only() {
     let trailing = log(b"{\"seq\":0} x\n");
     assert_eq!(log_invariants(&trailing).len(), 1);
 }
+
+/// R6: a flipped line is refused with its name; but the log's last line,
+/// which `events.pending` holds byte for byte, must be replaced from that
+/// copy — refusing it takes a root down with nothing lost.
+#[test]
+fn rot_verdicts_refuse_a_damaged_line_but_replace_one_the_pending_copy_holds() {
+    use durable_agent::system::CorruptLine;
+    use durable_agent_sim::oracle::{judge_rot, RotVerdict};
+    use durable_agent_sim::rot::Rot;
+    let rot = |replaceable| Rot {
+        path: "sessions/s1/events.jsonl".into(),
+        line: 3,
+        line_offset: 210,
+        byte_offset: 222,
+        mask: 0x10,
+        at_point: 40,
+        original: b'a',
+        replaceable,
+    };
+    let named = |line, offset| CorruptLine {
+        path: "sessions/s1/events.jsonl".into(),
+        line,
+        offset,
+    };
+    let refused: Result<(), String> = Err("checksum mismatch".into());
+    assert_eq!(
+        judge_rot(&rot(false), &refused, Some(&named(3, 210)), true, false),
+        Ok(RotVerdict::Refused)
+    );
+    let wrong_line = judge_rot(&rot(false), &refused, Some(&named(2, 100)), true, false);
+    assert!(wrong_line.is_err(), "{wrong_line:?}");
+    let needless = judge_rot(&rot(true), &refused, Some(&named(3, 210)), true, false);
+    assert!(
+        needless.as_ref().is_err_and(|e| e.contains("must replace")),
+        "{needless:?}"
+    );
+    assert_eq!(
+        judge_rot(&rot(true), &Ok(()), None, true, true),
+        Ok(RotVerdict::Replaced)
+    );
+    let read_as_data = judge_rot(&rot(false), &Ok(()), None, true, false);
+    assert!(read_as_data.is_err(), "{read_as_data:?}");
+    assert_eq!(
+        judge_rot(&rot(false), &Ok(()), None, false, false),
+        Ok(RotVerdict::Unread)
+    );
+}

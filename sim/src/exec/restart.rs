@@ -105,21 +105,20 @@ impl Exec {
     ) -> Result<(), Box<Failure>> {
         self.restarts += 1;
         let mut attempts = 0;
-        let (state, mut violations) =
-            loop {
-                attempts += 1;
-                // A crash armed into the recovery (or a sweep point landing in
-                // it, or in the projection's reads) restarts it.
-                let opened = self.driver.open();
-                if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
-                    self.kill(kind);
-                    continue;
-                }
-                if let Some(rot) = self.driver.take_rot() {
-                    let named = self.driver.take_corruption();
-                    let read = rot.read_since(&self.driver.fs);
-                    let replaced = rot.replaced(&self.driver.fs);
-                    match oracle::judge_rot(&rot, &opened, named.as_ref(), read, replaced) {
+        let (state, mut violations) = loop {
+            attempts += 1;
+            // A crash armed into the recovery (or a sweep point landing in
+            // it, or in the projection's reads) restarts it.
+            let opened = self.driver.open();
+            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                self.kill(kind);
+                continue;
+            }
+            if let Some(rot) = self.driver.take_rot() {
+                let named = self.driver.take_corruption();
+                let read = rot.read_since(&self.driver.fs);
+                let replaced = rot.replaced(&self.driver.fs);
+                match oracle::judge_rot(&rot, &opened, named.as_ref(), read, replaced) {
                         Ok(verdict) => {
                             if verdict != oracle::RotVerdict::Replaced {
                                 rot.restore(&self.driver.fs);
@@ -132,23 +131,23 @@ impl Exec {
                             }
                         }
                         Err(why) => return Err(self.fail(
-                            "R6: bit rot in a durable line was not refused with the typed corruption error",
+                            "R6: bit rot in a durable line was not refused with the typed corruption error (or replaced, when events.pending holds it)",
                             format!("{}\n{why}", rot.describe()),
                             None,
                         )),
                     }
-                }
-                if let Err(e) = opened {
-                    return Err(self.fail("recovery failed", e, None));
-                }
-                self.disarm();
-                let projected = self.driver.state();
-                if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
-                    self.kill(kind);
-                    continue;
-                }
-                break projected;
-            };
+            }
+            if let Err(e) = opened {
+                return Err(self.fail("recovery failed", e, None));
+            }
+            self.disarm();
+            let projected = self.driver.state();
+            if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
+                self.kill(kind);
+                continue;
+            }
+            break projected;
+        };
         violations.extend(oracle::state_invariants(&state));
         violations.extend(oracle::recovery_invariants(&state));
         violations.extend(oracle::log_invariants(&self.driver.logs()));
