@@ -85,6 +85,14 @@
 //!   past every logged tick at boot: an entry recovery appends included).
 //! - **I4 No duplicate side effect.** No idempotency key reaches the
 //!   external world twice.
+//! - **I5 The recovery report tells what recovery did** (after every
+//!   restart; `driver::project::report_violations`): for each event log
+//!   the boot kept, the bytes the report says it cut are the log's tail
+//!   and the rest is byte for byte what the boot found; after them comes
+//!   the pending copy if the report says it was replayed, else nothing;
+//!   a pending copy found gets exactly one verdict (replayed, deduped — its
+//!   line is in the kept log —, or torn). An operator reads that report to
+//!   learn what a crash cost.
 //!
 //! Anything else a recovered runtime shows is a failure.
 

@@ -123,6 +123,9 @@ pub struct Driver {
     rot: Option<Rot>,
     /// The damaged line the last failed boot named.
     corruption: Option<CorruptLine>,
+    /// Where the last boot's recovery report disagrees with what it did
+    /// to the logs ([`project::report_violations`]).
+    report_violations: Vec<String>,
     /// The key the last op's turn stopped at (`NeedsConfirmation`).
     blocked: Option<String>,
 }
@@ -166,6 +169,7 @@ impl Driver {
             sent_at: Arc::default(),
             rot: None,
             corruption: None,
+            report_violations: Vec::new(),
             blocked: None,
         }
     }
@@ -229,6 +233,7 @@ impl Driver {
         // The boot runs at boot time; ops after it at their own step.
         let step_ms = self.now();
         self.clock.set(step_ms + BOOT_MS);
+        let logs_before = self.fs.disk_image_where(project::is_log_file);
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
         self.corruption = None;
@@ -236,6 +241,17 @@ impl Driver {
             self.corruption = e.corrupt_line();
             format!("boot: {e}")
         })?;
+        // A boot a crash point cut short wrote nothing after it: its
+        // report is not judged (the restart boots again).
+        self.report_violations = if self.fs.crashed() {
+            Vec::new()
+        } else {
+            project::report_violations(
+                &logs_before,
+                &self.fs.disk_image_where(project::is_log_file),
+                &report.runtime,
+            )
+        };
         let now = step_ms + BOOT_MS;
         // Boot resumed every run with a checkpoint: the loop's is among
         // them unless this is a fresh install.
@@ -295,6 +311,11 @@ impl Driver {
     /// Where the last failed boot said the data is damaged, if it did.
     pub fn take_corruption(&mut self) -> Option<CorruptLine> {
         self.corruption.take()
+    }
+
+    /// Where the last boot's recovery report disagrees with the disk.
+    pub fn take_report_violations(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.report_violations)
     }
 
     /// The idempotency key the last op's turn stopped at, needing a

@@ -6,8 +6,9 @@
 //! the store calls an op asks for (`loop_round`, `checkpoint`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use durable_agent::recovery::RecoveryReport;
 use durable_agent::runtime::{AgentId, ConversationItem};
 use durable_agent::sqlite::Db;
 use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
@@ -255,6 +256,112 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                 if let Some(t) = out.last_mut() {
                     t.response = text.clone();
                 }
+            }
+        }
+    }
+    out
+}
+
+/// The event logs and their pending copies: what recovery repairs.
+pub(super) fn is_log_file(path: &Path) -> bool {
+    matches!(
+        path.file_name().and_then(|n| n.to_str()),
+        Some("events.jsonl" | "events.pending")
+    )
+}
+
+/// What the boot's recovery report says it did to each event log must be
+/// what it did (an operator reads the report to learn what a crash cost):
+/// `before` and `after` hold the logs and pending copies the boot found
+/// and left ([`is_log_file`]). For each log the boot kept: the bytes it
+/// says it cut are the log's tail and the rest is untouched; what follows
+/// them is the pending copy if it says it replayed one, else nothing; and
+/// a pending copy found gets exactly one verdict — replayed, deduped
+/// (its line is in the kept log) or torn (it is not).
+pub(super) fn report_violations(
+    before: &BTreeMap<PathBuf, Vec<u8>>,
+    after: &BTreeMap<PathBuf, Vec<u8>>,
+    report: &RecoveryReport,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, old) in before {
+        if path.file_name().and_then(|n| n.to_str()) != Some("events.jsonl") {
+            continue;
+        }
+        let Some(new) = after.get(path) else { continue }; // an orphan removed
+        let session = path
+            .parent()
+            .and_then(|d| d.file_name())
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        let repair = report
+            .logs_repaired
+            .iter()
+            .find(|(id, _)| id.as_str() == session)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_default();
+        let shown = path.display();
+        let Some(kept) = old
+            .len()
+            .checked_sub(usize::try_from(repair.truncated_bytes).unwrap_or(usize::MAX))
+        else {
+            out.push(format!(
+                "report: {shown}: {} bytes cut from a {}-byte log",
+                repair.truncated_bytes,
+                old.len()
+            ));
+            continue;
+        };
+        if new.get(..kept) != old.get(..kept) {
+            out.push(format!(
+                "report: {shown}: says {} bytes were cut, but the boot changed the {kept} bytes before them ({} bytes before, {} after)",
+                repair.truncated_bytes,
+                old.len(),
+                new.len()
+            ));
+            continue;
+        }
+        let pending = before.get(&path.with_file_name("events.pending"));
+        let tail = new.get(kept..).unwrap_or_default();
+        let replayed: &[u8] = match pending {
+            Some(p) if repair.pending_replayed => p,
+            _ => &[],
+        };
+        if tail != replayed {
+            out.push(format!(
+                "report: {shown}: says {} bytes were cut and {} replayed, but the boot left {} bytes after the {kept} it kept ({} bytes before, {} after)",
+                repair.truncated_bytes,
+                replayed.len(),
+                tail.len(),
+                old.len(),
+                new.len()
+            ));
+        }
+        let verdicts = [
+            repair.pending_replayed,
+            repair.pending_deduped,
+            repair.pending_torn,
+        ];
+        let given = verdicts.iter().filter(|v| **v).count();
+        if given != usize::from(pending.is_some()) {
+            out.push(format!(
+                "report: {shown}: {given} verdicts on events.pending (replayed {}, deduped {}, torn {}), the boot found {} pending copy",
+                repair.pending_replayed,
+                repair.pending_deduped,
+                repair.pending_torn,
+                if pending.is_some() { "a" } else { "no" }
+            ));
+        }
+        if let Some(p) = pending {
+            let logged = old[..kept]
+                .split_inclusive(|b| *b == b'\n')
+                .any(|line| line == p.as_slice());
+            if repair.pending_deduped != logged && !repair.pending_replayed {
+                out.push(format!(
+                    "report: {shown}: events.pending's line {} the kept log, but the report says {}",
+                    if logged { "is in" } else { "is not in" },
+                    if repair.pending_deduped { "deduped" } else { "torn" }
+                ));
             }
         }
     }

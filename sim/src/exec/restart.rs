@@ -152,6 +152,7 @@ impl Exec {
         violations.extend(oracle::recovery_invariants(&state));
         violations.extend(oracle::log_invariants(&self.driver.logs()));
         violations.extend(self.driver.disk_violations());
+        violations.extend(self.driver.take_report_violations());
         if !violations.is_empty() {
             return Err(self.fail("an invariant broke after recovery", violations.join("\n"), None));
         }
