@@ -94,6 +94,10 @@
 //!   line is in the kept log —, or torn). An operator reads that report to
 //!   learn what a crash cost.
 //!
+//! And after an op that failed under an injected I/O fault: a runtime
+//! that says it is poisoned refuses the next change with `Poisoned` and
+//! no I/O until reopened (`Driver::poisoned_probe`).
+//!
 //! Anything else a recovered runtime shows is a failure.
 
 use std::collections::BTreeSet;

@@ -313,6 +313,27 @@ impl Driver {
         self.corruption.take()
     }
 
+    /// A runtime an I/O error of unknown outcome poisoned must refuse
+    /// every further change, without touching the disk, until it is
+    /// reopened (a failed fsync leaves its data unknown: writing on could
+    /// make later entries durable past a hole). Probed with a root
+    /// creation; `Some` says how the runtime went on instead.
+    pub fn poisoned_probe(&mut self) -> Option<String> {
+        let rt = self.system.as_mut()?.runtime_mut();
+        if !rt.is_poisoned() {
+            return None;
+        }
+        let points = self.fs.points();
+        let answer = rt.create_root("poison-probe", "");
+        let io = self.fs.points() - points;
+        match answer {
+            Err(RuntimeError::Poisoned { .. }) if io == 0 => None,
+            other => Some(format!(
+                "after an I/O error of unknown outcome poisoned the runtime, a root creation answered {other:?} after {io} I/O points"
+            )),
+        }
+    }
+
     /// Where the last boot's recovery report disagrees with the disk.
     pub fn take_report_violations(&mut self) -> Vec<String> {
         std::mem::take(&mut self.report_violations)

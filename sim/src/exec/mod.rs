@@ -286,6 +286,9 @@ impl Exec {
         if fault.is_some() && !self.driver.fs.crashed() {
             self.disarm();
             if result.is_err() {
+                if let Some(why) = self.driver.poisoned_probe() {
+                    return Err(self.fail("a poisoned runtime went on", why, None));
+                }
                 // Unknown outcome: the daemon reopens everything in place
                 // (no crash) and the oracle judges it like one.
                 return self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action));
