@@ -96,7 +96,10 @@
 //!
 //! And after an op that failed under an injected I/O fault: a runtime
 //! that says it is poisoned refuses the next change with `Poisoned` and
-//! no I/O until reopened (`Driver::poisoned_probe`).
+//! no I/O until reopened (`Driver::poisoned_probe`). And after every
+//! completed turn: its answer (response and every call, those before a
+//! crash it resumed from included: what the API returns) is what the turn
+//! did (`Driver::check_answer`).
 //!
 //! Anything else a recovered runtime shows is a failure.
 

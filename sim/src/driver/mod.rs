@@ -17,14 +17,14 @@ use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{Fault, SimConfig, SimFs, SimSnapshot};
-use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError, Started, TurnKind};
+use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError, Started, TurnKind, TurnOutcome};
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
 use durable_agent::system::{Deps, System, SystemConfig, SystemError};
 use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
-use crate::op::CrashKind;
+use crate::op::{CrashKind, ToolStep};
 use crate::rot::{self, Rot};
 use durable_agent::system::CorruptLine;
 use std::path::PathBuf;
@@ -126,6 +126,9 @@ pub struct Driver {
     /// Where the last boot's recovery report disagrees with what it did
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
+    /// Turn answers that disagree with what the turn did
+    /// ([`Driver::check_answer`]), until the next [`Driver::state`].
+    answer_violations: Vec<String>,
     /// The key the last op's turn stopped at (`NeedsConfirmation`).
     blocked: Option<String>,
 }
@@ -170,6 +173,7 @@ impl Driver {
             rot: None,
             corruption: None,
             report_violations: Vec::new(),
+            answer_violations: Vec::new(),
             blocked: None,
         }
     }
@@ -334,6 +338,30 @@ impl Driver {
         }
     }
 
+    /// A completed turn's answer (what the API returns to its caller: the
+    /// response and every call the turn made, those before a crash it
+    /// resumed from included) must be what the turn did: the model's
+    /// script, call by call. A mismatch is kept for the next
+    /// [`Driver::state`]'s invariant check. Not judged once the disk
+    /// crashed (a doomed process's answer reaches no one).
+    fn check_answer(&mut self, agent: &str, outcome: &TurnOutcome, tools: &[ToolStep], response: &str) {
+        if self.fs.crashed() {
+            return;
+        }
+        let did: Vec<(bool, bool)> = outcome
+            .tool_calls
+            .iter()
+            .map(|(_, call, out)| (call.irreversible, out.ok))
+            .collect();
+        let script: Vec<(bool, bool)> = tools.iter().map(|t| (t.irreversible, t.ok)).collect();
+        if did != script || outcome.response != response {
+            self.answer_violations.push(format!(
+                "turn answer of {agent}: {:?} with calls (irreversible, ok) {did:?}, but the turn did {response:?} with {script:?}",
+                outcome.response
+            ));
+        }
+    }
+
     /// Where the last boot's recovery report disagrees with the disk.
     pub fn take_report_violations(&mut self) -> Vec<String> {
         std::mem::take(&mut self.report_violations)
@@ -416,32 +444,46 @@ impl Driver {
                 self.names.insert(id, name.clone());
             }
             Action::RunTurn {
-                agent, prompt, reads, ..
+                agent,
+                prompt,
+                reads,
+                tools,
+                response,
             } => {
                 let id = self.id(agent)?;
                 let rt = self.rt()?;
                 let ran = if *reads {
                     let ids: Vec<MessageId> = rt.pending(&id).iter().map(|m| m.id.clone()).collect();
-                    rt.run_turn_consuming(&id, prompt, &ids).map(|_| ())
+                    rt.run_turn_consuming(&id, prompt, &ids)
                 } else {
-                    rt.run_turn(&id, prompt).map(|_| ())
+                    rt.run_turn(&id, prompt)
                 };
-                if let Err(e) = ran {
-                    self.note_blocked(&e);
-                    return Err(e.to_string());
+                match ran {
+                    Ok(outcome) => self.check_answer(agent, &outcome, tools, response),
+                    Err(e) => {
+                        self.note_blocked(&e);
+                        return Err(e.to_string());
+                    }
                 }
             }
             Action::WorkTurn {
                 agent, work, asked, ..
             }
             | Action::WorkDone { agent, work, asked } => {
+                let (tools, response) = match action {
+                    Action::WorkTurn { tools, response, .. } => (tools.as_slice(), response.as_str()),
+                    _ => (&[][..], ""),
+                };
                 // What the API does: the caller's prompt and the messages
                 // waiting now; the runtime decides what a started work runs.
                 let id = self.id(agent)?;
                 let rt = self.rt()?;
                 let ids: Vec<MessageId> = rt.pending(&id).iter().map(|m| m.id.clone()).collect();
                 let ran = match rt.start_turn(&id, asked, TurnKind::WorkReading(work, &ids)) {
-                    Ok(Started::Running(task, step)) => rt.drive(task, step).map(|_| true),
+                    Ok(Started::Running(task, step)) => rt.drive(task, step).map(|outcome| {
+                        self.check_answer(agent, &outcome, tools, response);
+                        true
+                    }),
                     Ok(Started::AlreadyDone) => Ok(false),
                     Err(e) => Err(e),
                 };

@@ -100,14 +100,14 @@ impl Driver {
             return (State::default(), Vec::new());
         };
         let rs = rt.state();
-        let violations = rt.check_invariants();
+        let mut violations = rt.check_invariants();
+        violations.append(&mut self.answer_violations);
         for (id, v) in &rs.agents {
             self.names.insert(id.clone(), v.name.clone());
         }
         let name = |names: &BTreeMap<AgentId, String>, id: &AgentId| {
             names.get(id).cloned().unwrap_or_else(|| format!("?{id}"))
         };
-        let mut violations = violations;
         // The stores change only through store ops and boots, which drop
         // this cache; other ops reuse the last reading (SQL is the cost).
         let (triggers, loop_messages) = match self.store_cache.clone() {
