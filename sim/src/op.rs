@@ -164,9 +164,12 @@ pub enum Op {
     /// Arm an I/O error at the `offset`-th I/O point of the NEXT op. The op
     /// fails with an unknown outcome, the system reopens in place (no
     /// crash: the disk keeps everything, unknown data included) and the
-    /// oracle judges it like a crash.
+    /// oracle judges it like a crash. If the next op is `recover`, the
+    /// error lands in the recovery boot: a boot it fails must leave a disk
+    /// the next boot (without it) recovers whole.
     Fault { offset: u16, kind: FaultKind },
-    /// Clean restart: drop the runtime and reopen it from disk (no fault).
+    /// Clean restart: drop the runtime and reopen it from disk (an armed
+    /// crash or fault lands inside the boot).
     Recover,
 }
 
@@ -223,7 +226,10 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => agent_ref().prop_map(|agent| Op::Terminate { agent }),
         3 => ((0u16..40), crash_kind()).prop_map(|(offset, kind)| Op::Crash { offset, kind }),
         1 => Just(Op::Recover),
-        2 => ((0u16..40), prop_oneof![Just(FaultKind::Eio), Just(FaultKind::Enospc), Just(FaultKind::LostReply)])
+        // Mostly inside an op's few dozen points; now and then far enough
+        // into a `recover` to reach the logs (a boot crosses 40–160 points,
+        // the stores first).
+        3 => (prop_oneof![3 => 0u16..40, 1 => 40u16..200], prop_oneof![Just(FaultKind::Eio), Just(FaultKind::Enospc), Just(FaultKind::LostReply)])
             .prop_map(|(offset, kind)| Op::Fault { offset, kind }),
         2 => agent_ref().prop_map(|agent| Op::ResumeTurn { agent }),
         2 => (agent_ref(), any::<u8>(), prop::collection::vec(tool_step(), 0..3))

@@ -229,11 +229,17 @@ impl Exec {
                 Ok(())
             }
             Op::Recover => {
-                // A clean stop, then reopen; an armed crash lands inside the
-                // recovery itself (recovery must be restartable).
+                // A clean stop, then reopen; an armed crash — or else an
+                // armed I/O fault — lands inside the recovery itself
+                // (recovery must be restartable, and must fail cleanly).
                 let model = self.model.clone();
                 let names = self.names();
                 let armed = self.armed.take();
+                let fault = if armed.is_none() {
+                    self.armed_fault.take()
+                } else {
+                    None
+                };
                 let sweep_kind = self.global.map(|g| g.kind).unwrap_or(CrashKind::Process);
                 if self.driver.shutdown(sweep_kind) {
                     self.crashes += 1;
@@ -243,6 +249,11 @@ impl Exec {
                     self.driver.fs.set_fault(Some(Fault::CrashAt(
                         self.driver.fs.points() + 1 + u64::from(offset),
                     )));
+                }
+                if let Some((offset, kind)) = fault {
+                    self.driver
+                        .fs
+                        .set_fault(Some(kind.at(self.driver.fs.points() + 1 + u64::from(offset))));
                 }
                 let kind = armed
                     .map(|(_, k)| k)

@@ -35,6 +35,16 @@ impl Exec {
         self.driver.fs.set_fault(fault);
     }
 
+    /// Whether an injected I/O fault (a failed point or a lost reply) fired
+    /// after point `start`.
+    fn fault_fired_since(&self, start: u64) -> bool {
+        self.driver
+            .fs
+            .trace_from(start + 1)
+            .iter()
+            .any(|e| matches!(e.outcome, Outcome::Failed(_) | Outcome::LostReply))
+    }
+
     /// Where the current op's crash hit, if it did.
     pub(super) fn site(&self) -> Option<CrashSite> {
         let start = self.step_start;
@@ -109,9 +119,21 @@ impl Exec {
             attempts += 1;
             // A crash armed into the recovery (or a sweep point landing in
             // it, or in the projection's reads) restarts it.
+            let boot_start = self.driver.fs.points();
             let opened = self.driver.open();
             if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
                 self.kill(kind);
+                continue;
+            }
+            // An I/O fault armed into the recovery (`fault` then
+            // `recover`) may fail the boot: it must leave the disk such
+            // that the next boot, without the fault, recovers as from any
+            // crash. A boot that succeeded over the fault is judged as is.
+            if opened.is_err() && self.fault_fired_since(boot_start) && attempts < MAX_RECOVERY_ATTEMPTS {
+                self.restart_notes.push(format!(
+                    "boot failed under an injected I/O fault, booted again: {opened:?}"
+                ));
+                self.disarm();
                 continue;
             }
             if let Some(rot) = self.driver.take_rot() {
