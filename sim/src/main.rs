@@ -4,7 +4,7 @@
 //! ```text
 //! durable-agent-sim fuzz [--profile ci|nightly|default] [--cases N] [--time 10m] [--canary no_dir_fsync]
 //!                        [--jobs N] [--seed S] [--json FILE]
-//! durable-agent-sim canaries [--profile ci]
+//! durable-agent-sim canaries [--profile ci]   (default profile: random seed)
 //! durable-agent-sim sweep [--case FILE] [--seed N] [--replay] [--report FILE.html]
 //! durable-agent-sim repro --case FILE [--sweep]
 //! durable-agent-sim soak --kill|--power-cut [--time 60s] [--seed N] [--min-crashes 30] [--bin PATH]

@@ -92,7 +92,9 @@
 //!   the pending copy if the report says it was replayed, else nothing;
 //!   a pending copy found gets exactly one verdict (replayed, deduped — its
 //!   line is in the kept log —, or torn). An operator reads that report to
-//!   learn what a crash cost.
+//!   learn what a crash cost. And the boot settled every INTENT of the
+//!   activity ledger (re-sent to a dedup sink, else NEEDS_CONFIRMATION:
+//!   the scripted world always answers a live process), so none is left.
 //!
 //! And after an op that failed under an injected I/O fault: a runtime
 //! that says it is poisoned refuses the next change with `Poisoned` and

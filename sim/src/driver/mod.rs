@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{Fault, SimConfig, SimFs, SimSnapshot};
 use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError, Started, TurnKind, TurnOutcome};
+use durable_agent::store::activities::ActivityStatus;
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
 use durable_agent::system::{Deps, System, SystemConfig, SystemError};
@@ -250,11 +251,28 @@ impl Driver {
         self.report_violations = if self.fs.crashed() {
             Vec::new()
         } else {
-            project::report_violations(
+            let mut v = project::report_violations(
                 &logs_before,
                 &self.fs.disk_image_where(project::is_log_file),
                 &report.runtime,
-            )
+            );
+            // The boot settles every INTENT a crash left (re-sent to a
+            // dedup sink, else NEEDS_CONFIRMATION); the scripted world
+            // always answers a live process, so none may be left.
+            match system
+                .gate()
+                .store()
+                .with_status(system.db().conn(), ActivityStatus::Intent)
+            {
+                Ok(left) if left.is_empty() => {}
+                Ok(left) => v.push(format!(
+                    "ledger: the boot left {} INTENT row(s) unsettled: {:?}",
+                    left.len(),
+                    left.iter().map(|r| r.idem_key.as_str()).collect::<Vec<_>>()
+                )),
+                Err(e) => v.push(format!("ledger: cannot read the INTENT rows after the boot: {e}")),
+            }
+            v
         };
         let now = step_ms + BOOT_MS;
         // Boot resumed every run with a checkpoint: the loop's is among
