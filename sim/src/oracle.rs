@@ -101,7 +101,9 @@
 //! no I/O until reopened (`Driver::poisoned_probe`). And after every
 //! completed turn: its answer (response and every call, those before a
 //! crash it resumed from included: what the API returns) is what the turn
-//! did (`Driver::check_answer`).
+//! did (`Driver::check_answer`); and the id an emit answers for a dedup
+//! key is the one every later emit and claim of that key shows
+//! (`Driver::check_trigger_id`).
 //!
 //! Anything else a recovered runtime shows is a failure.
 

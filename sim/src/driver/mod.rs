@@ -127,9 +127,12 @@ pub struct Driver {
     /// Where the last boot's recovery report disagrees with what it did
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
-    /// Turn answers that disagree with what the turn did
-    /// ([`Driver::check_answer`]), until the next [`Driver::state`].
+    /// Answers that disagree with what the system did (a turn's:
+    /// [`Driver::check_answer`]; a trigger id: [`Driver::check_trigger_id`]),
+    /// until the next [`Driver::state`].
     answer_violations: Vec<String>,
+    /// The id first answered for each emitted trigger's dedup key.
+    trigger_ids: BTreeMap<String, String>,
     /// The key the last op's turn stopped at (`NeedsConfirmation`).
     blocked: Option<String>,
 }
@@ -175,6 +178,7 @@ impl Driver {
             corruption: None,
             report_violations: Vec::new(),
             answer_violations: Vec::new(),
+            trigger_ids: BTreeMap::new(),
             blocked: None,
         }
     }
@@ -380,6 +384,26 @@ impl Driver {
         }
     }
 
+    /// The trigger id the system answered for dedup key `key` (an emit's
+    /// answer, a claim's row) must be the one it answered before: an
+    /// emit tells its caller (the API) the id of the row carrying the key,
+    /// a duplicate emit the original's. Only answers a live process gave
+    /// are kept; a mismatch waits for the next [`Driver::state`].
+    fn check_trigger_id(&mut self, key: &str, id: &str) {
+        if self.fs.crashed() {
+            return;
+        }
+        match self.trigger_ids.get(key) {
+            Some(known) if known != id => self.answer_violations.push(format!(
+                "trigger {key}: the system answered id {id:?}, but {known:?} before"
+            )),
+            Some(_) => {}
+            None => {
+                self.trigger_ids.insert(key.to_string(), id.to_string());
+            }
+        }
+    }
+
     /// Where the last boot's recovery report disagrees with the disk.
     pub fn take_report_violations(&mut self) -> Vec<String> {
         std::mem::take(&mut self.report_violations)
@@ -560,10 +584,11 @@ impl Driver {
                     payload: serde_json::json!({ "key": key }),
                 };
                 let system = self.system()?;
-                system
+                let emitted = system
                     .triggers()
                     .emit(system.db().conn(), &spec, now)
                     .map_err(|e| e.to_string())?;
+                self.check_trigger_id(key, emitted.id());
             }
             Action::Claim { key } => {
                 let system = self.system()?;
@@ -576,6 +601,7 @@ impl Driver {
                     .map(|t| self.model_key(t.dedup_key.as_deref(), &t.id));
                 match got {
                     Some(claim) if got_key.as_deref() == Some(key.as_str()) => {
+                        self.check_trigger_id(key, &claim.id);
                         self.claims.insert(key.clone(), claim);
                     }
                     _ => {
@@ -602,6 +628,7 @@ impl Driver {
                         "fire: the model expected {key:?} to be due, the claim handed out {handed:?} (key, fire_at, now)"
                     ));
                 };
+                self.check_trigger_id(key, &claim.id);
                 let system = self.system.as_mut().ok_or("harness: system not open")?;
                 match system.fire(&claim, &id, prompt) {
                     Ok(_) => {}
