@@ -14,6 +14,10 @@ use crate::op::CrashKind;
 use crate::oracle;
 use crate::report::{CrashSite, Failure, TRACE_CONTEXT};
 
+/// The failure title of a boot that mishandled a flipped bit (R6).
+const R6_FAILED: &str = "R6: bit rot in a durable line was not refused with the typed corruption error \
+     (or replaced, when events.pending holds it)";
+
 impl Exec {
     /// Kill the process; counts it when an injected crash point was hit.
     pub(super) fn kill(&mut self, kind: CrashKind) {
@@ -141,23 +145,19 @@ impl Exec {
                 let read = rot.read_since(&self.driver.fs);
                 let replaced = rot.replaced(&self.driver.fs);
                 match oracle::judge_rot(&rot, &opened, named.as_ref(), read, replaced) {
-                        Ok(verdict) => {
-                            if verdict != oracle::RotVerdict::Replaced {
-                                rot.restore(&self.driver.fs);
-                            }
-                            self.restart_notes
-                                .push(format!("{}: {verdict:?}", rot.describe()));
-                            if verdict == oracle::RotVerdict::Refused {
-                                // Restored from a backup: boot the same disk again.
-                                continue;
-                            }
+                    Ok(verdict) => {
+                        if verdict != oracle::RotVerdict::Replaced {
+                            rot.restore(&self.driver.fs);
                         }
-                        Err(why) => return Err(self.fail(
-                            "R6: bit rot in a durable line was not refused with the typed corruption error (or replaced, when events.pending holds it)",
-                            format!("{}\n{why}", rot.describe()),
-                            None,
-                        )),
+                        self.restart_notes
+                            .push(format!("{}: {verdict:?}", rot.describe()));
+                        if verdict == oracle::RotVerdict::Refused {
+                            // Restored from a backup: boot the same disk again.
+                            continue;
+                        }
                     }
+                    Err(why) => return Err(self.fail(R6_FAILED, format!("{}\n{why}", rot.describe()), None)),
+                }
             }
             if let Err(e) = opened {
                 return Err(self.fail("recovery failed", e, None));
