@@ -33,10 +33,10 @@ pub enum Canary {
     SideEffectBeforeIntent,
     /// Resume from a checkpoint skips rolling back messages past it.
     CheckpointRollbackSkipped,
-    /// A turn derives its idempotency keys from the agent's turn count,
-    /// not from the work it performs (the trigger, or the prompt): re-run
-    /// after a crash, once the agent did any other turn, its calls carry
-    /// new keys.
+    /// Each attempt of a call derives its idempotency key from the
+    /// agent's turn count, not the key its durable decision gave it (from
+    /// the work it performs, or the prompt): resumed after a crash, once
+    /// the agent did any other turn, its calls carry new keys.
     TriggerTurnKeyedByTurn,
     /// A re-claimed trigger runs its turn again although the turn had
     /// completed before the crash (only the ack was lost).
@@ -64,11 +64,17 @@ pub enum Canary {
     /// `ok: false` and the turn goes on (it completes, its trigger is
     /// acked DONE): the work that depends on it is not blocked.
     ConfirmationNotBlocking,
+    /// A resumed turn ignores its interrupted round's durable decision
+    /// and asks the model again for that round (the hole seed 001 §4.2
+    /// describes): a model that words the call differently makes a new
+    /// idempotency key, and an irreversible call in flight can happen
+    /// twice.
+    ReaskDecidedRound,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 17] = [
+    pub const ALL: [Canary; 18] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -86,6 +92,7 @@ impl Canary {
         Canary::NonLoopingReader,
         Canary::NoChecksumVerify,
         Canary::ConfirmationNotBlocking,
+        Canary::ReaskDecidedRound,
     ];
 }
 

@@ -43,9 +43,7 @@ use crate::fs::Fs;
 use crate::log::{self, Event, EventLog, LogEntry, LogRepair};
 use crate::runtime::inbox::{Inboxes, Message};
 use crate::runtime::tree::AgentTree;
-use crate::runtime::turn::{
-    conversation_from_log, done_work_from_log, open_turn_from_log, started_work_from_log,
-};
+use crate::runtime::turn::replay_turns;
 use crate::runtime::{AgentId, AgentSlot, MessageId, RuntimeConfig, RuntimeError, SessionId};
 use crate::store::session::{ScannedSession, SessionRecord, SessionState, SessionStore};
 
@@ -364,14 +362,16 @@ fn rebuild_slot(
         c.entries.len() as u64,
         config.canaries.clone(),
     );
+    let turns = replay_turns(&c.entries);
     AgentSlot {
         name: c.name,
         instructions: c.instructions,
         parent,
-        conversation: conversation_from_log(&c.entries),
-        done_work: done_work_from_log(&c.entries),
-        started_work: started_work_from_log(&c.entries),
-        open: open_turn_from_log(&c.entries),
+        conversation: turns.conversation,
+        done_work: turns.done_work,
+        started_work: turns.started_work,
+        open: turns.open,
+        parked: turns.parked,
         provider_failures: 0,
         in_turn: None,
         delivered,

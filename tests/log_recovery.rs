@@ -40,6 +40,17 @@ fn log_with_three() -> (SimFs, PathBuf, Vec<String>) {
     (sim, dir, lines)
 }
 
+/// The `schema_version` a `turn.start` line carries (the oldest that
+/// reads it), as [`log_with_three`] writes them.
+fn turn_start_version() -> u32 {
+    Event::TurnStart {
+        prompt: String::new(),
+        work: None,
+        reads: Vec::new(),
+    }
+    .min_version()
+}
+
 /// The entry after [`log_with_three`]'s (`seq` 3), written at `schema_version`.
 fn fourth_entry(schema_version: u32) -> log::LogEntry {
     log::LogEntry {
@@ -78,7 +89,8 @@ fn appended_entries_are_contiguous_plain_json_lines() {
     assert_eq!(v["ts"], 2);
     assert_eq!(v["event"], "turn.start");
     assert_eq!(v["data"]["prompt"], "b");
-    assert_eq!(v["schema_version"], SCHEMA_VERSION);
+    assert_eq!(v["schema_version"], turn_start_version());
+    assert!(turn_start_version() <= SCHEMA_VERSION);
 }
 
 #[test]
@@ -154,7 +166,7 @@ fn newer_schema_version_is_refused_naming_file_line_offset_and_versions() {
     );
     let object = unsealed
         .replace(
-            &format!("\"schema_version\":{SCHEMA_VERSION}"),
+            &format!("\"schema_version\":{}", turn_start_version()),
             "\"schema_version\":9",
         )
         .replace("\"seq\":0", "\"seq\":3");

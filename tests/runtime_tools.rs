@@ -51,9 +51,9 @@ fn point_of(prompt: &str, label: &str) -> u64 {
 #[test]
 fn a_turn_retried_after_a_crash_reuses_the_idempotency_key_of_its_tool_call() {
     let prompt = "send_email to bob";
-    // The call ran; its round's checkpoint did not make it: the partial
-    // round is rolled back and the call asked for again.
-    let point = point_of(prompt, "events.pending create round.complete");
+    // The call ran; its result did not make it to the log: the retried
+    // turn runs the call of its durable decision again, with its key.
+    let point = point_of(prompt, "events.pending create tool.result");
     for mode in [CrashMode::ProcessCrash, CrashMode::PowerLoss(DirModel::Strict)] {
         let sim = SimFs::new(SimConfig::new(8));
         let tools = Arc::new(Recorder::default());
@@ -73,12 +73,36 @@ fn a_turn_retried_after_a_crash_reuses_the_idempotency_key_of_its_tool_call() {
         let calls = tools.0.lock().unwrap().clone();
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1].0, calls[0].0, "{mode:?}: the retried turn got a new key");
+        let ran = calls.len();
 
         // The next turn asking for the same call is a new turn: a new key.
         rt.run_turn(&a, prompt).unwrap();
         let calls = tools.0.lock().unwrap().clone();
-        assert_eq!(calls.len(), 3);
-        assert_ne!(calls[2].0, calls[1].0);
+        assert_eq!(calls.len(), ran + 1);
+        assert_ne!(calls[ran].0, calls[ran - 1].0);
+    }
+}
+
+#[test]
+fn a_call_whose_result_is_logged_is_not_run_again_when_its_round_resumes() {
+    let prompt = "send_email to bob";
+    // The call's result is durable; the round's checkpoint is not.
+    let point = point_of(prompt, "events.pending create round.complete");
+    for mode in [CrashMode::ProcessCrash, CrashMode::PowerLoss(DirModel::Strict)] {
+        let sim = SimFs::new(SimConfig::new(8));
+        let tools = Arc::new(Recorder::default());
+        let mut rt = open(&sim, &tools);
+        let a = rt.create_root("a", "").unwrap();
+        sim.set_fault(Some(Fault::CrashAt(point)));
+        assert!(rt.run_turn(&a, prompt).is_err());
+        drop(rt);
+        sim.restart(mode);
+        let mut rt = open(&sim, &tools);
+        let open_turn = rt.open_turn(&a).unwrap().cloned().expect("an open turn");
+        assert!(open_turn.decided.is_some(), "{mode:?}: the decision was durable");
+        let outcome = rt.run_turn(&a, prompt).unwrap();
+        assert_eq!(tools.0.lock().unwrap().len(), 1, "{mode:?}: the call ran again");
+        assert_eq!(outcome.tool_calls.len(), 1, "{mode:?}: the answer lost the call");
     }
 }
 

@@ -43,11 +43,15 @@ impl LogicalClock for Clock {
     }
 }
 
-/// FakeProvider that fails every call while `down` is set.
+/// FakeProvider that fails every call while `down` is set, and — like a
+/// real model — never words a tool call the same way twice (each ask's
+/// arguments name the ask), so a call asked for again gets another
+/// idempotency key: only the durable decision keeps a call's key.
 #[derive(Debug)]
 struct Flaky {
     inner: FakeProvider,
     down: Mutex<bool>,
+    asks: AtomicU64,
 }
 
 impl Flaky {
@@ -67,7 +71,14 @@ impl Provider for Flaky {
         if *self.down.lock().unwrap_or_else(|e| e.into_inner()) {
             return Err(ProviderError("provider down".into()));
         }
-        self.inner.complete(request)
+        let ask = self.asks.fetch_add(1, Ordering::SeqCst);
+        let mut reply = self.inner.complete(request)?;
+        for call in &mut reply.tool_calls {
+            if let Some(args) = call.args.as_object_mut() {
+                args.insert("wording".into(), json!(format!("ask {ask}")));
+            }
+        }
+        Ok(reply)
     }
 }
 
@@ -90,6 +101,7 @@ impl Bench {
             provider: Arc::new(Flaky {
                 inner: FakeProvider::new(SEED),
                 down: Mutex::new(false),
+                asks: AtomicU64::new(0),
             }),
             policy: TriggerPolicy::default(),
         }
@@ -321,12 +333,23 @@ fn confirmed_not_delivered_is_sent_exactly_once_on_the_rerun() {
         .expect("re-run");
     assert!(matches!(rerun, WorkTurn::Ran(_)));
     assert_eq!(bench.world.deliveries_for(&key), 1, "sent once after release");
+    // Sent with its decided key, not as a reworded call under another.
+    assert_eq!(bench.world.deliveries_len(), 1, "{:?}", bench.world.deliveries());
     // Any later run of the same key is answered from the ledger.
     let again = system
         .runtime_mut()
         .run_work_turn(&agent, EMAIL, "job:2")
         .expect("again");
     assert_eq!(again, WorkTurn::AlreadyDone);
+    // The done work's stored answer: its response and its one call.
+    let stored = system
+        .runtime()
+        .work_outcome(&agent, "job:2")
+        .expect("agent")
+        .expect("a stored answer");
+    let WorkTurn::Ran(ran) = rerun else { unreachable!() };
+    assert_eq!(stored, ran, "the stored answer is what the turn returned");
+    assert_eq!(stored.tool_calls.len(), 1, "{stored:?}");
     let call = IrreversibleCall::with_key(&key, agent.as_str(), "send_email", json!({}));
     let direct = system.gate().execute(&call, system.now_ms()).expect("execute");
     assert!(

@@ -123,7 +123,12 @@ pub enum ClientError {
     #[error("cannot reach the daemon at {url}: {detail}")]
     Unreachable { url: String, detail: String },
     #[error("daemon answered HTTP {status}: {message}")]
-    Api { status: u16, message: String },
+    Api {
+        status: u16,
+        message: String,
+        /// The whole answer (a stopped turn's carries its calls).
+        body: Value,
+    },
     #[error("daemon sent a non-JSON answer: {0}")]
     Malformed(String),
 }
@@ -179,6 +184,7 @@ impl Client {
                     .and_then(Value::as_str)
                     .unwrap_or("(no message)")
                     .to_string(),
+                body: value,
             })
         }
     }

@@ -214,7 +214,7 @@ fn answer(tx: &mpsc::Sender<Msg>, recorded: &Recorded) -> (u16, Value) {
     }
     match replied.recv() {
         Ok(Ok(value)) => (200, value),
-        Ok(Err(e)) => (e.http_status(), json!({"error": e.to_string()})),
+        Ok(Err(e)) => (e.http_status(), e.body()),
         Err(_) => (
             503,
             json!({"error": "the daemon stopped before answering; the outcome is unknown (check /status after a restart)"}),

@@ -13,6 +13,7 @@ pub mod api;
 pub mod boot;
 pub mod config;
 pub mod daemon;
+pub mod effects;
 mod http;
 pub mod interrupt;
 pub mod job;

@@ -15,7 +15,7 @@ use durable_agent_cli::boot::{boot, real_fs};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::daemon::{Daemon, ServeSettings};
 use durable_agent_cli::interrupt::Stop;
-use durable_agent_cli::mock_llm::{MockLlm, Script};
+use durable_agent_cli::mock_llm::{MockLlm, Reword, Script};
 use durable_agent_cli::openai::OpenAiProvider;
 use durable_agent_cli::ops;
 use durable_agent_cli::run::{run, RunMode};
@@ -45,6 +45,15 @@ enum Command {
         /// Loopback address; port 0 picks a free one.
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
+        /// Never answer the same way twice: every ask gets a deterministic
+        /// variant (reworded arguments naming the ask number; per --seed,
+        /// sometimes another tool, fewer or more calls, or text instead),
+        /// as a real model asked again does.
+        #[arg(long)]
+        reword: bool,
+        /// The rewording's seed (with --reword).
+        #[arg(long, requires = "reword", default_value_t = 0)]
+        seed: u64,
     },
     /// Serve a webhook sink (a stand-in for an email or payment API) on
     /// loopback and print each delivery, until interrupted.
@@ -153,7 +162,12 @@ fn main() -> ExitCode {
     telemetry::init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::MockLlm { script, listen } => mock_llm(script, listen).map(|()| ExitCode::SUCCESS),
+        Command::MockLlm {
+            script,
+            listen,
+            reword,
+            seed,
+        } => mock_llm(script, listen, reword.then_some(Reword::new(seed))).map(|()| ExitCode::SUCCESS),
         Command::WebhookSink { listen, dedup } => webhook_sink(listen, dedup).map(|()| ExitCode::SUCCESS),
         Command::CheckConfig { file } => check_config(&file).map(|()| ExitCode::SUCCESS),
         Command::Run {
@@ -236,18 +250,33 @@ fn path_segment(s: &str) -> String {
         .collect()
 }
 
-fn mock_llm(script: Option<PathBuf>, listen: SocketAddr) -> Result<(), String> {
+fn mock_llm(script: Option<PathBuf>, listen: SocketAddr, reword: Option<Reword>) -> Result<(), String> {
     let mock = match script {
         Some(path) => {
-            let script = Script::load(&path).map_err(|e| e.to_string())?;
+            let mut script = Script::load(&path).map_err(|e| e.to_string())?;
+            if let Some(r) = reword {
+                script = script.reworded(r);
+            }
             let replies = script.replies.len();
+            let rewording = script.reword;
             let mock = MockLlm::scripted(listen, script).map_err(|e| e.to_string())?;
-            eprintln!("mock LLM: {replies} scripted replies from {}", path.display());
+            eprintln!(
+                "mock LLM: {replies} scripted replies from {}{}",
+                path.display(),
+                rewording.map_or(String::new(), |r| format!(", reworded (seed {})", r.seed))
+            );
             mock
         }
         None => {
-            let mock = MockLlm::echo(listen).map_err(|e| e.to_string())?;
-            eprintln!("mock LLM: echo mode");
+            let mock = match reword {
+                Some(r) => MockLlm::echo_rewording(listen, r),
+                None => MockLlm::echo(listen),
+            }
+            .map_err(|e| e.to_string())?;
+            eprintln!(
+                "mock LLM: echo mode{}",
+                reword.map_or(String::new(), |r| format!(", reworded (seed {})", r.seed))
+            );
             mock
         }
     };

@@ -8,12 +8,19 @@
 //! filled from the schema's required properties); otherwise it answers
 //! `echo: <last user message>`, quoting the last tool result if any.
 //!
+//! Rewording ([`Reword`]: `mock-llm --reword --seed N`, a script's
+//! `[reword]` table, [`MockLlm::echo_rewording`]) makes the mock answer
+//! every ask differently, deterministically per seed and ask number, as a
+//! real model asked again does (see [`reword`]). Without it the answers
+//! are exactly the plain ones.
+//!
 //! Invariant: requests are answered in arrival order of the script — the
 //! n-th request to `/chat/completions` gets `replies[n]` (a delayed reply
 //! is answered on its own thread, so it does not hold up the next one) —
 //! and every request is recorded before it is answered. Past the end of
 //! the script every request gets a 500 saying so.
 
+pub mod reword;
 mod script;
 
 use std::net::SocketAddr;
@@ -22,6 +29,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+pub use reword::{Reword, Variant};
 pub use script::{Reply, Script, ScriptError, ScriptedCall, MAX_DELAY_MS};
 
 use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
@@ -30,6 +38,8 @@ use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerErro
 struct State {
     /// None: echo mode.
     script: Option<Script>,
+    /// Some: every answer reworded (see [`reword`]).
+    reword: Option<Reword>,
     next: usize,
     requests: Vec<Recorded>,
 }
@@ -47,19 +57,31 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl MockLlm {
-    /// Serve `script` on `listen` (loopback; port 0 picks one).
+    /// Serve `script` on `listen` (loopback; port 0 picks one), reworded
+    /// if the script says so (`reword`).
     pub fn scripted(listen: SocketAddr, script: Script) -> Result<MockLlm, ServerError> {
-        Self::start(listen, Some(script))
+        let reword = script.reword;
+        Self::start(listen, Some(script), reword)
     }
 
     /// Serve echo replies on `listen`.
     pub fn echo(listen: SocketAddr) -> Result<MockLlm, ServerError> {
-        Self::start(listen, None)
+        Self::start(listen, None, None)
     }
 
-    fn start(listen: SocketAddr, script: Option<Script>) -> Result<MockLlm, ServerError> {
+    /// Serve echo replies on `listen`, every one reworded per `reword`.
+    pub fn echo_rewording(listen: SocketAddr, reword: Reword) -> Result<MockLlm, ServerError> {
+        Self::start(listen, None, Some(reword))
+    }
+
+    fn start(
+        listen: SocketAddr,
+        script: Option<Script>,
+        reword: Option<Reword>,
+    ) -> Result<MockLlm, ServerError> {
         let state = Arc::new(Mutex::new(State {
             script,
+            reword,
             ..State::default()
         }));
         let handler_state = Arc::clone(&state);
@@ -115,10 +137,11 @@ fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
             let n = s.next;
             s.next += 1;
             let body: Value = serde_json::from_str(&recorded.body).unwrap_or(Value::Null);
+            let reword = s.reword;
             match &s.script {
-                None => Answer::now(200, completion(n, &body, echo(&body))),
+                None => Answer::now(200, completion(n, &body, answer(reword, n, &body, echo(&body)))),
                 Some(script) => match script.replies.get(n) {
-                    Some(reply) => scripted(n, &body, reply),
+                    Some(reply) => scripted(n, &body, reply, reword),
                     None => Answer::now(
                         500,
                         json!({"error": {"message": format!("mock script exhausted: request {} of {}", n + 1, script.replies.len())}}),
@@ -166,7 +189,15 @@ impl Answer {
     }
 }
 
-fn scripted(n: usize, request: &Value, reply: &Reply) -> Answer {
+/// `plain` as ask `n` answers it: reworded in rewording mode.
+fn answer(reword: Option<Reword>, n: usize, request: &Value, plain: Message) -> Message {
+    match reword {
+        Some(r) => r.apply(n, request, plain),
+        None => plain,
+    }
+}
+
+fn scripted(n: usize, request: &Value, reply: &Reply, reword: Option<Reword>) -> Answer {
     let (status, body) = if let Some(status) = reply.status {
         let body = reply.body.clone().unwrap_or_else(|| {
             json!({"error": {"message": format!("scripted status {status}"), "type": "mock"}}).to_string()
@@ -191,7 +222,10 @@ fn scripted(n: usize, request: &Value, reply: &Reply) -> Answer {
             calls,
             finish_reason: reply.finish_reason.clone(),
         };
-        (200, completion(n, request, message).to_string())
+        (
+            200,
+            completion(n, request, answer(reword, n, request, message)).to_string(),
+        )
     };
     Answer {
         status,
@@ -202,6 +236,7 @@ fn scripted(n: usize, request: &Value, reply: &Reply) -> Answer {
 }
 
 /// The assistant message to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Message {
     text: Option<String>,
     /// (name, JSON-string arguments)
@@ -257,12 +292,7 @@ fn echo(request: &Value) -> Message {
         .and_then(|m| m.get("role"))
         .and_then(Value::as_str);
     let content = |m: &Value| m.get("content").and_then(Value::as_str).unwrap_or("").to_string();
-    let last_user = messages
-        .iter()
-        .rev()
-        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        .map(content)
-        .unwrap_or_default();
+    let last_user = last_user(request);
     // The first offered tool the user's message names, else the first
     // offered tool: a prompt can pick its tool ("... use note").
     let named = tools.iter().find(|t| {
@@ -294,6 +324,22 @@ fn echo(request: &Value) -> Message {
         calls: Vec::new(),
         finish_reason: None,
     }
+}
+
+/// The content of the request's last user message ("" if none).
+fn last_user(request: &Value) -> String {
+    request
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|ms| {
+            ms.iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        })
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Arguments satisfying the required properties of a JSON schema.

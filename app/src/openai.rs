@@ -44,8 +44,6 @@ pub enum OpenAiError {
     },
     #[error("malformed reply: {detail} (body: {body_excerpt})")]
     MalformedResponse { detail: String, body_excerpt: String },
-    #[error("tool call {tool}: arguments {detail}")]
-    ToolArguments { tool: String, detail: String },
     #[error("unknown finish_reason {reason:?}")]
     UnknownFinish { reason: String },
     #[error("the provider refused: {detail}")]

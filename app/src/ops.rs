@@ -20,6 +20,7 @@ use durable_agent::system::{Fired, Resolution, System, SystemError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::effects::{needs_confirmation, turn_calls, CallSummary};
 use crate::interrupt::{Stop, INTERRUPTED};
 use crate::lifecycle::Lifecycle;
 use crate::lifecycle::TurnScope;
@@ -126,6 +127,12 @@ pub enum OpError {
     /// Unknown outcome: stop and boot again.
     #[error("{0}; outcome unknown — restart to recover")]
     UnknownOutcome(String),
+    /// A turn that stopped before it completed (blocked on a human, or
+    /// failed): `error`, with what the turn did before it stopped
+    /// (`details`: its calls and the keys awaiting confirmation), which
+    /// the answer's body carries next to `error`.
+    #[error("{error}")]
+    Stopped { error: Box<OpError>, details: Value },
 }
 
 impl OpError {
@@ -138,12 +145,31 @@ impl OpError {
             OpError::TurnFailed(_) => 502,
             OpError::Store(_) => 500,
             OpError::UnknownOutcome(_) => 503,
+            OpError::Stopped { error, .. } => error.http_status(),
         }
     }
 
     /// The system must not be used any more.
     pub fn is_fatal(&self) -> bool {
-        matches!(self, OpError::UnknownOutcome(_))
+        match self {
+            OpError::UnknownOutcome(_) => true,
+            OpError::Stopped { error, .. } => error.is_fatal(),
+            _ => false,
+        }
+    }
+
+    /// The JSON body of the error answer: `{"error": "..."}`, and a
+    /// stopped turn's details next to it.
+    pub fn body(&self) -> Value {
+        let mut body = json!({"error": self.to_string()});
+        if let (OpError::Stopped { details, .. }, Some(map)) = (self, body.as_object_mut()) {
+            if let Some(details) = details.as_object() {
+                for (k, v) in details {
+                    map.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        body
     }
 }
 
@@ -300,20 +326,22 @@ impl PreparedTurn {
         self.work.as_deref().unwrap_or("api")
     }
 
-    /// The answer to the request (`None`: the work had already completed).
-    pub fn answer(&self, outcome: Option<&TurnOutcome>) -> Value {
-        match outcome {
-            Some(o) => json!({
-                "agent": self.agent,
-                "response": o.response,
-                "messages_delivered": self.messages,
-                "tool_calls": o.tool_calls.iter().map(|(call_id, call, out)| json!({
-                    "call_id": call_id, "tool": call.tool, "irreversible": call.irreversible,
-                    "ok": out.ok, "output": out.output,
-                })).collect::<Vec<_>>(),
-            }),
-            None => json!({"agent": self.agent, "already_done": true}),
+    /// The answer to the request: the turn's response and every call it
+    /// made (`calls`, see [`crate::effects::turn_calls`]); for a work that
+    /// had completed before (`already_done`), its stored response and
+    /// calls (`outcome`, from `Runtime::work_outcome`; absent if the
+    /// runtime kept none).
+    pub fn answer(&self, outcome: Option<&TurnOutcome>, already_done: bool, calls: &[CallSummary]) -> Value {
+        let mut answer = json!({"agent": self.agent, "tool_calls": calls});
+        if let Some(o) = outcome {
+            answer["response"] = json!(o.response);
         }
+        if already_done {
+            answer["already_done"] = json!(true);
+        } else {
+            answer["messages_delivered"] = json!(self.messages);
+        }
+        answer
     }
 
     /// The `turn_end` payload of its telemetry.
@@ -379,7 +407,7 @@ fn turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnRequest) 
             let (StartedTurn { task, call, scope }, p) = *begun;
             let ended =
                 Lifecycle::in_scope(&scope, || system.runtime_mut().drive(task, TurnStep::Call(call)));
-            end_api_turn(lifecycle, &scope, &p, ended.map(Some))
+            end_api_turn(system, lifecycle, &scope, &p, ended.map(Some))
         }
     }
 }
@@ -436,24 +464,51 @@ fn begin_turn(system: &mut System, lifecycle: &Lifecycle, name: &str, r: TurnReq
         Ok(Started::AlreadyDone) => Ok(None),
         Err(e) => Err(e),
     };
-    Begun::Answered(end_api_turn(lifecycle, &scope, &p, ended))
+    Begun::Answered(end_api_turn(system, lifecycle, &scope, &p, ended))
 }
 
-/// The end of a turn [`begin`] started: `turn_end`, and the answer.
+/// The end of a turn [`begin`] started: `turn_end`, and the answer —
+/// with every call of the turn, those the ledgers hold of a turn that
+/// stopped included (a 409 or 502 carries them too, see
+/// [`OpError::Stopped`]).
 pub fn end_api_turn(
+    system: &System,
     lifecycle: &Lifecycle,
     scope: &TurnScope,
     p: &PreparedTurn,
     ended: Result<Option<TurnOutcome>, RuntimeError>,
 ) -> Result<Value, OpError> {
+    let work = p.work.as_deref();
     match ended {
         Ok(outcome) => {
             lifecycle.turn_ended(scope, Ok(PreparedTurn::describe(outcome.as_ref())));
-            Ok(p.answer(outcome.as_ref()))
+            let already_done = outcome.is_none();
+            let outcome = match (outcome, work) {
+                (None, Some(work)) => system.runtime().work_outcome(&p.agent, work)?,
+                (outcome, _) => outcome,
+            };
+            let calls = turn_calls(system, &p.agent, work, outcome.as_ref())?;
+            Ok(p.answer(outcome.as_ref(), already_done, &calls))
         }
         Err(e) => {
             lifecycle.turn_ended(scope, Err(e.to_string()));
-            Err(e.into())
+            let stopped = matches!(
+                e,
+                RuntimeError::NeedsConfirmation { .. }
+                    | RuntimeError::Provider { .. }
+                    | RuntimeError::TooManyToolRounds { .. }
+            );
+            let error = OpError::from(e);
+            if !stopped || error.is_fatal() {
+                return Err(error);
+            }
+            // What the stopped turn did before it stopped.
+            let calls = turn_calls(system, &p.agent, work, None)?;
+            let needs_confirmation = needs_confirmation(system, &p.agent)?;
+            Err(OpError::Stopped {
+                error: Box::new(error),
+                details: json!({"tool_calls": calls, "needs_confirmation": needs_confirmation}),
+            })
         }
     }
 }

@@ -10,10 +10,14 @@
 //!
 //! Invariant: a run's turn is only ever run through
 //! `run_work_turn(agent, prompt, "run:{run_id}")`, so a resumed run either
-//! finds the turn done (`AlreadyDone`, nothing sent) or re-runs it with the
-//! same idempotency keys, and every irreversible call it repeats is decided
-//! by the activity ledger (DONE: not re-sent; INTENT: re-sent with its key
-//! only to a deduplicating endpoint, else needs confirmation).
+//! finds the turn done (`AlreadyDone`, nothing sent: its stored response
+//! and calls are reported) or continues it from its logged decisions with
+//! the same idempotency keys (the model is not asked again for a decided
+//! round), and every irreversible call in flight is decided by the
+//! activity ledger (DONE: not re-sent; INTENT: re-sent with its key only
+//! to a deduplicating endpoint, else needs confirmation). The summary
+//! lists every call of the turn, from the ledgers where the turn has no
+//! outcome ([`crate::effects`]).
 //!
 //! The completion summary is printed, not written to a file: the run's
 //! outcome is already durable twice (its status in the runs table, its
@@ -23,12 +27,13 @@
 use std::path::Path;
 
 use durable_agent::runtime::{AgentId, ConversationItem, RuntimeError, WorkTurn};
-use durable_agent::store::activities::{ActivityStatus, ActivityStore};
 use durable_agent::store::tool_calls::{RunRecord, RunStatus, ToolCallStore};
 use durable_agent::store::StoreError;
 use durable_agent::system::System;
 use serde::Serialize;
 
+pub use crate::effects::CallSummary;
+use crate::effects::{needs_confirmation, turn_calls};
 use crate::interrupt::{Stop, INTERRUPTED};
 use crate::job::{next_run_id, Job, JobError};
 use crate::lifecycle::Lifecycle;
@@ -92,15 +97,6 @@ pub enum RunOutcome {
     NeedsConfirmation,
 }
 
-/// One tool call of the turn.
-#[derive(Debug, Clone, Serialize)]
-pub struct CallSummary {
-    pub tool: String,
-    pub irreversible: bool,
-    pub ok: bool,
-    pub output: String,
-}
-
 /// The completion summary (printed as JSON).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
@@ -110,6 +106,9 @@ pub struct RunSummary {
     pub agent_id: String,
     pub outcome: RunOutcome,
     pub response: Option<String>,
+    /// Every call of the run's turn: the completed turn's, and the calls
+    /// a crash, a stop or a failure left behind, from the ledgers (each
+    /// irreversible one with its `effect`).
     pub tool_calls: Vec<CallSummary>,
     pub error: Option<String>,
     /// Irreversible calls of this agent whose fate a human must confirm
@@ -265,25 +264,25 @@ fn execute(
             WorkTurn::AlreadyDone => serde_json::json!({"already_done": true}),
         },
     );
+    let mut outcome = None;
     let status = match result {
-        Ok(WorkTurn::Ran(outcome)) => {
+        Ok(WorkTurn::Ran(ran)) => {
             summary.outcome = RunOutcome::Succeeded;
-            summary.response = Some(outcome.response);
-            summary.tool_calls = outcome
-                .tool_calls
-                .into_iter()
-                .map(|(_, call, output)| CallSummary {
-                    tool: call.tool,
-                    irreversible: call.irreversible,
-                    ok: output.ok,
-                    output: output.output,
-                })
-                .collect();
+            summary.response = Some(ran.response.clone());
+            outcome = Some(ran);
             Some(RunStatus::Succeeded)
         }
         Ok(WorkTurn::AlreadyDone) => {
+            // The stored response and calls, not only "done".
             summary.outcome = RunOutcome::AlreadyDone;
-            summary.response = last_response(system, agent);
+            outcome = system
+                .runtime()
+                .work_outcome(agent, &work)
+                .map_err(|e| unknown_or_runtime(&run.run_id, e))?;
+            summary.response = match &outcome {
+                Some(done) => Some(done.response.clone()),
+                None => last_response(system, agent),
+            };
             Some(RunStatus::Succeeded)
         }
         Err(RuntimeError::Provider { source, .. }) if source.0 == INTERRUPTED || stop.requested() => {
@@ -316,12 +315,10 @@ fn execute(
         let now = system.now_ms();
         ToolCallStore::default().set_run_status(system.db().conn(), &run.run_id, status, now)?;
     }
-    summary.needs_confirmation = ActivityStore::default()
-        .with_status(system.db().conn(), ActivityStatus::NeedsConfirmation)?
-        .into_iter()
-        .filter(|a| a.task_id == agent.as_str())
-        .map(|a| a.idem_key)
-        .collect();
+    // Every effect: the outcome's calls, and what the ledgers hold of a
+    // turn that stopped before it completed.
+    summary.tool_calls = turn_calls(system, agent, Some(&work), outcome.as_ref())?;
+    summary.needs_confirmation = needs_confirmation(system, agent)?;
     tracing::info!(run_id = %run.run_id, outcome = ?summary.outcome, "run ended");
     Ok(summary)
 }

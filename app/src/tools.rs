@@ -90,6 +90,12 @@ impl ToolExecutor for ConfigTools {
                     call.tool, ctx.call_id
                 )))
             }
+            // The system answers these before any executor (defence in
+            // depth: never run a call on arguments the model got wrong).
+            _ if call.invalid_args.is_some() => Err(format!(
+                "arguments unusable: {}",
+                call.invalid_args.as_deref().unwrap_or_default()
+            )),
             (None, false) => Err(format!("unknown tool {:?}", call.tool)),
             (Some(Runner::Http(endpoint)), false) => {
                 run_http(endpoint, ctx.idempotency_key, &call.args)

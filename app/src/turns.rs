@@ -145,7 +145,7 @@ impl Turns {
         };
         match turn.end {
             End::Api { prepared, reply } => {
-                let answer = ops::end_api_turn(lifecycle, &turn.scope, &prepared, ended.map(Some));
+                let answer = ops::end_api_turn(system, lifecycle, &turn.scope, &prepared, ended.map(Some));
                 let fatal = match &answer {
                     Err(e) if e.is_fatal() => Some(OpError::UnknownOutcome(e.to_string())),
                     _ => None,

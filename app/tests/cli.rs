@@ -1,5 +1,6 @@
 //! The `durable-agent` binary: `check-config` reports a bad file with its
-//! file, line and key, and `mock-llm` serves on loopback and prints its URL.
+//! file, line and key, and `mock-llm` serves on loopback and prints its URL
+//! (with `--reword`, never answering the same way twice).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -69,6 +70,77 @@ fn mock_llm_subcommand_prints_its_url_and_answers() -> Result<(), Box<dyn std::e
     child.kill()?;
     child.wait()?;
     result
+}
+
+/// `mock-llm --reword --seed N`: the same request twice gets two
+/// different answers, each naming its ask; the same seed again gives the
+/// same answers (deterministic), and `--seed` alone is a usage error.
+#[test]
+fn mock_llm_reword_flag_never_answers_the_same_way_twice() -> Result<(), Box<dyn std::error::Error>> {
+    let asks = |seed: &str| -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+        let mut child = Command::new(BIN)
+            .args(["mock-llm", "--listen", "127.0.0.1:0", "--reword", "--seed", seed])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let result = (|| -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+            let stdout = child.stdout.take().ok_or("no stdout")?;
+            let mut line = String::new();
+            BufReader::new(stdout).read_line(&mut line)?;
+            let base_url = line.trim().to_string();
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(2)))
+                .proxy(None)
+                .build()
+                .into();
+            let body = serde_json::json!({"model": "m",
+                "messages": [{"role": "user", "content": "mail ada"}],
+                "tools": [{"type": "function", "function": {"name": "send_email",
+                    "parameters": {"type": "object", "properties": {"body": {"type": "string"}}, "required": ["body"]}}}]});
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                let text = agent
+                    .post(format!("{base_url}/chat/completions"))
+                    .header("Content-Type", "application/json")
+                    .send(body.to_string())?
+                    .body_mut()
+                    .read_to_string()?;
+                let reply: serde_json::Value = serde_json::from_str(&text)?;
+                answers.push(reply["choices"][0]["message"].clone());
+            }
+            Ok(answers)
+        })();
+        // Ours to stop, by its own handle.
+        child.kill()?;
+        child.wait()?;
+        result
+    };
+    let first = asks("5")?;
+    for (ask, message) in first.iter().enumerate() {
+        assert!(message.to_string().contains(&format!("[ask {ask}]")), "{message}");
+    }
+    assert_ne!(first[0], first[1]);
+    assert_ne!(first[1], first[2]);
+    assert_eq!(asks("5")?, first, "the same seed answers the same way");
+    let mut usage = Command::new(BIN)
+        .args(["mock-llm", "--listen", "127.0.0.1:0", "--seed", "5"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = usage.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            usage.kill()?;
+            usage.wait()?;
+            return Err("`mock-llm --seed` without --reword started serving".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(2), "--seed without --reword");
+    Ok(())
 }
 
 #[test]

@@ -278,7 +278,7 @@ fn a_reply_slower_than_the_timeout_is_retried() {
 }
 
 #[test]
-fn malformed_replies_are_typed_errors_and_not_retried() {
+fn malformed_replies_are_typed_errors_and_not_retried_and_bad_arguments_are_not_errors() {
     let mock = scripted(vec![
         Reply::raw("{\"choices\": [oops"),
         Reply::tool_call("lookup", json!("[1, 2]")),
@@ -293,12 +293,17 @@ fn malformed_replies_are_typed_errors_and_not_retried() {
     let history = prompt("hi");
     let run = || h.provider.complete_detailed(&request(&id, &history));
     assert!(matches!(run(), Err(OpenAiError::MalformedResponse { .. })));
+    // Arguments that are not an object do not fail the reply: the call
+    // carries the raw text and why (the system answers it as a failed call).
     match run() {
-        Err(OpenAiError::ToolArguments { tool, detail }) => {
-            assert_eq!(tool, "lookup");
-            assert!(detail.contains("not a JSON object"), "{detail}");
+        Ok(done) => {
+            let call = &done.reply.tool_calls[0];
+            assert_eq!(call.tool, "lookup");
+            assert_eq!(call.args, json!("[1, 2]"));
+            let why = call.invalid_args.as_deref().unwrap_or_default();
+            assert!(why.contains("not a JSON object"), "{why}");
         }
-        other => panic!("expected ToolArguments, got {other:?}"),
+        other => panic!("expected a call with invalid_args, got {other:?}"),
     }
     assert!(matches!(run(), Err(OpenAiError::UnknownFinish { reason }) if reason == "mystery"));
     // One attempt each: resending the same request cannot fix a bad reply.

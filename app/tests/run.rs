@@ -143,12 +143,14 @@ fn sigint_mid_job_stops_cleanly_and_resume_sends_nothing_twice() -> TestResult {
 }
 
 /// kill -9 while the sink has performed the effect but not yet answered:
-/// the ledger holds an INTENT whose outcome is unknown.
-/// The provider asks for the email in each of the turn's `asks` attempts
-/// at round 0, then answers.
-fn kill_during_delivery(dedup: bool, asks: usize) -> Result<World, Box<dyn std::error::Error>> {
-    let mut replies = vec![Reply::tool_call("send_email", email()); asks];
-    replies.push(Reply::text("done after resume"));
+/// the ledger holds an INTENT whose outcome is unknown. The provider is
+/// asked once for round 0 (the email): a resume continues from that
+/// logged decision and asks only for round 1 (the answer).
+fn kill_during_delivery(dedup: bool) -> Result<World, Box<dyn std::error::Error>> {
+    let replies = vec![
+        Reply::tool_call("send_email", email()),
+        Reply::text("done after resume"),
+    ];
     let w = world(replies, dedup)?;
     w.sink.delay_replies(1_000);
     let job = write_job(w.dir.path(), "job.toml", Some("killed"), "tell ada")?;
@@ -162,7 +164,7 @@ fn kill_during_delivery(dedup: bool, asks: usize) -> Result<World, Box<dyn std::
 
 #[test]
 fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resending() -> TestResult {
-    let w = kill_during_delivery(false, 3)?;
+    let w = kill_during_delivery(false)?;
     // The resumed run stops at the call whose fate is unknown: blocked,
     // not sent again and not skipped.
     let resumed = run(&["run", "--resume", "killed", "--config", path_str(&w.config)])?;
@@ -216,6 +218,8 @@ fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resendi
         "{summary}"
     );
     assert_eq!(w.sink.requests(), 1, "sent again after the human said delivered");
+    assert_eq!(summary["response"], "done after resume", "{summary}");
+    assert_eq!(w.mock.requests().len(), 2, "round 0 was asked for again");
     let status = run(&["status", "--config", path_str(&w.config)])?.json()?;
     assert_eq!(status["runs"][0]["status"], "succeeded");
     assert_eq!(status["waiting_for_human"], json!([]), "{status}");
@@ -231,7 +235,7 @@ fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resendi
 
 #[test]
 fn kill_9_mid_delivery_then_resume_with_dedup_delivers_exactly_once() -> TestResult {
-    let w = kill_during_delivery(true, 2)?;
+    let w = kill_during_delivery(true)?;
     let resumed = run(&["run", "--resume", "killed", "--config", path_str(&w.config)])?;
     assert!(resumed.status.success(), "{resumed:?}");
     let summary = resumed.json()?;
@@ -244,6 +248,8 @@ fn kill_9_mid_delivery_then_resume_with_dedup_delivers_exactly_once() -> TestRes
     // Boot re-sent the INTENT with its key; the sink recognised it.
     assert_eq!(w.sink.deliveries_for(key), 1);
     assert_eq!(w.sink.requests(), 2);
+    assert_eq!(summary["response"], "done after resume", "{summary}");
+    assert_eq!(w.mock.requests().len(), 2, "round 0 was asked for again");
     Ok(())
 }
 

@@ -178,6 +178,7 @@ fn config_tools_run_reversible_tools_and_refuse_irreversible_ones() -> std::io::
         tool: tool.to_string(),
         args,
         irreversible: false,
+        invalid_args: None,
     };
     let tools = &set.executor;
 

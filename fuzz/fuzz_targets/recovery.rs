@@ -47,7 +47,7 @@ const ROOT: &str = "/data";
 
 fn deps() -> Deps {
     Deps {
-        provider: Arc::new(ScriptedProvider),
+        provider: Arc::new(ScriptedProvider::default()),
         tools: Arc::new(SimTools),
         outbox: Arc::new(World::without_dedup()),
         clock: Arc::new(SteppedClock::default()),

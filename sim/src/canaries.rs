@@ -14,7 +14,7 @@ use crate::search::search;
 
 /// Canaries the system can re-introduce today (every one of `Canary::ALL`;
 /// the list stays explicit so a new canary shows up UNPROVEN, not skipped).
-pub const IMPLEMENTED: [Canary; 15] = [
+pub const IMPLEMENTED: [Canary; 16] = [
     Canary::NoFsyncBeforeRename,
     Canary::NoDirFsync,
     Canary::AckBeforeLog,
@@ -30,6 +30,7 @@ pub const IMPLEMENTED: [Canary; 15] = [
     Canary::NonLoopingReader,
     Canary::NoChecksumVerify,
     Canary::ConfirmationNotBlocking,
+    Canary::ReaskDecidedRound,
 ];
 
 /// Canaries of `RealFs` itself: the simulation never runs `RealFs`, so

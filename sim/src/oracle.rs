@@ -83,8 +83,16 @@
 //!   only between a crash and the next recovery), and their logical `ts`
 //!   strictly increases down the file (the runtime's one clock, restored
 //!   past every logged tick at boot: an entry recovery appends included).
-//! - **I4 No duplicate side effect.** No idempotency key reaches the
-//!   external world twice.
+//! - **I4 No duplicate side effect.** No effect reaches the external
+//!   world twice, counted per logical action (the scripted call's `key`),
+//!   whatever idempotency key carried it: the harness's model words a
+//!   re-asked round differently ([`crate::standins::Rewording`]), so an
+//!   effect sent again under a new key is still one effect twice.
+//! - **I6 No effect without a durable decision** (after every restart;
+//!   `driver::project::undecided_effects`): every effect the world
+//!   received carries the idempotency key of a `round.decided` entry in
+//!   some event log — a call starts only after its round's decision is
+//!   durable.
 //! - **I5 The recovery report tells what recovery did** (after every
 //!   restart; `driver::project::report_violations`): for each event log
 //!   the boot kept, the bytes the report says it cut are the log's tail

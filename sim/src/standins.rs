@@ -49,9 +49,65 @@ fn parse_rounds(prompt: &str) -> Vec<Vec<(usize, ToolStep)>> {
 
 /// The LLM stand-in: round `r` asks for the `r`-th round of the script
 /// (one call, or several asked together), then answers `r<n>` for prompt
-/// `p<n>:…`. A pure function of the request.
-#[derive(Debug)]
-pub struct ScriptedProvider;
+/// `p<n>:…`.
+///
+/// Like a real model it need not repeat itself: with [`Rewording`], a
+/// round asked again (the same prompt and round after a crash) is, when
+/// the seed says so, answered with the same calls worded differently —
+/// other arguments, so other idempotency keys — while each call's logical
+/// `key` (what the world counts an effect by) stays. A runtime that asks
+/// the model again for a round whose decision it had already acted on
+/// then sends one effect twice under two keys, and the world sees it.
+/// Without [`Rewording`] the answer is a pure function of the request.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptedProvider {
+    pub rewording: Option<Rewording>,
+}
+
+/// How [`ScriptedProvider`] varies its answers: every ask it answered (a
+/// hash of its prompt and round) with the I/O point count it happened
+/// after, so a run forked at point `n` knows the asks made before `n`
+/// (as [`ScriptedOutbox`] does for deliveries). Clones share the record.
+#[derive(Debug, Clone)]
+pub struct Rewording {
+    pub seed: u64,
+    pub fs: SimFs,
+    pub asks: Arc<Mutex<Vec<(u64, u64)>>>,
+}
+
+/// Share of the re-asks answered with other words (the rest repeat the
+/// first answer, as a model at temperature 0 may), out of 4.
+const REWORD_OF_4: u64 = 3;
+
+impl Rewording {
+    /// Record this ask (a live process only: a dead one asks nothing) and
+    /// say how to word it: `None` for the script's own words, else a
+    /// variant tag.
+    fn ask(&self, prompt: &str, round: u32) -> Option<String> {
+        let id = durable_agent::runtime::ids::fnv1a(format!("{prompt}\n{round}").as_bytes());
+        let mut asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
+        let before = asks.iter().filter(|(a, _)| *a == id).count() as u64;
+        if !self.fs.crashed() {
+            asks.push((id, self.fs.points()));
+        }
+        if before == 0 {
+            return None;
+        }
+        let draw = durable_agent::runtime::ids::fnv1a(format!("{}:{id}:{before}", self.seed).as_bytes());
+        (draw % 4 < REWORD_OF_4).then(|| format!("ask {before}, variant {:x}", draw >> 48))
+    }
+
+    /// The record as a run forked at `point` has it.
+    pub fn fork(&self, fs: SimFs, point: u64) -> Rewording {
+        let asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = asks.iter().copied().take_while(|(_, p)| *p < point).collect();
+        Rewording {
+            seed: self.seed,
+            fs,
+            asks: Arc::new(Mutex::new(kept)),
+        }
+    }
+}
 
 impl Provider for ScriptedProvider {
     fn name(&self) -> &str {
@@ -71,13 +127,21 @@ impl Provider for ScriptedProvider {
             })
             .ok_or_else(|| ProviderError("no prompt in the open turn".into()))?;
         let rounds = parse_rounds(prompt);
+        let wording = self.rewording.as_ref().and_then(|r| r.ask(prompt, request.round));
         if let Some(round) = rounds.get(request.round as usize) {
             let tool_calls = round
                 .iter()
-                .map(|(index, step)| ToolRequest {
-                    tool: if step.irreversible { "effect" } else { "lookup" }.into(),
-                    args: json!({ "key": effect_key(prompt, *index), "ok": step.ok }),
-                    irreversible: step.irreversible,
+                .map(|(index, step)| {
+                    let mut args = json!({ "key": effect_key(prompt, *index), "ok": step.ok });
+                    if let (Some(w), Some(map)) = (&wording, args.as_object_mut()) {
+                        map.insert("wording".into(), json!(w));
+                    }
+                    ToolRequest {
+                        tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                        args,
+                        irreversible: step.irreversible,
+                        invalid_args: None,
+                    }
                 })
                 .collect();
             return Ok(ProviderReply {

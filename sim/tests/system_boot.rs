@@ -21,7 +21,7 @@ const MODES: [CrashMode; 3] = [
 
 fn deps(fs: &SimFs, world: &World, clock: &SteppedClock) -> Deps {
     Deps {
-        provider: Arc::new(ScriptedProvider),
+        provider: Arc::new(ScriptedProvider::default()),
         tools: Arc::new(SimTools),
         outbox: Arc::new(ScriptedOutbox {
             world: world.clone(),

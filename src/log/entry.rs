@@ -20,10 +20,35 @@ use crate::runtime::ids::{AgentId, MessageId, SessionId};
 
 /// The newest schema version this build reads (and writes, for the lines
 /// that need it: see [`Event::min_version`]).
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The first version whose lines are sealed with a checksum.
 pub const CHECKSUM_VERSION: u32 = 3;
+
+/// The first version with durable round decisions (`round.decided`).
+pub const DECISION_VERSION: u32 = 4;
+
+/// One call of a round's durable decision: what the model asked for, with
+/// the identities the runtime gave it before anything ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecidedCall {
+    /// `<session>-<seq of the round.decided entry>.<index>`: the call's
+    /// id in the log and in the tool-call ledger, the same on every resume.
+    pub call_id: String,
+    pub tool: String,
+    /// The arguments as the model gave them (the raw text when they were
+    /// not JSON: see `invalid_args`).
+    pub args: Value,
+    pub irreversible: bool,
+    /// The idempotency key derived when the decision was made: the key
+    /// every attempt of this call carries, whatever the model would say
+    /// if asked again.
+    pub idempotency_key: String,
+    /// Why the arguments could not be used (the call is answered as a
+    /// failed tool call, never run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_args: Option<String>,
+}
 
 /// What happened. `event` is the tag, `data` the payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,11 +94,28 @@ pub enum Event {
         /// Tool calls in the turn so far.
         tool_calls: u32,
     },
+    /// The model's decision for the open turn's round `round`: every tool
+    /// call it asked for, in order, with the call ids and idempotency keys
+    /// the runtime gave them. Durable before the first of them starts; a
+    /// resumed turn continues this round from here and never asks the
+    /// model for it again (Temporal's rule: record the command, then run
+    /// the activity).
+    #[serde(rename = "round.decided")]
+    RoundDecided { round: u32, calls: Vec<DecidedCall> },
     /// The open turn, interrupted by a crash, continues from round
     /// `round`: entries since its last `round.complete` (a partial round)
     /// are rolled back.
     #[serde(rename = "turn.resume")]
-    TurnResume { round: u32 },
+    TurnResume {
+        round: u32,
+        /// The resumed turn's prompt and work when it is not the log's
+        /// open turn (a newer turn superseded it and it was parked):
+        /// absent when the open turn continues (and on older entries).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        work: Option<String>,
+    },
     /// The provider asked for a tool inside the open turn.
     #[serde(rename = "tool.call")]
     ToolCall {
@@ -128,6 +170,7 @@ impl Event {
             Event::AgentTerminated { .. } => "agent.terminated",
             Event::TurnStart { .. } => "turn.start",
             Event::RoundComplete { .. } => "round.complete",
+            Event::RoundDecided { .. } => "round.decided",
             Event::TurnResume { .. } => "turn.resume",
             Event::ToolCall { .. } => "tool.call",
             Event::ToolResult { .. } => "tool.result",
@@ -147,9 +190,14 @@ impl Event {
     /// Version 2 added work turns (`turn.start` with `work`), round
     /// checkpoints, turn resume and deliveries in `turn.complete`; version
     /// 3 the checksum every line carries (a version-2 reader refuses its
-    /// `crc` member as an unknown key), so every line written now is 3.
+    /// `crc` member as an unknown key), so every line written now is at
+    /// least 3; version 4 added `round.decided`, which only its lines carry.
     pub fn min_version(&self) -> u32 {
-        CHECKSUM_VERSION
+        match self {
+            Event::RoundDecided { .. } => DECISION_VERSION,
+            Event::TurnResume { prompt: Some(_), .. } => DECISION_VERSION,
+            _ => CHECKSUM_VERSION,
+        }
     }
 }
 
@@ -327,7 +375,37 @@ mod tests {
                 round: 1,
                 tool_calls: 2,
             },
-            Event::TurnResume { round: 1 },
+            Event::TurnResume {
+                round: 1,
+                prompt: None,
+                work: None,
+            },
+            Event::TurnResume {
+                round: 2,
+                prompt: Some("p".into()),
+                work: Some("api:w".into()),
+            },
+            Event::RoundDecided {
+                round: 1,
+                calls: vec![
+                    DecidedCall {
+                        call_id: "c".into(),
+                        tool: "t".into(),
+                        args: serde_json::json!({"k": 1}),
+                        irreversible: true,
+                        idempotency_key: "w-r1-c0".into(),
+                        invalid_args: None,
+                    },
+                    DecidedCall {
+                        call_id: "d".into(),
+                        tool: "u".into(),
+                        args: serde_json::json!("{not json"),
+                        irreversible: false,
+                        idempotency_key: "w-r1-c1".into(),
+                        invalid_args: Some("not JSON".into()),
+                    },
+                ],
+            },
             Event::ToolCall {
                 call_id: "c".into(),
                 tool: "t".into(),
@@ -387,7 +465,11 @@ mod tests {
     #[test]
     fn a_line_carries_the_oldest_version_that_reads_it() {
         for event in every_event() {
-            assert_eq!(event.min_version(), CHECKSUM_VERSION, "{event:?}");
+            let oldest = match event {
+                Event::RoundDecided { .. } | Event::TurnResume { prompt: Some(_), .. } => DECISION_VERSION,
+                _ => CHECKSUM_VERSION,
+            };
+            assert_eq!(event.min_version(), oldest, "{event:?}");
             assert!(event.min_version() <= SCHEMA_VERSION);
         }
     }

@@ -5,6 +5,7 @@
 //! and `events.jsonl` (recovery rebuilds it from them).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 
 use crate::log::EventLog;
 use crate::store::session::SessionRecord;
@@ -23,16 +24,22 @@ pub(crate) struct AgentSlot {
     /// Completed turns only.
     pub conversation: Vec<ConversationItem>,
     pub delivered: BTreeSet<MessageId>,
-    /// Work ids (`turn.start`'s `work`) whose turn completed.
-    pub done_work: BTreeSet<String>,
+    /// Work ids (`turn.start`'s `work`) whose turn completed, with the
+    /// turn's items in `conversation` (its stored answer).
+    pub done_work: BTreeMap<String, Range<usize>>,
     /// Work ids whose turn started and never completed, with the prompt
     /// it first started with and the messages it read: a retry of the work
     /// runs that prompt again, so its calls keep their idempotency keys even
     /// after another turn superseded the interrupted one (see
     /// [`super::Runtime::started_work_prompt`]).
     pub started_work: BTreeMap<String, StartedWork>,
-    /// The interrupted turn, up to its last completed round.
+    /// The interrupted turn, up to its last completed round (and its
+    /// decided round's completed calls).
     pub open: Option<OpenTurn>,
+    /// Interrupted turns a newer turn superseded, each cut back like
+    /// `open`: running one of them again (same prompt and work) continues
+    /// it, from its durable decisions, never from a new ask.
+    pub parked: Vec<OpenTurn>,
     /// Consecutive failed provider calls (the attempt number of the next
     /// failure); process state, reset by a success.
     pub provider_failures: u32,

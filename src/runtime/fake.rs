@@ -54,6 +54,7 @@ impl FakeProvider {
             tool: tool.to_string(),
             args,
             irreversible,
+            invalid_args: None,
         }]
     }
 }

@@ -92,7 +92,7 @@ fn mix(seed: u64) -> u64 {
 
 /// FNV-1a: a fixed, published hash (never the std hasher, whose output may
 /// change between releases), for values that must be stable on disk.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

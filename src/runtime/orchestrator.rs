@@ -173,6 +173,7 @@ impl Runtime {
                 done_work: Default::default(),
                 started_work: Default::default(),
                 open: None,
+                parked: Vec::new(),
                 provider_failures: 0,
                 in_turn: None,
             },

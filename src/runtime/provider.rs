@@ -28,6 +28,12 @@ pub struct ToolRequest {
     pub args: Value,
     /// The side effect cannot be undone (must never happen twice).
     pub irreversible: bool,
+    /// Why the model's arguments could not be used (not JSON, not an
+    /// object), with `args` holding the raw text: the call is logged and
+    /// answered as a failed tool call the model can correct, never run,
+    /// and never fails the turn. Absent for a well-formed call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_args: Option<String>,
 }
 
 /// A completion: tool requests (another round follows) or a final text.

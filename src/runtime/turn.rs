@@ -12,11 +12,12 @@
 //! does repeat carry the same idempotency keys.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::log::{Event, LogEntry};
+use crate::log::{DecidedCall, Event, LogEntry};
 
 use super::agent::StartedWork;
 use super::ids::{AgentId, MessageId};
@@ -56,52 +57,171 @@ pub struct TurnOutcome {
     pub tool_calls: Vec<(String, ToolRequest, ToolOutput)>,
 }
 
-/// An interrupted turn, up to its last completed round: what running the
-/// same turn again continues from.
+/// An interrupted turn, up to its last completed round and, when the
+/// model's decision for the round after it is durable, the calls of that
+/// round that completed: what running the same turn again continues from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenTurn {
     pub prompt: String,
     pub work: Option<String>,
-    /// The completed rounds' tool calls and results, in order.
+    /// The completed rounds' tool calls and results, then the completed
+    /// calls of the decided round, in order (pairs of call and result).
     pub items: Vec<ConversationItem>,
-    /// The next round to ask the provider for.
+    /// The round in progress: the decided one, or the next to ask the
+    /// provider for.
     pub round: u32,
+    /// How many of `items` the completed rounds hold (the round in
+    /// progress starts there).
+    pub round_start: usize,
+    /// The model's durable decision for `round` (`round.decided`): a
+    /// resumed turn runs its calls that have no result yet, in order, with
+    /// their logged ids and keys, and never asks the model for `round`
+    /// again. `None`: the model is asked for `round` (no call of it can
+    /// have started: every call starts after its round's decision).
+    pub decided: Option<Vec<DecidedCall>>,
 }
 
-/// Rebuild the conversation (completed turns only) from log entries.
-pub fn conversation_from_log(entries: &[LogEntry]) -> Vec<ConversationItem> {
-    replay_turns(entries).0
+impl OpenTurn {
+    /// The decided calls that have no result yet, with their index in the
+    /// round, in order.
+    pub fn pending_calls(&self) -> Vec<(usize, DecidedCall)> {
+        let Some(decided) = &self.decided else {
+            return Vec::new();
+        };
+        let done: BTreeSet<&str> = self
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                ConversationItem::ToolResult { call_id, .. } => Some(call_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        decided
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !done.contains(c.call_id.as_str()))
+            .map(|(i, c)| (i, c.clone()))
+            .collect()
+    }
+
+    /// Drop the decision and the calls of it that completed: the round is
+    /// asked again (what the `ReaskDecidedRound` canary does).
+    pub(super) fn forget_decision(&mut self) {
+        self.items.truncate(self.round_start);
+        self.decided = None;
+    }
+
+    fn identity(&self) -> (&str, Option<&str>) {
+        (&self.prompt, self.work.as_deref())
+    }
 }
 
-/// The interrupted turn at the end of `entries`, if any (see [`OpenTurn`]).
-pub fn open_turn_from_log(entries: &[LogEntry]) -> Option<OpenTurn> {
-    replay_turns(entries).1
+/// The (call id, request) of a decided call, as the tool executor gets it.
+pub fn decided_request(call: &DecidedCall) -> ToolRequest {
+    ToolRequest {
+        tool: call.tool.clone(),
+        args: call.args.clone(),
+        irreversible: call.irreversible,
+        invalid_args: call.invalid_args.clone(),
+    }
 }
 
-/// Completed turns, and the open turn cut back to its last checkpoint.
-fn replay_turns(entries: &[LogEntry]) -> (Vec<ConversationItem>, Option<OpenTurn>) {
-    let mut done = Vec::new();
-    let mut open: Option<Vec<ConversationItem>> = None;
-    // The open turn's header and its last round boundary (items, round).
-    let mut head: Option<(String, Option<String>)> = None;
-    let mut boundary = (1usize, 0u32);
+/// Put `turn` aside (a newer turn superseded it), replacing an earlier
+/// parked turn with the same prompt and work.
+pub(super) fn park(parked: &mut Vec<OpenTurn>, turn: OpenTurn) {
+    parked.retain(|p| p.identity() != turn.identity());
+    parked.push(turn);
+}
+
+/// Take the parked turn with this prompt and work, if any.
+pub(super) fn unpark(parked: &mut Vec<OpenTurn>, prompt: &str, work: Option<&str>) -> Option<OpenTurn> {
+    let i = parked.iter().position(|p| p.identity() == (prompt, work))?;
+    Some(parked.remove(i))
+}
+
+/// Everything the turns of a log leave behind, rebuilt in one pass (see
+/// [`replay_turns`]).
+#[derive(Debug, Default)]
+pub(crate) struct ReplayedTurns {
+    /// Completed turns only.
+    pub conversation: Vec<ConversationItem>,
+    /// The interrupted turn at the end of the log, cut back (see
+    /// [`OpenTurn`]).
+    pub open: Option<OpenTurn>,
+    /// Interrupted turns a later turn superseded, cut back likewise.
+    pub parked: Vec<OpenTurn>,
+    /// Each completed work turn's items in `conversation`.
+    pub done_work: BTreeMap<String, Range<usize>>,
+    /// Work turns started and never completed.
+    pub started_work: BTreeMap<String, StartedWork>,
+}
+
+/// Cut an interrupted turn back to what a resume continues from: with a
+/// durable decision, the round's completed calls stay and a call in
+/// flight (its `tool.call` without a result) goes; without one, the round
+/// is rolled back to its last `round.complete`.
+fn cut(mut turn: OpenTurn) -> OpenTurn {
+    if turn.decided.is_some() {
+        if matches!(turn.items.last(), Some(ConversationItem::ToolCall { .. })) {
+            turn.items.pop();
+        }
+    } else {
+        turn.items.truncate(turn.round_start);
+    }
+    turn
+}
+
+/// Replay the turn events of a log. The only rebuild of turns from disk:
+/// what a turn does in memory (`turn_task`) is kept equal to it.
+pub(crate) fn replay_turns(entries: &[LogEntry]) -> ReplayedTurns {
+    let mut out = ReplayedTurns::default();
+    let mut open: Option<OpenTurn> = None;
     for entry in entries {
         match &entry.event {
-            Event::TurnStart { prompt, work, .. } => {
-                open = Some(vec![ConversationItem::Prompt { text: prompt.clone() }]);
-                head = Some((prompt.clone(), work.clone()));
-                boundary = (1, 0);
+            Event::TurnStart { prompt, work, reads } => {
+                if let Some(turn) = open.take() {
+                    park(&mut out.parked, cut(turn));
+                }
+                if let Some(w) = work {
+                    out.started_work.entry(w.clone()).or_insert_with(|| StartedWork {
+                        prompt: prompt.clone(),
+                        reads: reads.clone(),
+                    });
+                }
+                open = Some(OpenTurn {
+                    prompt: prompt.clone(),
+                    work: work.clone(),
+                    items: Vec::new(),
+                    round: 0,
+                    round_start: 0,
+                    decided: None,
+                });
+            }
+            Event::RoundDecided { round, calls } => {
+                if let Some(turn) = open.as_mut() {
+                    // A second decision for one round (only a runtime that
+                    // asked again wrote one) replaces the first.
+                    turn.items.truncate(turn.round_start);
+                    turn.round = *round;
+                    turn.decided = Some(calls.clone());
+                }
             }
             Event::RoundComplete { round, .. } => {
-                if let Some(turn) = open.as_ref() {
-                    boundary = (turn.len(), round.saturating_add(1));
+                if let Some(turn) = open.as_mut() {
+                    turn.round_start = turn.items.len();
+                    turn.round = round.saturating_add(1);
+                    turn.decided = None;
                 }
             }
-            Event::TurnResume { .. } => {
-                // The partial round before the crash is rolled back.
-                if let Some(turn) = open.as_mut() {
-                    turn.truncate(boundary.0);
+            Event::TurnResume { prompt, work, .. } => {
+                if let Some(prompt) = prompt {
+                    // A parked turn continues: the one open now is parked.
+                    if let Some(turn) = open.take() {
+                        park(&mut out.parked, cut(turn));
+                    }
+                    open = unpark(&mut out.parked, prompt, work.as_deref());
                 }
+                open = open.map(cut);
             }
             Event::ToolCall {
                 call_id,
@@ -110,7 +230,7 @@ fn replay_turns(entries: &[LogEntry]) -> (Vec<ConversationItem>, Option<OpenTurn
                 irreversible,
             } => {
                 if let Some(turn) = open.as_mut() {
-                    turn.push(ConversationItem::ToolCall {
+                    turn.items.push(ConversationItem::ToolCall {
                         call_id: call_id.clone(),
                         tool: tool.clone(),
                         args: args.clone(),
@@ -120,7 +240,7 @@ fn replay_turns(entries: &[LogEntry]) -> (Vec<ConversationItem>, Option<OpenTurn
             }
             Event::ToolResult { call_id, ok, output } => {
                 if let Some(turn) = open.as_mut() {
-                    turn.push(ConversationItem::ToolResult {
+                    turn.items.push(ConversationItem::ToolResult {
                         call_id: call_id.clone(),
                         ok: *ok,
                         output: output.clone(),
@@ -128,78 +248,38 @@ fn replay_turns(entries: &[LogEntry]) -> (Vec<ConversationItem>, Option<OpenTurn
                 }
             }
             Event::TurnComplete { response, .. } => {
-                if let Some(mut turn) = open.take() {
-                    turn.push(ConversationItem::Response {
+                if let Some(turn) = open.take() {
+                    let start = out.conversation.len();
+                    out.conversation
+                        .push(ConversationItem::Prompt { text: turn.prompt });
+                    out.conversation.extend(turn.items);
+                    out.conversation.push(ConversationItem::Response {
                         text: response.clone(),
                     });
-                    done.extend(turn);
+                    if let Some(w) = turn.work {
+                        out.started_work.remove(&w);
+                        out.done_work.insert(w, start..out.conversation.len());
+                    }
                 }
-                head = None;
             }
             _ => {}
         }
     }
-    let open_turn = match (open, head) {
-        (Some(mut items), Some((prompt, work))) => {
-            items.truncate(boundary.0);
-            items.remove(0); // the prompt
-            Some(OpenTurn {
-                prompt,
-                work,
-                items,
-                round: boundary.1,
-            })
-        }
-        _ => None,
+    out.open = open.map(cut);
+    out
+}
+
+/// The outcome of the completed turn whose items are `items` (its prompt,
+/// its calls and results, its response).
+pub(super) fn outcome_of(items: &[ConversationItem]) -> Option<TurnOutcome> {
+    let Some(ConversationItem::Response { text }) = items.last() else {
+        return None;
     };
-    (done, open_turn)
-}
-
-/// The work ids whose turn completed in `entries` (a `turn.start` with
-/// `work`, then its `turn.complete`).
-pub fn done_work_from_log(entries: &[LogEntry]) -> BTreeSet<String> {
-    let mut done = BTreeSet::new();
-    let mut open: Option<Option<&String>> = None;
-    for entry in entries {
-        match &entry.event {
-            Event::TurnStart { work, .. } => open = Some(work.as_ref()),
-            Event::TurnComplete { .. } => {
-                if let Some(Some(work)) = open.take() {
-                    done.insert(work.clone());
-                }
-            }
-            _ => {}
-        }
-    }
-    done
-}
-
-/// The work ids whose turn started in `entries` and never completed, with
-/// the prompt each first started with and the messages it read (see
-/// `AgentSlot::started_work`).
-pub fn started_work_from_log(entries: &[LogEntry]) -> BTreeMap<String, StartedWork> {
-    let mut started = BTreeMap::new();
-    let mut open: Option<Option<&String>> = None;
-    for entry in entries {
-        match &entry.event {
-            Event::TurnStart { prompt, work, reads } => {
-                if let Some(w) = work {
-                    started.entry(w.clone()).or_insert_with(|| StartedWork {
-                        prompt: prompt.clone(),
-                        reads: reads.clone(),
-                    });
-                }
-                open = Some(work.as_ref());
-            }
-            Event::TurnComplete { .. } => {
-                if let Some(Some(work)) = open.take() {
-                    started.remove(work);
-                }
-            }
-            _ => {}
-        }
-    }
-    started
+    let calls = items.get(1..items.len() - 1).unwrap_or_default();
+    Some(TurnOutcome {
+        response: text.clone(),
+        tool_calls: completed_calls(calls),
+    })
 }
 
 /// The (call id, request, output) of every call in `items` (pairs of
@@ -219,6 +299,7 @@ pub(super) fn completed_calls(items: &[ConversationItem]) -> Vec<(String, ToolRe
                     tool: tool.clone(),
                     args: args.clone(),
                     irreversible: *irreversible,
+                    invalid_args: None,
                 },
                 ToolOutput {
                     ok: *ok,
@@ -343,6 +424,19 @@ impl Runtime {
 
     /// Whether a turn performing `work` completed durably for `agent`.
     pub fn work_done(&self, agent: &AgentId, work: &str) -> Result<bool, RuntimeError> {
-        Ok(self.slot(agent)?.done_work.contains(work))
+        Ok(self.slot(agent)?.done_work.contains_key(work))
+    }
+
+    /// The stored answer of `agent`'s completed turn performing `work`:
+    /// its response and every call it made with its result, as the turn
+    /// returned it (calls before any crash it resumed from included).
+    /// `None` if no turn for `work` completed.
+    pub fn work_outcome(&self, agent: &AgentId, work: &str) -> Result<Option<TurnOutcome>, RuntimeError> {
+        let slot = self.slot(agent)?;
+        Ok(slot
+            .done_work
+            .get(work)
+            .and_then(|range| slot.conversation.get(range.clone()))
+            .and_then(outcome_of))
     }
 }

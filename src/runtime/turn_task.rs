@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::canary::Canary;
-use crate::log::Event;
+use crate::log::{DecidedCall, Event};
 
 use super::agent::StartedWork;
 use super::ids::{AgentId, MessageId, SessionId};
@@ -36,7 +36,7 @@ use super::provider::{Provider, ProviderError, ProviderReply, ProviderRequest, T
 use super::tools::{
     idempotency_key, turn_identity, work_idempotency_key, ToolContext, ToolError, ToolExecutor, ToolOutput,
 };
-use super::turn::{completed_calls, ConversationItem, OpenTurn, TurnOutcome};
+use super::turn::{completed_calls, decided_request, park, ConversationItem, OpenTurn, TurnOutcome};
 use super::{CallSite, Runtime, RuntimeError};
 
 /// Turn tokens, unique in the process: a task from before a reopen can
@@ -171,12 +171,11 @@ pub struct TurnTask {
     round: u32,
     /// Every call of the turn that has its result, in order.
     tool_calls: Vec<(String, ToolRequest, ToolOutput)>,
-    /// The current round's calls not yet started, and the index of the
-    /// next one within the round.
-    batch: VecDeque<ToolRequest>,
-    index: usize,
+    /// The current round's decided calls not yet started, with their
+    /// index in the round.
+    batch: VecDeque<DecidedCall>,
     /// The call out now: a provider completion (`None`) or this tool call.
-    out: Option<(String, ToolRequest)>,
+    out: Option<DecidedCall>,
 }
 
 impl TurnTask {
@@ -340,7 +339,14 @@ impl Runtime {
     ) -> Result<(TurnTask, TurnStep), RuntimeError> {
         self.acquire(agent)?;
         let slot = self.slot(agent)?;
-        let resumed = slot.open.clone().filter(|o| o.prompt == prompt && o.work == work);
+        let is_this = |o: &OpenTurn| o.prompt == prompt && o.work == work;
+        // The turn to continue: the open one, or a parked one a newer turn
+        // superseded (whose resume must name it in the log).
+        let open_matches = slot.open.as_ref().is_some_and(is_this);
+        let parked_at = match open_matches {
+            true => None,
+            false => slot.parked.iter().position(is_this),
+        };
         let mut working = slot.conversation.clone();
         let turn_no = working
             .iter()
@@ -354,19 +360,36 @@ impl Runtime {
         working.push(ConversationItem::Prompt {
             text: prompt.to_string(),
         });
-        let mut round = 0;
-        let mut done_calls = Vec::new();
-        match resumed {
-            Some(open) => {
-                // Continue after the last completed round; its calls and
-                // results come from the log, not from the provider again.
-                self.log_to(agent, Event::TurnResume { round: open.round })?;
-                round = open.round;
-                done_calls = completed_calls(&open.items);
-                working.extend(open.items);
-                tracing::info!(%agent, round, "resuming an interrupted turn");
+        let resumed = match (open_matches, parked_at) {
+            (true, _) => {
+                self.log_to(
+                    agent,
+                    Event::TurnResume {
+                        round: slot.open.as_ref().map_or(0, |o| o.round),
+                        prompt: None,
+                        work: None,
+                    },
+                )?;
+                self.slot_mut(agent)?.open.take()
             }
-            None => {
+            (false, Some(i)) => {
+                let round = slot.parked[i].round;
+                self.log_to(
+                    agent,
+                    Event::TurnResume {
+                        round,
+                        prompt: Some(prompt.to_string()),
+                        work: work.clone(),
+                    },
+                )?;
+                let slot = self.slot_mut(agent)?;
+                let turn = slot.parked.remove(i);
+                if let Some(superseded) = slot.open.take() {
+                    park(&mut slot.parked, superseded);
+                }
+                Some(turn)
+            }
+            (false, None) => {
                 // A work turn's reads are part of what it started with.
                 let reads = if work.is_some() {
                     consumed.clone()
@@ -381,22 +404,47 @@ impl Runtime {
                         reads: reads.clone(),
                     },
                 )?;
+                let slot = self.slot_mut(agent)?;
+                if let Some(superseded) = slot.open.take() {
+                    park(&mut slot.parked, superseded);
+                }
                 if let Some(w) = &work {
-                    let started = &mut self.slot_mut(agent)?.started_work;
-                    started.entry(w.clone()).or_insert_with(|| StartedWork {
+                    slot.started_work.entry(w.clone()).or_insert_with(|| StartedWork {
                         prompt: prompt.to_string(),
                         reads,
                     });
                 }
+                None
             }
-        }
+        };
+        let open = match resumed {
+            Some(mut open) => {
+                // Canary: ask the model again for a round it already
+                // decided (its completed calls rolled back with it).
+                if self.config.canaries.has(Canary::ReaskDecidedRound) {
+                    open.forget_decision();
+                }
+                tracing::info!(%agent, round = open.round, decided = open.decided.is_some(), "resuming an interrupted turn");
+                open
+            }
+            None => OpenTurn {
+                prompt: prompt.to_string(),
+                work: work.clone(),
+                items: Vec::new(),
+                round: 0,
+                round_start: 0,
+                decided: None,
+            },
+        };
+        // Completed rounds' calls, and the decided round's completed ones,
+        // come from the log: neither the provider nor the tools again.
+        let done_calls = completed_calls(&open.items);
+        working.extend(open.items.iter().cloned());
+        let pending: VecDeque<DecidedCall> = open.pending_calls().into_iter().map(|(_, c)| c).collect();
+        let decided = open.decided.is_some();
+        let round = open.round;
         let slot = self.slot_mut(agent)?;
-        slot.open = Some(OpenTurn {
-            prompt: prompt.to_string(),
-            work: work.clone(),
-            items: working[working.len() - done_calls.len() * 2..].to_vec(),
-            round,
-        });
+        slot.open = Some(open);
         slot.in_turn = Some(token);
         let mut task = TurnTask {
             agent: agent.clone(),
@@ -408,11 +456,16 @@ impl Runtime {
             working,
             round,
             tool_calls: done_calls,
-            batch: VecDeque::new(),
-            index: 0,
+            batch: pending,
             out: None,
         };
-        let step = self.ask(&mut task)?;
+        let step = match (decided, task.batch.is_empty()) {
+            // The decision stands: run what has no result yet.
+            (true, false) => self.next_call(&mut task)?,
+            // Every decided call has its result: only the checkpoint is missing.
+            (true, true) => self.complete_round(&mut task)?,
+            (false, _) => self.ask(&mut task)?,
+        };
         Ok((task, step))
     }
 
@@ -470,47 +523,94 @@ impl Runtime {
                 limit: self.config.max_tool_rounds,
             });
         }
-        task.batch = reply.tool_calls.into();
-        task.index = 0;
+        self.decide(task, reply.tool_calls)?;
         self.next_call(task)
     }
 
-    /// Log the next call of the round (`tool.call` durable before it runs)
-    /// and hand it out.
+    /// Make the model's answer for this round durable before any of its
+    /// calls starts (`round.decided`): each call gets its id and its
+    /// idempotency key now, once, and every attempt of it — after any
+    /// crash, whatever the model would answer if asked again — uses them.
+    fn decide(&mut self, task: &mut TurnTask, calls: Vec<ToolRequest>) -> Result<(), RuntimeError> {
+        let agent = task.agent.clone();
+        let slot = self.slot(&agent)?;
+        let session = slot.record.session_id.clone();
+        let seq = slot.log.next_seq();
+        let round = task.round;
+        let decided: Vec<DecidedCall> = calls
+            .into_iter()
+            .enumerate()
+            .map(|(index, call)| {
+                let key = match &task.work {
+                    Some(work) => work_idempotency_key(&session, work, round, index, &call),
+                    None => idempotency_key(&session, &task.identity, round, index, &call),
+                };
+                DecidedCall {
+                    call_id: format!("{session}-{seq}.{index}"),
+                    tool: call.tool,
+                    args: call.args,
+                    irreversible: call.irreversible,
+                    idempotency_key: key,
+                    invalid_args: call.invalid_args,
+                }
+            })
+            .collect();
+        self.log_to(
+            &agent,
+            Event::RoundDecided {
+                round,
+                calls: decided.clone(),
+            },
+        )?;
+        task.batch = decided.iter().cloned().collect();
+        if let Some(open) = self.slot_mut(&agent)?.open.as_mut() {
+            open.decided = Some(decided);
+        }
+        Ok(())
+    }
+
+    /// Log the next decided call of the round (`tool.call` durable before
+    /// it runs) and hand it out, with the id and key its decision gave it.
     fn next_call(&mut self, task: &mut TurnTask) -> Result<TurnStep, RuntimeError> {
         let Some(call) = task.batch.pop_front() else {
             return Err(RuntimeError::TurnNotInFlight(task.agent.clone()));
         };
         let agent = task.agent.clone();
-        let slot = self.slot(&agent)?;
-        let session = slot.record.session_id.clone();
-        let call_id = format!("{session}-{}", slot.log.next_seq());
+        let session = self.slot(&agent)?.record.session_id.clone();
         let call_entry = self.log_to(
             &agent,
             Event::ToolCall {
-                call_id: call_id.clone(),
+                call_id: call.call_id.clone(),
                 tool: call.tool.clone(),
                 args: call.args.clone(),
                 irreversible: call.irreversible,
             },
         )?;
-        // Canary: key the calls by the agent's turn count instead.
-        let by_turn = self.config.canaries.has(Canary::TriggerTurnKeyedByTurn);
-        let (round, index) = (task.round, task.index);
-        let key = match &task.work {
-            _ if by_turn => idempotency_key(&session, &task.turn_no.to_string(), round, index, &call),
-            Some(work) => work_idempotency_key(&session, work, round, index, &call),
-            None => idempotency_key(&session, &task.identity, round, index, &call),
+        // Canary: each attempt keys the call by the agent's turn count,
+        // not by the key its decision gave it.
+        let key = match self.config.canaries.has(Canary::TriggerTurnKeyedByTurn) {
+            true => {
+                let index = call
+                    .call_id
+                    .rsplit('.')
+                    .next()
+                    .and_then(|i| i.parse().ok())
+                    .unwrap_or(0);
+                let request = decided_request(&call);
+                idempotency_key(&session, &task.turn_no.to_string(), task.round, index, &request)
+            }
+            false => call.idempotency_key.clone(),
         };
-        task.out = Some((call_id.clone(), call.clone()));
-        Ok(TurnStep::Call(OutsideCall::Tool(ToolJob {
+        let job = ToolJob {
             agent,
             session,
-            call_id,
+            call_id: call.call_id.clone(),
             idempotency_key: key,
             now: call_entry.ts,
-            call,
-        })))
+            call: decided_request(&call),
+        };
+        task.out = Some(call);
+        Ok(TurnStep::Call(OutsideCall::Tool(job)))
     }
 
     fn tool_ran(
@@ -531,9 +631,10 @@ impl Runtime {
                 source,
             },
         })?;
-        let Some((call_id, call)) = task.out.take() else {
+        let Some(decided) = task.out.take() else {
             return Err(RuntimeError::TurnNotInFlight(agent));
         };
+        let call_id = decided.call_id.clone();
         self.log_to(
             &agent,
             Event::ToolResult {
@@ -542,23 +643,35 @@ impl Runtime {
                 output: output.output.clone(),
             },
         )?;
-        task.working.push(ConversationItem::ToolCall {
-            call_id: call_id.clone(),
-            tool: call.tool.clone(),
-            args: call.args.clone(),
-            irreversible: call.irreversible,
-        });
-        task.working.push(ConversationItem::ToolResult {
-            call_id: call_id.clone(),
-            ok: output.ok,
-            output: output.output.clone(),
-        });
-        task.tool_calls.push((call_id, call, output));
-        task.index += 1;
+        let pair = [
+            ConversationItem::ToolCall {
+                call_id: call_id.clone(),
+                tool: decided.tool.clone(),
+                args: decided.args.clone(),
+                irreversible: decided.irreversible,
+            },
+            ConversationItem::ToolResult {
+                call_id: call_id.clone(),
+                ok: output.ok,
+                output: output.output.clone(),
+            },
+        ];
+        task.working.extend(pair.iter().cloned());
+        // The open turn keeps the round's completed calls, as the log does.
+        if let Some(open) = self.slot_mut(&agent)?.open.as_mut() {
+            open.items.extend(pair);
+        }
+        task.tool_calls.push((call_id, decided_request(&decided), output));
         if !task.batch.is_empty() {
             return self.next_call(task);
         }
-        // The round's checkpoint: a crash from here on resumes after it.
+        self.complete_round(task)
+    }
+
+    /// The round's checkpoint (`round.complete`): a crash from here on
+    /// resumes after it, with the next round's ask.
+    fn complete_round(&mut self, task: &mut TurnTask) -> Result<TurnStep, RuntimeError> {
+        let agent = task.agent.clone();
         let calls = u32::try_from(task.tool_calls.len()).unwrap_or(u32::MAX);
         self.log_to(
             &agent,
@@ -568,10 +681,10 @@ impl Runtime {
             },
         )?;
         task.round += 1;
-        let open_items = task.working[task.working.len() - task.tool_calls.len() * 2..].to_vec();
         if let Some(open) = self.slot_mut(&agent)?.open.as_mut() {
-            open.items = open_items;
             open.round = task.round;
+            open.round_start = open.items.len();
+            open.decided = None;
         }
         self.ask(task)
     }
@@ -594,11 +707,14 @@ impl Runtime {
         });
         let slot = self.slot_mut(&agent)?;
         slot.delivered.extend(ids);
+        // The turn's items start where the conversation before it ended.
+        let start = slot.conversation.len();
         slot.conversation = working;
         slot.open = None;
         slot.in_turn = None;
         if let Some(work) = &task.work {
-            slot.done_work.insert(work.clone());
+            slot.done_work
+                .insert(work.clone(), start..slot.conversation.len());
             slot.started_work.remove(work);
         }
         Ok(TurnOutcome {

@@ -57,6 +57,16 @@ impl SystemTools {
     /// The call as the side effect it has (irreversible ones via the
     /// activity ledger).
     fn perform(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+        if let Some(detail) = &call.invalid_args {
+            // The model's mistake, for the model to correct: never run.
+            return Ok(ToolOutput {
+                ok: false,
+                output: format!(
+                    "{}: the arguments are not usable ({detail}); the call was not run",
+                    call.tool
+                ),
+            });
+        }
         if !call.irreversible {
             return self.reversible.execute(ctx, call);
         }
@@ -133,7 +143,11 @@ impl ToolExecutor for SystemTools {
                 .create_run(db.conn(), &run, ctx.session.as_str(), now)?;
             self.calls.prepare(db.conn(), &new, now)
         })?;
-        let fresh = row.id == new.id;
+        // This call's own row, never started (a crash between `prepare`
+        // and `mark_running` performed nothing): a first attempt. A row
+        // of the same call id that is running was in flight at a crash
+        // (the decision gives every attempt of a call the same id).
+        let fresh = row.id == new.id && row.status == ToolCallStatus::Prepared;
         match row.status {
             // Asked again after a crash (a rolled-back round): answered
             // from the ledger, not run twice.

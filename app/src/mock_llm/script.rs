@@ -13,6 +13,10 @@
 //! raw = "not json"       # a malformed 200 body
 //! [[replies]]
 //! text = "done"
+//!
+//! # optional: answer every ask differently (see `mock_llm::reword`)
+//! [reword]
+//! seed = 7
 //! ```
 //!
 //! Invariant: a loaded [`Script`] is unambiguous — each reply is exactly
@@ -23,6 +27,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
+
+use super::reword::Reword;
 
 /// Longest scripted delay (a test that needs more is waiting on nothing).
 pub const MAX_DELAY_MS: u64 = 60_000;
@@ -50,6 +56,9 @@ pub enum ScriptError {
 pub struct Script {
     #[serde(default)]
     pub replies: Vec<Reply>,
+    /// Reword every answer (absent: the replies exactly as written).
+    #[serde(default)]
+    pub reword: Option<Reword>,
 }
 
 /// One scripted answer.
@@ -120,9 +129,19 @@ impl Script {
 
     /// A script built in code (tests).
     pub fn new(replies: Vec<Reply>) -> Result<Script, ScriptError> {
-        let script = Script { replies };
+        let script = Script {
+            replies,
+            reword: None,
+        };
         script.validate(Path::new("<inline script>"))?;
         Ok(script)
+    }
+
+    /// The same replies, each reworded per `reword` (see
+    /// `mock_llm::reword`).
+    pub fn reworded(mut self, reword: Reword) -> Script {
+        self.reword = Some(reword);
+        self
     }
 
     fn validate(&self, path: &Path) -> Result<(), ScriptError> {
@@ -208,6 +227,10 @@ mod tests {
         let s = Script::load(&toml_path).expect("valid toml script");
         assert_eq!(s.replies.len(), 2);
         assert_eq!(s.replies[0].status, Some(429));
+        assert_eq!(s.reword, None);
+        std::fs::write(&toml_path, "[reword]\nseed = 9\n[[replies]]\ntext = \"hi\"\n")?;
+        let s = Script::load(&toml_path).expect("valid toml script");
+        assert_eq!(s.reword, Some(Reword { seed: 9 }));
 
         let json_path = dir.path().join("s.json");
         std::fs::write(&json_path, r#"{"replies":[{"text":"a","raw":"b"}]}"#)?;

@@ -2,10 +2,12 @@
 //! `ProviderRequest`, and the reply parsed into a `ProviderReply`.
 //!
 //! Invariant: parsing is total — any body (not JSON, missing `choices`,
-//! tool-call arguments that are not a JSON object, an unknown
-//! `finish_reason`) yields a `ProviderReply` or an [`OpenAiError`], never a
-//! panic; and a parsed reply's `irreversible` flags come from the config,
-//! never from the model.
+//! an unknown `finish_reason`) yields a `ProviderReply` or an
+//! [`OpenAiError`], never a panic; tool-call arguments that are not a JSON
+//! object do not fail the reply: the call carries the raw text and
+//! `invalid_args` (the system answers it as a failed call the model can
+//! correct); and a parsed reply's `irreversible` flags come from the
+//! config, never from the model.
 
 use std::collections::BTreeMap;
 
@@ -68,8 +70,13 @@ pub fn messages(request: &ProviderRequest<'_>) -> Vec<Value> {
             } => pending_calls.push(json!({
                 "id": call_id,
                 "type": "function",
-                // The API wants the arguments as a JSON *string*.
-                "function": {"name": tool, "arguments": args.to_string()},
+                // The API wants the arguments as a JSON *string*; a string
+                // here is the raw text of arguments the model got wrong
+                // (`invalid_args`), sent back as the model wrote it.
+                "function": {"name": tool, "arguments": match args {
+                    Value::String(raw) => raw.clone(),
+                    other => other.to_string(),
+                }},
             })),
             ConversationItem::ToolResult { call_id, ok, output } => {
                 // The model must be able to tell a failed tool from a
@@ -187,27 +194,18 @@ pub fn parse_reply(
     let mut tool_calls = Vec::with_capacity(calls.len());
     for call in calls {
         let name = call.function.name;
-        // Some servers send "" for a function without parameters.
-        let raw = if call.function.arguments.trim().is_empty() {
-            "{}"
-        } else {
-            call.function.arguments.as_str()
-        };
-        let args: Value = serde_json::from_str(raw).map_err(|e| OpenAiError::ToolArguments {
-            tool: name.clone(),
-            detail: format!("not JSON ({e}): {}", excerpt(raw, 120)),
-        })?;
-        if !args.is_object() {
-            return Err(OpenAiError::ToolArguments {
-                tool: name,
-                detail: format!("not a JSON object: {}", excerpt(raw, 120)),
-            });
-        }
         let irreversible = irreversible.get(&name).copied().unwrap_or(false);
+        let (args, invalid_args) = tool_arguments(&call.function.arguments);
+        if let Some(detail) = &invalid_args {
+            // The model's mistake, not the reply's: the call is answered as
+            // a failed tool call it can correct (the turn goes on).
+            tracing::warn!(tool = %name, detail, "tool-call arguments unusable");
+        }
         tool_calls.push(ToolRequest {
             tool: name,
             args,
             irreversible,
+            invalid_args,
         });
     }
     let text = choice.message.content.unwrap_or_default();
@@ -224,6 +222,26 @@ pub fn parse_reply(
         },
         usage,
     ))
+}
+
+/// A call's arguments as the model sent them: a JSON object, or — not
+/// JSON, or JSON that is not an object — the raw text, with why it cannot
+/// be used. Some servers send "" for a function without parameters: `{}`.
+fn tool_arguments(raw: &str) -> (Value, Option<String>) {
+    if raw.trim().is_empty() {
+        return (Value::Object(serde_json::Map::new()), None);
+    }
+    match serde_json::from_str::<Value>(raw) {
+        Ok(args) if args.is_object() => (args, None),
+        Ok(_) => (
+            Value::String(raw.to_string()),
+            Some(format!("not a JSON object: {}", excerpt(raw, 120))),
+        ),
+        Err(e) => (
+            Value::String(raw.to_string()),
+            Some(format!("not JSON ({e}): {}", excerpt(raw, 120))),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -251,6 +269,13 @@ mod tests {
                 output: "boom".into(),
             },
             ConversationItem::Response { text: "done".into() },
+            ConversationItem::Prompt { text: "again".into() },
+            ConversationItem::ToolCall {
+                call_id: "c2".into(),
+                tool: "lookup".into(),
+                args: json!("{\"k\": "),
+                irreversible: false,
+            },
         ];
         let id = agent();
         let req = ProviderRequest {
@@ -260,7 +285,7 @@ mod tests {
             round: 1,
         };
         let m = messages(&req);
-        assert_eq!(m.len(), 5);
+        assert_eq!(m.len(), 7);
         assert_eq!(m[0]["role"], "system");
         assert_eq!(m[1], json!({"role": "user", "content": "hi"}));
         assert_eq!(m[2]["tool_calls"][0]["function"]["arguments"], "{\"k\":1}");
@@ -269,6 +294,8 @@ mod tests {
             json!({"role": "tool", "tool_call_id": "c1", "content": "error: boom"})
         );
         assert_eq!(m[4], json!({"role": "assistant", "content": "done"}));
+        // Unusable arguments go back as the model wrote them.
+        assert_eq!(m[6]["tool_calls"][0]["function"]["arguments"], "{\"k\": ");
     }
 
     #[test]
@@ -278,14 +305,6 @@ mod tests {
             ("not json", "not a chat completion"),
             ("{}", "missing field `choices`"),
             (r#"{"choices": []}"#, "`choices` is empty"),
-            (
-                r#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"x","arguments":"[1]"}}]}}]}"#,
-                "not a JSON object",
-            ),
-            (
-                r#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"x","arguments":"{"}}]}}]}"#,
-                "not JSON",
-            ),
             (
                 r#"{"choices":[{"message":{"content":"x"},"finish_reason":"weird"}]}"#,
                 "weird",
@@ -304,6 +323,40 @@ mod tests {
     }
 
     #[test]
+    fn unusable_tool_arguments_are_a_failed_call_not_a_failed_reply() {
+        let flags = BTreeMap::from([("send".to_string(), true)]);
+        let body = r#"{"choices":[{"message":{"content":null,"tool_calls":[
+            {"id":"a","type":"function","function":{"name":"send","arguments":"{\"to\": \"x\""}},
+            {"id":"b","type":"function","function":{"name":"other","arguments":"[1]"}},
+            {"id":"c","type":"function","function":{"name":"other","arguments":"{\"k\":2}"}}]},
+            "finish_reason":"tool_calls"}]}"#;
+        let (reply, _) = parse_reply(body, &flags).expect("the reply parses");
+        let calls = &reply.tool_calls;
+        assert_eq!(calls.len(), 3);
+        // Not JSON: the raw text, why, and the config's flag.
+        assert_eq!(calls[0].tool, "send");
+        assert_eq!(calls[0].args, json!("{\"to\": \"x\""));
+        assert!(calls[0].irreversible);
+        let why = calls[0].invalid_args.as_deref().unwrap_or_default();
+        assert!(why.starts_with("not JSON (") && why.contains("{\"to\""), "{why}");
+        // JSON, not an object.
+        assert_eq!(calls[1].args, json!("[1]"));
+        assert!(
+            calls[1]
+                .invalid_args
+                .as_deref()
+                .is_some_and(|d| d.contains("not a JSON object: [1]")),
+            "{:?}",
+            calls[1]
+        );
+        // Well-formed: no `invalid_args`, and none serialised.
+        assert_eq!(calls[2].args, json!({"k": 2}));
+        assert_eq!(calls[2].invalid_args, None);
+        let wire = serde_json::to_value(&calls[2]).expect("serialises");
+        assert!(wire.get("invalid_args").is_none(), "{wire}");
+    }
+
+    #[test]
     fn irreversible_flag_comes_from_config() {
         let flags = BTreeMap::from([("send".to_string(), true)]);
         let body = r#"{"choices":[{"message":{"content":null,"tool_calls":[
@@ -314,6 +367,7 @@ mod tests {
         assert!(reply.tool_calls[0].irreversible);
         assert!(!reply.tool_calls[1].irreversible);
         assert_eq!(reply.tool_calls[1].args, json!({}));
+        assert!(reply.tool_calls.iter().all(|c| c.invalid_args.is_none()));
         assert_eq!(
             usage,
             Some(Usage {

@@ -33,7 +33,7 @@ mod project;
 
 use project::checkpoint;
 
-use crate::standins::{ScriptedOutbox, ScriptedProvider, SimTools, SteppedClock};
+use crate::standins::{Rewording, ScriptedOutbox, ScriptedProvider, SimTools, SteppedClock};
 
 /// The stores' database (the system's layout: `store.db` in the root).
 pub const STORE_DB: &str = "/da/store.db";
@@ -120,6 +120,9 @@ pub struct Driver {
     store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
     /// The I/O point count each world delivery happened after.
     sent_at: Arc<Mutex<Vec<u64>>>,
+    /// The model's asks so far: a model that does not repeat itself
+    /// answers a re-asked round in other words ([`Rewording`]).
+    asks: Rewording,
     /// The bit a `PowerRot` crash flipped, until the next boot is judged.
     rot: Option<Rot>,
     /// The damaged line the last failed boot named.
@@ -161,6 +164,11 @@ impl Driver {
 
     fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
         Driver {
+            asks: Rewording {
+                seed,
+                fs: fs.clone(),
+                asks: Arc::default(),
+            },
             fs,
             world: World::without_dedup(),
             canaries,
@@ -206,6 +214,7 @@ impl Driver {
         let mut driver = Driver::with_fs(self.seed, self.canaries.clone(), fs);
         driver.world = self.world.fork_prefix(sent.len());
         driver.sent_at = Arc::new(Mutex::new(sent));
+        driver.asks = self.asks.fork(driver.fs.clone(), point);
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
         driver.msgs = names.msgs;
@@ -230,7 +239,9 @@ impl Driver {
         let mut config = SystemConfig::new(ROOT, self.seed);
         config.canaries = self.canaries.clone();
         let deps = Deps {
-            provider: Arc::new(ScriptedProvider),
+            provider: Arc::new(ScriptedProvider {
+                rewording: Some(self.asks.clone()),
+            }),
             tools: Arc::new(self.tools),
             outbox: Arc::new(ScriptedOutbox {
                 world: self.world.clone(),
@@ -255,11 +266,9 @@ impl Driver {
         self.report_violations = if self.fs.crashed() {
             Vec::new()
         } else {
-            let mut v = project::report_violations(
-                &logs_before,
-                &self.fs.disk_image_where(project::is_log_file),
-                &report.runtime,
-            );
+            let logs_after = self.fs.disk_image_where(project::is_log_file);
+            let mut v = project::report_violations(&logs_before, &logs_after, &report.runtime);
+            v.extend(project::undecided_effects(&logs_after, &self.world.deliveries()));
             // The boot settles every INTENT a crash left (re-sent to a
             // dedup sink, else NEEDS_CONFIRMATION); the scripted world
             // always answers a live process, so none may be left.

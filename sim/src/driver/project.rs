@@ -5,8 +5,11 @@
 //! Invariant: reading only. Nothing here changes the disk except through
 //! the store calls an op asks for (`loop_round`, `checkpoint`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+use durable_agent::log::{Event, LogEntry};
+use durable_agent::world::Delivery;
 
 use durable_agent::recovery::RecoveryReport;
 use durable_agent::runtime::{AgentId, ConversationItem};
@@ -268,6 +271,42 @@ pub(super) fn is_log_file(path: &Path) -> bool {
         path.file_name().and_then(|n| n.to_str()),
         Some("events.jsonl" | "events.pending")
     )
+}
+
+/// I6: every irreversible effect the world received carries the
+/// idempotency key of a durable decision (`round.decided`) in one of the
+/// event logs `logs` (the disk after a boot): a call starts only after
+/// its round's decision is durable, so no effect can outlive the record
+/// of the decision that made it. Only the lines that name the event are
+/// parsed.
+pub(super) fn undecided_effects(logs: &BTreeMap<PathBuf, Vec<u8>>, deliveries: &[Delivery]) -> Vec<String> {
+    let mut decided = BTreeSet::new();
+    for (path, bytes) in logs {
+        if path.file_name().and_then(|n| n.to_str()) != Some("events.jsonl") {
+            continue;
+        }
+        let lines = bytes.split(|b| *b == b'\n');
+        for line in lines.filter(|l| l.windows(15).any(|w| w == b"\"round.decided\"")) {
+            if let Ok(LogEntry {
+                event: Event::RoundDecided { calls, .. },
+                ..
+            }) = LogEntry::parse(line)
+            {
+                decided.extend(calls.into_iter().map(|c| c.idempotency_key));
+            }
+        }
+    }
+    deliveries
+        .iter()
+        .filter(|d| !decided.contains(&d.idem_key))
+        .map(|d| {
+            format!(
+                "I6 an effect with no durable decision: {:?} reached the world under key {}, which no round.decided in any log carries",
+                d.payload.get("key").and_then(|k| k.as_str()).unwrap_or("?"),
+                d.idem_key
+            )
+        })
+        .collect()
 }
 
 /// What the boot's recovery report says it did to each event log must be

@@ -13,12 +13,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use durable_agent::log::{Event, LogEntry};
 use durable_agent::runtime::ConversationItem;
 use durable_agent_cli::webhook_sink::Delivery;
 use serde_json::Value;
 
 use super::expect::{Expect, Presence};
-use super::workload::{logical_action, Op, Outcome, Workload};
+use super::workload::{action_marker, logical_action, Op, Outcome, Workload};
 use crate::model::{Agent, State, Status};
 use crate::oracle;
 
@@ -197,6 +198,9 @@ pub fn refusal(workload: &Workload, op: &Op, outcome: &Outcome) -> Option<String
 
 /// I4 on the sink: no logical irreversible action delivered twice (nor one
 /// idempotency key), and every effect belongs to a turn the soak asked for.
+/// Counted per key AND per logical action because the mock rewords: a
+/// re-send of one decision that a re-asked model worded differently has a
+/// new key, but the same action (its turn's marker).
 pub fn sink(deliveries: &[Delivery], issued: &BTreeSet<String>) -> Vec<String> {
     let mut out = Vec::new();
     let mut by_action: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -210,7 +214,7 @@ pub fn sink(deliveries: &[Delivery], issued: &BTreeSet<String>) -> Vec<String> {
             ));
             continue;
         };
-        let marker = action.split('@').next().unwrap_or(&action);
+        let marker = action_marker(&action);
         if !issued.contains(marker) {
             out.push(format!(
                 "delivery {} belongs to {action}, which the soak never issued",
@@ -245,6 +249,45 @@ pub fn sink(deliveries: &[Delivery], issued: &BTreeSet<String>) -> Vec<String> {
         }
     }
     out
+}
+
+/// Every irreversible effect has a durable decision behind it: the key of
+/// each delivery to `/send` is the idempotency key of a call some
+/// `round.decided` entry of the root's logs holds (the runtime logs the
+/// model's whole decision for a round, with its keys, before any call of
+/// it starts; logs are append-only and a terminated agent's stays). Lines
+/// that do not parse are I3's to report. Returns the deliveries checked.
+pub fn decided_effects(
+    logs: &BTreeMap<std::path::PathBuf, Vec<u8>>,
+    deliveries: &[Delivery],
+) -> (u64, Vec<String>) {
+    let mut decided = BTreeSet::new();
+    for bytes in logs.values() {
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if let Ok(LogEntry {
+                event: Event::RoundDecided { calls, .. },
+                ..
+            }) = LogEntry::parse(line)
+            {
+                decided.extend(calls.into_iter().map(|c| c.idempotency_key));
+            }
+        }
+    }
+    let mut checked = 0;
+    let mut out = Vec::new();
+    for d in deliveries.iter().filter(|d| d.request.path == "/send") {
+        checked += 1;
+        match d.idempotency_key() {
+            Some(key) if decided.contains(key) => {}
+            key => out.push(format!(
+                "I4 effect without a durable decision: delivery {} (key {}) is no call of any logged round.decided: {}",
+                d.id,
+                key.unwrap_or("-"),
+                d.request.body
+            )),
+        }
+    }
+    (checked, out)
 }
 
 /// Every `events.jsonl` under `root`, as bytes (I3 reads them).
@@ -284,6 +327,9 @@ pub fn final_state(
         Ok(logs) => {
             checked.promises += logs.len() as u64;
             out.extend(oracle::log_invariants(&logs));
+            let (effects, undecided) = decided_effects(&logs, deliveries);
+            checked.promises += effects;
+            out.extend(undecided);
         }
         Err(e) => out.push(format!("cannot read the event logs: {e}")),
     }
@@ -571,5 +617,79 @@ mod tests {
         );
         let phantom = [delivery("dlv-1", "/send", "k1", r#"{"to":"[soak:t7] x"}"#)];
         assert!(sink(&phantom, &issued).iter().any(|v| v.contains("never issued")));
+        // A rewording model's extra call is an action of its own; the
+        // first call's re-send, reworded under a new key, is not.
+        let extra = [
+            delivery(
+                "dlv-1",
+                "/send",
+                "k1",
+                r#"{"to":"[soak:t1] please use send_email [ask 0]"}"#,
+            ),
+            delivery(
+                "dlv-2",
+                "/send",
+                "k2",
+                r#"{"to":"Hi! [soak:t1] please use send_email [ask 0] [extra call 1]"}"#,
+            ),
+        ];
+        assert!(sink(&extra, &issued).is_empty(), "{:?}", sink(&extra, &issued));
+        let reworded = [
+            delivery(
+                "dlv-1",
+                "/send",
+                "k1",
+                r#"{"to":"[soak:t1] please use send_email [ask 0]"}"#,
+            ),
+            delivery(
+                "dlv-2",
+                "/send",
+                "k2",
+                r#"{"to":"FYI - [soak:t1] please use send_email [ask 1]"}"#,
+            ),
+        ];
+        assert!(sink(&reworded, &issued).iter().any(|v| v.contains("I4")));
+    }
+
+    #[test]
+    fn an_effect_needs_a_logged_decision_behind_it() {
+        use durable_agent::log::DecidedCall;
+        use durable_agent::runtime::SessionId;
+        let session = SessionId::from_hex("00000000000000b1").expect("id");
+        let decided = LogEntry {
+            schema_version: durable_agent::log::SCHEMA_VERSION,
+            session_id: session,
+            seq: 3,
+            ts: 9,
+            event: Event::RoundDecided {
+                round: 0,
+                calls: vec![DecidedCall {
+                    call_id: "00000000000000b1-3.0".into(),
+                    tool: "send_email".into(),
+                    args: json!({"to": "x"}),
+                    irreversible: true,
+                    idempotency_key: "k1".into(),
+                    invalid_args: None,
+                }],
+            },
+        };
+        let line = decided.to_line().expect("serialises").into_bytes();
+        let logs = BTreeMap::from([(std::path::PathBuf::from("a/events.jsonl"), line)]);
+        let body = r#"{"to":"[soak:t1] x"}"#;
+        let (n, v) = decided_effects(&logs, &[delivery("dlv-1", "/send", "k1", body)]);
+        assert_eq!((n, v.len()), (1, 0), "{v:?}");
+        let (_, v) = decided_effects(
+            &logs,
+            &[
+                delivery("dlv-1", "/send", "k1", body),
+                delivery("dlv-2", "/send", "k9", body),
+                delivery("dlv-3", "/note", "k8", body),
+            ],
+        );
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("dlv-2") && v[0].contains("without a durable decision"),
+            "{v:?}"
+        );
     }
 }

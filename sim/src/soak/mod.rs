@@ -22,8 +22,11 @@
 //! turns, triggers, schedules; messages pending or delivered, and each
 //! acknowledged turn in its conversation exactly once, at the deep
 //! check); nothing appears that was never asked for; no irreversible
-//! action reaches the non-deduplicating sink twice (I4 — needs
-//! confirmation is the allowed outcome instead); every acknowledged
+//! action reaches the non-deduplicating sink twice, counted per
+//! idempotency key and per logical action, against a mock LLM that
+//! rewords every ask (I4 — needs confirmation is the allowed outcome
+//! instead), and every email's key is a call of a logged `round.decided`
+//! (no effect without a durable decision behind it); every acknowledged
 //! trigger runs (DONE, or FAILED/DEAD with a reason) and its turn at most
 //! once; no orphans (I1), nothing resident after boot (I2), every event
 //! log valid JSONL (I3), the runtime's own invariants; a second `serve`
@@ -187,7 +190,7 @@ impl Generation {
         logs: &Path,
         number: u64,
     ) -> Result<Generation, Failed> {
-        let world = Arc::new(World::start()?);
+        let world = Arc::new(World::start(options.seed.wrapping_add(number))?);
         let root = crash.data_dir().join(format!("root-{number}"));
         let api_addr = world::free_api_addr()?;
         let config = world.write_config(
@@ -506,6 +509,7 @@ impl Generation {
         let deliveries = self.world.sink.deliveries();
         report.irreversible_delivered +=
             deliveries.iter().filter(|d| d.request.path == "/send").count() as u64;
+        report.model_asks += self.world.mock.request_bodies().len() as u64;
         let (checked, violations) = check::final_state(
             &self.workload,
             &self.program.config,

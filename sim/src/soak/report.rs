@@ -27,6 +27,8 @@ pub struct SoakReport {
     pub promises_checked: u64,
     pub lock_probes: u64,
     pub irreversible_delivered: u64,
+    /// Completions the rewording mock answered (each one differently).
+    pub model_asks: u64,
     pub confirmations: u64,
     pub elapsed: Duration,
     pub failure: Option<String>,
@@ -46,7 +48,8 @@ impl SoakReport {
              crashes     {} survived ({:.0}/min; {} mid-request, {} of them mid-tool), {} root(s)\n\
              operations  {} acknowledged, {} refused, {} unknown (cut by a crash; {} turns re-asked and acknowledged)\n\
              checked     {} acknowledged ops verified, {} promises checked; {} root-lock probes refused\n\
-             effects     {} irreversible deliveries, 0 duplicates allowed; {} confirmations answered\n\
+             model       rewording echo mock: {} asks, no two answered alike\n\
+             effects     {} irreversible deliveries, 0 duplicates allowed (per key and per logical action), each with a logged decision; {} confirmations answered\n\
              lost        {}\n\
              time        {:.1?}\n",
             self.crash,
@@ -63,6 +66,7 @@ impl SoakReport {
             self.acked_checked,
             self.promises_checked,
             self.lock_probes,
+            self.model_asks,
             self.irreversible_delivered,
             self.confirmations,
             if self.failure.is_some() { "see the failure" } else { "0" },

@@ -380,7 +380,7 @@ pub fn outcome(result: Result<Value, durable_agent_cli::api::ClientError>) -> Ou
     use durable_agent_cli::api::ClientError;
     match result {
         Ok(v) => Outcome::Acked(v),
-        Err(ClientError::Api { status, message }) if (400..500).contains(&status) => {
+        Err(ClientError::Api { status, message, .. }) if (400..500).contains(&status) => {
             Outcome::Refused { status, message }
         }
         Err(e) => Outcome::Unknown(e.to_string()),
@@ -390,8 +390,33 @@ pub fn outcome(result: Result<Value, durable_agent_cli::api::ClientError>) -> Ou
 /// The logical action a sink delivery belongs to: the last turn, trigger
 /// or schedule marker in its body (the turn's own prompt comes after any
 /// delivered messages), and for a schedule its bucket (the idempotency
-/// key names it), since every bucket runs the same prompt.
+/// key names it), since every bucket runs the same prompt. Rewording never
+/// hides it: the mock keeps the prompt inside every reworded argument.
+/// An extra call a rewording model added to its reply (`[extra call N]`
+/// in its arguments) is an action of its own (`…#extra{N}`): the model
+/// asked for one more effect, which is not a re-send of the first.
 pub fn logical_action(body: &str, idem_key: Option<&str>) -> Option<String> {
+    let action = turn_action(body, idem_key)?;
+    let extra = body
+        .find(EXTRA_CALL)
+        .and_then(|i| body[i + EXTRA_CALL.len()..].split(']').next())
+        .and_then(|n| n.parse::<u32>().ok());
+    Some(match extra {
+        Some(n) => format!("{action}#extra{n}"),
+        None => action,
+    })
+}
+
+/// How the rewording mock marks an extra call's arguments.
+const EXTRA_CALL: &str = "[extra call ";
+
+/// The marker of a logical action (`[soak:t7]` of `[soak:t7]#extra1`, of
+/// `[soak:s4]@s4:2891`).
+pub fn action_marker(action: &str) -> &str {
+    action.split(['@', '#']).next().unwrap_or(action)
+}
+
+fn turn_action(body: &str, idem_key: Option<&str>) -> Option<String> {
     let marker = body
         .match_indices("[soak:")
         .filter_map(|(i, _)| {
@@ -443,5 +468,13 @@ mod tests {
             Some("[soak:s4]@s4:2891")
         );
         assert_eq!(logical_action("no marker", None), None);
+        // Rewording keeps the action; an extra call is one of its own.
+        let reworded = r#"{"to":"Quick note: [soak:t7] please use send_email [ask 12]"}"#;
+        assert_eq!(logical_action(reworded, None).as_deref(), Some("[soak:t7]"));
+        let extra = r#"{"to":"Hi! [soak:t7] please use note [ask 3] [extra call 1]"}"#;
+        let action = logical_action(extra, None);
+        assert_eq!(action.as_deref(), Some("[soak:t7]#extra1"));
+        assert_eq!(action_marker("[soak:t7]#extra1"), "[soak:t7]");
+        assert_eq!(action_marker("[soak:s4]@s4:2891"), "[soak:s4]");
     }
 }

@@ -1,6 +1,11 @@
 //! The world outside the daemon, in the soak's own process (which is never
-//! killed): the echo mock LLM and the non-deduplicating webhook sink, and
-//! the config that points `serve` at them.
+//! killed): the echo mock LLM in rewording mode — it never answers the
+//! same way twice (seeded per generation: reworded arguments naming the
+//! ask, sometimes another tool, fewer or more calls, or text instead), as
+//! a real model asked again does, so a daemon that re-asked the model for
+//! a round it had acted on would send a second, differently worded email
+//! under a new key — and the non-deduplicating webhook sink, and the
+//! config that points `serve` at them.
 //!
 //! Invariant: the sink's record of deliveries outlives every kill of the
 //! daemon, so it is the ground truth for "no irreversible effect twice";
@@ -11,7 +16,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use durable_agent_cli::mock_llm::MockLlm;
+use durable_agent_cli::mock_llm::{MockLlm, Reword};
 use durable_agent_cli::webhook_sink::WebhookSink;
 
 use super::workload::{IRREVERSIBLE_TOOL, REVERSIBLE_TOOL};
@@ -31,8 +36,10 @@ pub struct World {
 }
 
 impl World {
-    pub fn start() -> Result<World, String> {
-        let mock = MockLlm::echo(loopback()).map_err(|e| format!("mock LLM: {e}"))?;
+    /// The mock rewords with `seed` (the generation's).
+    pub fn start(seed: u64) -> Result<World, String> {
+        let mock =
+            MockLlm::echo_rewording(loopback(), Reword::new(seed)).map_err(|e| format!("mock LLM: {e}"))?;
         let sink = WebhookSink::start(loopback(), false).map_err(|e| format!("webhook sink: {e}"))?;
         sink.delay_replies(SINK_REPLY_DELAY_MS);
         Ok(World { mock, sink })
