@@ -274,6 +274,11 @@ impl SimFs {
         self.lock().fault = fault;
     }
 
+    /// The armed fault, if any (not yet reached).
+    pub fn fault(&self) -> Option<Fault> {
+        self.lock().fault
+    }
+
     /// Capture mode (ALICE-style crash states from one run): while on, every
     /// I/O point first records the [`CrashImage`] a `CrashAt` there would
     /// leave (the same draws, on a copy of the image and the RNG), then
