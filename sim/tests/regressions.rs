@@ -122,3 +122,43 @@ fn injected_io_errors_are_judged_like_crashes_at_every_offset() {
         "faults should force many in-place reopens, got {judged}"
     );
 }
+
+/// An I/O fault armed into a recovery lands in the boot, or past it: at
+/// every offset the boot either fails and is booted again without it, or
+/// succeeds and is judged — the harness's own post-boot reads (the INTENT
+/// check) never trip the fault meant for the system (random campaigns
+/// found "cannot read the INTENT rows after the boot: disk I/O error").
+#[test]
+fn an_io_fault_armed_into_a_recovery_never_fails_the_harness_own_reads() {
+    use durable_agent_sim::op::{AgentRef, FaultKind, Op, ToolStep};
+    for kind in [FaultKind::Eio, FaultKind::Enospc, FaultKind::LostReply] {
+        for offset in 0..300u16 {
+            let ops = vec![
+                Op::CreateRoot,
+                Op::RunTurn {
+                    agent: AgentRef(0),
+                    tools: vec![ToolStep {
+                        irreversible: true,
+                        ok: true,
+                        joins_round: false,
+                    }],
+                },
+                Op::Fault { offset, kind },
+                Op::Recover,
+                Op::RunTurn {
+                    agent: AgentRef(0),
+                    tools: vec![],
+                },
+            ];
+            let case = Case {
+                seed: 5,
+                ops,
+                canaries: Default::default(),
+                crash_at: None,
+            };
+            if let Err(f) = run_case(&case) {
+                panic!("offset {offset} {kind:?}: {}", f.report());
+            }
+        }
+    }
+}
