@@ -52,7 +52,10 @@ proptest! {
     /// The durability promise: whatever was durable when the crash hit is
     /// on disk after it, under every crash mode — and power loss invents
     /// nothing: each recovered byte is the byte written there, or zero where
-    /// an earlier append was lost.
+    /// an earlier append was lost. A zero in the durable floor is a hole,
+    /// not data: an fsync the crash cut short may have persisted a later
+    /// page and not an earlier one (`[0, 1]` durable where `[1, 1]` was
+    /// written), and a process crash keeps the written byte there.
     #[test]
     fn durable_data_survives_any_crash_at_any_point(
         seed: u64,
@@ -68,7 +71,13 @@ proptest! {
         for (path, bytes) in &durable {
             let got = recovered.get(path);
             prop_assert!(got.is_some(), "{} vanished", path.display());
-            prop_assert!(got.unwrap().starts_with(bytes), "{} lost durable bytes", path.display());
+            let got = got.unwrap();
+            prop_assert!(got.len() >= bytes.len(), "{} lost durable bytes", path.display());
+            prop_assert!(
+                got.iter().zip(bytes).all(|(g, d)| g == d || *d == 0),
+                "{} lost durable bytes",
+                path.display()
+            );
         }
         for (path, got) in &recovered {
             let seen = visible.get(path);
