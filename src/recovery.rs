@@ -7,6 +7,11 @@
 //! inboxes hold exactly the enqueued-minus-delivered messages. Running it
 //! twice (a crash during recovery) gives the same result.
 //!
+//! Before any step, [`preflight`] (run by the boot, read-only) refuses
+//! damage outside the crash model — a log that lost acknowledged entries, a
+//! session whose `agent.created` is gone although a child names it, a
+//! missing or replaced store — so no step below mistakes it for a crash.
+//!
 //! Steps:
 //! 0. the SQLite stores first ([`recover_stores`]): decide every INTENT in
 //!    the activity ledger, reclaim expired trigger leases;
@@ -27,6 +32,7 @@
 //!    turn is kept as the agent's open turn up to its last durable
 //!    `round.complete` (running it again resumes there).
 
+pub mod damage;
 mod invariants;
 mod stores;
 
@@ -36,6 +42,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use damage::{preflight, DamageError};
 pub use invariants::check_invariants;
 pub use stores::{recover_stores, StoreRecovery, StoreRecoveryError};
 

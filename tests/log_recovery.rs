@@ -65,6 +65,17 @@ fn fourth_entry(schema_version: u32) -> log::LogEntry {
     }
 }
 
+/// After a repair, `events.pending` holds the log's last line: the
+/// high-water mark that tells a shortened log from a crash.
+fn assert_mark(sim: &SimFs, dir: &Path, case: &str) {
+    let log = sim.read(&dir.join(EVENTS_FILE), "t").unwrap();
+    let last = log[..log.len() - 1]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(&log[..], |i| &log[i + 1..]);
+    assert_eq!(sim.read(&dir.join(PENDING_FILE), "t").unwrap(), last, "{case}");
+}
+
 fn repair(sim: &SimFs, dir: &Path) -> Result<(Vec<log::LogEntry>, log::LogRepair), LogError> {
     log::repair(sim, dir, &sid(), &Canaries::none())
 }
@@ -83,7 +94,7 @@ fn appended_entries_are_contiguous_plain_json_lines() {
     let (entries, report) = repair(&sim, &dir).unwrap();
     assert_eq!(entries.len(), 3);
     assert!(report.pending_deduped && !report.pending_replayed, "{report:?}");
-    assert!(!sim.exists(&dir.join(PENDING_FILE), "t").unwrap());
+    assert_mark(&sim, &dir, "kept");
     let v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
     assert_eq!(v["seq"], 1);
     assert_eq!(v["ts"], 2);
@@ -122,11 +133,15 @@ fn complete_pending_entry_is_replayed_after_the_torn_tail_is_cut() {
     assert_eq!(report.truncated_bytes, 10);
     assert_eq!(entries.len(), 4);
     assert_eq!(entries[3], entry);
-    assert!(!sim.exists(&pending, "t").unwrap());
-    // Idempotent: a second repair changes nothing.
+    assert_mark(&sim, &dir, "replayed");
+    // Idempotent: a second repair changes nothing (the mark is deduped).
     let (again, report) = repair(&sim, &dir).unwrap();
     assert_eq!(again, entries);
-    assert_eq!(report, log::LogRepair::default());
+    let deduped = log::LogRepair {
+        pending_deduped: true,
+        ..Default::default()
+    };
+    assert_eq!(report, deduped);
 }
 
 #[test]
@@ -138,11 +153,11 @@ fn pending_entry_already_in_the_log_is_deduplicated_by_seq() {
     let (entries, report) = repair(&sim, &dir).unwrap();
     assert_eq!(entries.len(), 3);
     assert!(report.pending_deduped && !report.pending_replayed);
-    assert!(!sim.exists(&pending, "t").unwrap());
+    assert_mark(&sim, &dir, "deduped");
 }
 
 #[test]
-fn torn_pending_file_is_removed_without_touching_the_log() {
+fn torn_pending_file_is_rewritten_from_the_log_without_touching_it() {
     let (sim, dir, lines) = log_with_three();
     let pending = dir.join(PENDING_FILE);
     sim.open(&pending, OpenMode::Truncate, "t").unwrap();
@@ -150,7 +165,11 @@ fn torn_pending_file_is_removed_without_touching_the_log() {
     let (entries, report) = repair(&sim, &dir).unwrap();
     assert_eq!(entries.len(), 3);
     assert!(report.pending_torn);
-    assert!(!sim.exists(&pending, "t").unwrap());
+    assert_eq!(
+        sim.read(&dir.join(EVENTS_FILE), "t").unwrap(),
+        lines.concat().into_bytes()
+    );
+    assert_mark(&sim, &dir, "torn");
 }
 
 #[test]
@@ -350,7 +369,7 @@ fn a_damaged_last_line_that_events_pending_holds_is_replayed_from_it() {
                 assert!(report.pending_replayed, "{case}");
                 assert_eq!(report.truncated_at, Some(offset as u64), "{case}");
                 assert_eq!(report.truncated_bytes, line.len() as u64, "{case}");
-                assert!(!sim.exists(&dir.join(PENDING_FILE), "t").unwrap(), "{case}");
+                assert_mark(&sim, &dir, &case);
             }
             (
                 Err(LogError::Corrupt {
@@ -362,5 +381,58 @@ fn a_damaged_last_line_that_events_pending_holds_is_replayed_from_it() {
             }
             (other, _) => panic!("{case}: {other:?}"),
         }
+    }
+}
+
+/// Damage outside the crash model: a log emptied or cut short before the
+/// acknowledged `seq` that `events.pending` holds is refused, naming the
+/// file and what is missing, and nothing is changed (a torn tail alone
+/// would have been cut, and a cut in the very line the copy holds is the
+/// crash model's torn append: replayed).
+#[test]
+fn a_log_shortened_below_its_pending_mark_is_refused_and_left_unchanged() {
+    for keep in [0usize, 1, 2] {
+        let (sim, dir, lines) = log_with_three();
+        let path = dir.join(EVENTS_FILE);
+        // The writer's copy holds line 3 (seq 2); cut the log to `keep`
+        // lines plus half of the next one.
+        let kept: String = lines[..keep].concat();
+        let half = &lines[keep].as_bytes()[..lines[keep].len() / 2];
+        sim.truncate(&path, 0, "t").unwrap();
+        sim.append(&path, kept.as_bytes(), "t").unwrap();
+        sim.append(&path, half, "t").unwrap();
+        let before = sim.read(&path, "t").unwrap();
+        let inspected = log::repair::inspect(&sim, &dir, &sid()).unwrap();
+        if keep == 2 {
+            assert_eq!(inspected.lost_entries(), None);
+            let (entries, report) = repair(&sim, &dir).unwrap();
+            assert_eq!(entries.len(), 3);
+            assert!(report.pending_replayed, "{report:?}");
+            continue;
+        }
+        assert_eq!(inspected.lost_entries(), Some((3, keep as u64)), "keep {keep}");
+        match repair(&sim, &dir) {
+            Err(LogError::Corrupt {
+                path: p,
+                line,
+                offset,
+                reason,
+            }) => {
+                assert_eq!(p, path);
+                assert_eq!(line, keep as u64 + 1);
+                assert_eq!(offset, kept.len() as u64);
+                assert!(reason.contains("3 were acknowledged"), "{reason}");
+            }
+            other => panic!("keep {keep}: expected the lost entries refused, got {other:?}"),
+        }
+        assert_eq!(
+            sim.read(&path, "t").unwrap(),
+            before,
+            "keep {keep}: the log changed"
+        );
+        assert_eq!(
+            sim.read(&dir.join(PENDING_FILE), "t").unwrap(),
+            lines[2].as_bytes()
+        );
     }
 }

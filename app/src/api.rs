@@ -28,6 +28,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::access::Token;
 use crate::http;
 use crate::ops::Request;
 
@@ -138,6 +139,7 @@ pub enum ClientError {
 pub struct Client {
     base: String,
     agent: ureq::Agent,
+    token: Option<Token>,
 }
 
 impl Client {
@@ -147,16 +149,27 @@ impl Client {
         Client {
             agent: http::agent(&base, timeout, 0),
             base,
+            token: None,
         }
+    }
+
+    /// Send `token` with every call (the daemon answers 401 without it).
+    pub fn with_token(mut self, token: Token) -> Client {
+        self.token = Some(token);
+        self
     }
 
     /// `method path` with `body`; the answer's JSON.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ClientError> {
         let url = format!("{}{path}", self.base);
-        let request = ureq::http::Request::builder()
+        let mut request = ureq::http::Request::builder()
             .method(method)
             .uri(url.as_str())
-            .header("Content-Type", "application/json")
+            .header("Content-Type", "application/json");
+        if let Some(token) = &self.token {
+            request = request.header("Authorization", token.bearer());
+        }
+        let request = request
             .body(body.map_or_else(Vec::new, |b| b.to_string().into_bytes()))
             .map_err(|e| ClientError::Unreachable {
                 url: url.clone(),

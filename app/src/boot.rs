@@ -122,6 +122,26 @@ impl BootError {
 /// telemetry events of what the caller then does with the system (its
 /// tools and outbox are already wired into it).
 pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport, Lifecycle), BootError> {
+    boot_with(config, stop, ApiKey::Required)
+}
+
+/// Whether a boot needs the provider's API key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKey {
+    /// `run`, `serve`: turns will call the provider.
+    Required,
+    /// The admin commands (`status`, `emit`, `confirm`, `retry`,
+    /// `release`): they run no turn, so an unset key is no reason to
+    /// refuse them (a provider call would fail as unauthorized).
+    Optional,
+}
+
+/// [`boot`], saying whether the provider's key must be set.
+pub fn boot_with(
+    config: &Config,
+    stop: &Stop,
+    key: ApiKey,
+) -> Result<(System, BootReport, Lifecycle), BootError> {
     let exporter = match &config.telemetry.events_jsonl {
         Some(path) => Some(Arc::new(JsonlExporter::open(path)?)),
         None => None,
@@ -131,8 +151,16 @@ pub fn boot(config: &Config, stop: &Stop) -> Result<(System, BootReport, Lifecyc
         None => Arc::new(NoopObserver),
     };
     let lifecycle = Lifecycle::new(exporter);
-    let provider = OpenAiProvider::from_config(config)?.with_observer(observer);
-    let tools = ToolSet::from_config(&config.tools);
+    let provider = match (OpenAiProvider::from_config(config), key) {
+        (Ok(provider), _) => provider,
+        (Err(OpenAiError::MissingApiKey { var }), ApiKey::Optional) => {
+            tracing::debug!(var, "no provider key: an admin command runs no turn");
+            OpenAiProvider::new(&config.provider, None, &config.tools)
+        }
+        (Err(e), _) => return Err(e.into()),
+    }
+    .with_observer(observer);
+    let tools = ToolSet::from_config(&config.tools, Some(config.api.listen));
     let mut system_config = SystemConfig::new(config.runtime.root.clone(), SYSTEM_SEED);
     system_config.slots = config.runtime.slots;
     system_config.max_tool_rounds = config.runtime.max_tool_rounds;

@@ -119,10 +119,18 @@ impl Default for RuntimeSection {
 pub struct ApiConfig {
     #[serde(default = "defaults::listen")]
     pub listen: SocketAddr,
-    /// The API has no authentication, so binding beyond loopback must be
-    /// asked for explicitly.
+    /// Binding beyond loopback must be asked for explicitly, and then the
+    /// token must come from `token_env` (see [`crate::access`]).
     #[serde(default)]
     pub allow_non_loopback: bool,
+    /// The NAME of the environment variable holding the API token. Unset:
+    /// `serve` generates one into `{root}/api-token` (0600) at first start
+    /// and the CLI clients read it there.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Request bodies above this get 413 before they are read.
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: u64,
 }
 
 impl Default for ApiConfig {
@@ -130,6 +138,8 @@ impl Default for ApiConfig {
         ApiConfig {
             listen: defaults::listen(),
             allow_non_loopback: false,
+            token_env: None,
+            max_body_bytes: defaults::max_body_bytes(),
         }
     }
 }
@@ -160,8 +170,14 @@ pub struct HttpToolConfig {
     #[serde(default = "defaults::method")]
     pub method: String,
     pub url: String,
+    /// Header values may name environment variables as `${VAR}` (how a
+    /// secret stays out of this file); read at call time, never logged.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Loopback, link-local or private hosts this tool may reach besides
+    /// its `url`'s (see `tools::fence`).
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
     /// JSON schema of the arguments, written as a TOML table.
     #[serde(default = "defaults::parameters")]
     pub parameters: serde_json::Value,
@@ -201,6 +217,11 @@ pub struct HttpGetToolConfig {
     pub timeout_ms: u64,
     #[serde(default = "defaults::max_read_bytes")]
     pub max_bytes: u64,
+    /// If not empty, the only hosts it may fetch from; loopback,
+    /// link-local and private addresses need to be listed here in any case
+    /// (see `tools::fence`). The daemon's own API is never reachable.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
 }
 
 impl ToolConfig {
@@ -271,6 +292,9 @@ mod defaults {
     }
     pub fn listen() -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, 7341))
+    }
+    pub fn max_body_bytes() -> u64 {
+        1024 * 1024
     }
     pub fn method() -> String {
         "POST".to_string()
@@ -383,10 +407,32 @@ impl Config {
             return err(
                 "api.listen",
                 format!(
-                    "{} is not a loopback address; the API has no authentication, set api.allow_non_loopback = true to expose it",
+                    "{} is not a loopback address; set api.allow_non_loopback = true (and api.token_env) to expose the API",
                     self.api.listen
                 ),
             );
+        }
+        if let Some(var) = &self.api.token_env {
+            if !is_env_name(var) {
+                return err(
+                    "api.token_env",
+                    format!(
+                        "{var:?}: must be the NAME of an environment variable (A-Z, 0-9, _), not the token"
+                    ),
+                );
+            }
+        }
+        if !self.api.listen.ip().is_loopback() && self.api.token_env.is_none() {
+            return err(
+                "api.token_env",
+                format!(
+                    "{} is not a loopback address: the token must come from the environment (set api.token_env)",
+                    self.api.listen
+                ),
+            );
+        }
+        if self.api.max_body_bytes == 0 {
+            return err("api.max_body_bytes", "must be > 0".into());
         }
         if self.tools.len() > MAX_TOOLS {
             return err(
@@ -508,6 +554,14 @@ fn validate_http_tool(t: &HttpToolConfig) -> Result<(), (&'static str, String)> 
 fn is_http_url(s: &str) -> bool {
     let rest = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://"));
     matches!(rest, Some(r) if !r.is_empty())
+}
+
+/// An environment variable's name as a config may give it.
+pub(crate) fn is_env_name(s: &str) -> bool {
+    (1..=128).contains(&s.len())
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
 fn is_tool_name(s: &str) -> bool {

@@ -31,13 +31,14 @@
 //! API answers 503 until it is closed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use durable_agent::system::{BootReport, System};
 use serde_json::{json, Value};
 
-use crate::api;
+use crate::access::{self, Gate, Token};
+use crate::api::{self, Refused};
 use crate::boot::{boot, BootError};
 use crate::config::Config;
 use crate::interrupt::Stop;
@@ -71,6 +72,8 @@ pub enum ServeError {
     Boot(#[from] BootError),
     #[error("API: {0}")]
     Server(#[from] ServerError),
+    #[error("API token: {0}")]
+    Access(access::AccessError),
     #[error("cannot start the worker thread: {0}")]
     Thread(std::io::Error),
     #[error("the worker thread panicked")]
@@ -130,34 +133,52 @@ impl Daemon {
                 return Err(ServeError::WorkerPanicked);
             }
         };
+        let token = match Token::for_serve(config) {
+            Ok(token) => token,
+            Err(e) => {
+                stop.request();
+                let _ = worker.join();
+                return Err(ServeError::Access(e));
+            }
+        };
+        let listen = config.api.listen;
+        if !listen.ip().is_loopback() {
+            eprintln!(
+                "warning: the API listens on {listen}, beyond loopback: anyone who can reach it and holds the token (from ${}) drives this daemon; put TLS in front of it",
+                config.api.token_env.as_deref().unwrap_or("?")
+            );
+        }
+        // The gate needs the bound address (port 0 resolved): set once the
+        // server is up; a request before that is answered 503.
+        let gate: Arc<OnceLock<Gate>> = Arc::new(OnceLock::new());
         // Each request waits for its answer on a thread of its own: a turn
         // request waits for its turn, and must not hold up the requests
         // behind it (the worker answers them meanwhile).
         let waiting = Arc::new(AtomicUsize::new(0));
-        let handler = move |mut request: tiny_http::Request| {
-            if waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_REQUESTS {
-                waiting.fetch_sub(1, Ordering::AcqRel);
-                let body = json!({"error": "too many requests in progress; try again"});
-                respond(request, json_response(503, &body.to_string()));
-                return;
-            }
-            let (tx, left) = (tx.clone(), waiting.clone());
-            let spawned = std::thread::Builder::new()
-                .name("api-request".into())
-                .spawn(move || {
-                    let recorded = Recorded::read(&mut request);
-                    let (status, body) = answer(&tx, &recorded);
-                    respond(request, json_response(status, &body.to_string()));
-                    left.fetch_sub(1, Ordering::AcqRel);
-                });
-            if let Err(e) = spawned {
-                // The request went with the closure; its client sees the
-                // connection close.
-                waiting.fetch_sub(1, Ordering::AcqRel);
-                tracing::warn!(error = %e, "cannot start a request thread; request dropped");
+        let handler = {
+            let gate = Arc::clone(&gate);
+            move |request: tiny_http::Request| {
+                if waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_REQUESTS {
+                    waiting.fetch_sub(1, Ordering::AcqRel);
+                    let body = json!({"error": "too many requests in progress; try again"});
+                    respond(request, json_response(503, &body.to_string()));
+                    return;
+                }
+                let (tx, left, gate) = (tx.clone(), waiting.clone(), Arc::clone(&gate));
+                let spawned = std::thread::Builder::new()
+                    .name("api-request".into())
+                    .spawn(move || {
+                        serve_request(&tx, gate.get(), request);
+                        left.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    // The request went with the closure; its client sees the
+                    // connection close.
+                    waiting.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(error = %e, "cannot start a request thread; request dropped");
+                }
             }
         };
-        let listen = config.api.listen;
         let server = if config.api.allow_non_loopback {
             LoopbackServer::start_exposed(listen, "api", handler)
         } else {
@@ -171,6 +192,8 @@ impl Daemon {
                 return Err(e.into());
             }
         };
+        // Only this thread sets it, once.
+        let _ = gate.set(Gate::new(token, server.addr(), config.api.max_body_bytes));
         Ok(Daemon {
             server,
             worker,
@@ -200,6 +223,44 @@ impl Daemon {
             Err(_) => Err(ServeError::WorkerPanicked),
         }
     }
+}
+
+/// Check `request`'s head at the gate (before its body is read), read the
+/// body within the limit, and answer it.
+fn serve_request(tx: &mpsc::Sender<Msg>, gate: Option<&Gate>, mut request: tiny_http::Request) {
+    let refuse = |request: tiny_http::Request, refused: Refused| {
+        let response = json_response(refused.status, &json!({"error": refused.message}).to_string());
+        // A refused client's connection is not kept: what it sends next
+        // (the rest of a refused body) is not a request.
+        let response = match tiny_http::Header::from_bytes("Connection", "close") {
+            Ok(h) => response.with_header(h),
+            Err(()) => response,
+        };
+        respond(request, response);
+    };
+    let Some(gate) = gate else {
+        let refused = Refused {
+            status: 503,
+            message: "the API is starting; try again".into(),
+        };
+        return refuse(request, refused);
+    };
+    let head = Recorded::head(&request);
+    if let Err(refused) = gate.check(&head.method, &head.headers, request.body_length()) {
+        tracing::info!(
+            status = refused.status,
+            method = head.method,
+            path = head.path,
+            "API request refused"
+        );
+        return refuse(request, refused);
+    }
+    let recorded = match Recorded::read_limited(&mut request, gate.max_body_bytes()) {
+        Ok(recorded) => recorded,
+        Err(_) => return refuse(request, access::too_large(gate.max_body_bytes())),
+    };
+    let (status, body) = answer(tx, &recorded);
+    respond(request, json_response(status, &body.to_string()));
 }
 
 /// Route a request to the worker and wait for its answer.

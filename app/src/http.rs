@@ -48,6 +48,10 @@ pub fn classify(err: &ureq::Error) -> TransportFailure {
         ureq::Error::Io(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
             TransportFailure::Timeout
         }
+        // The tool fence's refusal: no connection was made.
+        ureq::Error::Io(e) if e.kind() == ErrorKind::PermissionDenied => {
+            TransportFailure::Fatal(e.to_string())
+        }
         ureq::Error::Io(e) => TransportFailure::Connection(e.to_string()),
         ureq::Error::ConnectionFailed | ureq::Error::HostNotFound | ureq::Error::Protocol(_) => {
             TransportFailure::Connection(err.to_string())
@@ -72,6 +76,29 @@ pub fn agent(url: &str, timeout: Duration, max_redirects: u32) -> ureq::Agent {
         builder
     };
     builder.build().into()
+}
+
+/// A client for a tool: like [`agent`], but every address it would connect
+/// to — the first request's and each redirect's — passes `fence` first
+/// (see [`crate::tools::fence`]), and it uses no proxy, so the address the
+/// fence sees is the one it connects to.
+pub fn fenced_agent(
+    timeout: Duration,
+    max_redirects: u32,
+    fence: std::sync::Arc<crate::tools::fence::Fence>,
+) -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(max_redirects)
+        .user_agent(concat!("durable-agent/", env!("CARGO_PKG_VERSION")))
+        .proxy(None)
+        .build();
+    ureq::Agent::with_parts(
+        config,
+        ureq::unversioned::transport::DefaultConnector::new(),
+        crate::tools::fence::FencedResolver::new(fence),
+    )
 }
 
 /// Whether `url`'s host is 127.0.0.0/8, ::1 or localhost.

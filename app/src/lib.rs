@@ -9,6 +9,7 @@
 //! Nothing here persists runtime state: that crosses the system crate's
 //! `Fs` seam only.
 
+pub mod access;
 pub mod api;
 pub mod boot;
 pub mod config;

@@ -10,8 +10,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use durable_agent_cli::access::Token;
 use durable_agent_cli::api::{self, Client};
-use durable_agent_cli::boot::{boot, real_fs};
+use durable_agent_cli::boot::{boot, boot_with, real_fs, ApiKey};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::daemon::{Daemon, ServeSettings};
 use durable_agent_cli::interrupt::Stop;
@@ -377,7 +378,7 @@ fn control(
 ) -> Result<ExitCode, String> {
     let config = Config::load(config).map_err(|e| e.to_string())?;
     let text = body.as_ref().map_or(String::new(), ToString::to_string);
-    let value = match boot(&config, &Stop::new()) {
+    let value = match boot_with(&config, &Stop::new(), ApiKey::Optional) {
         Ok((mut system, _report, lifecycle)) => {
             let request = api::route(method, path, &text).map_err(|r| r.message)?;
             let mut schedules = Schedules::load(
@@ -389,7 +390,9 @@ fn control(
         }
         Err(e) if e.is_locked() => {
             tracing::info!(addr = %config.api.listen, "the root is held (a daemon?): asking its API");
+            let token = Token::for_client(&config).map_err(|t| format!("{e}\nand its API token: {t}"))?;
             Client::new(config.api.listen, std::time::Duration::from_secs(60))
+                .with_token(token)
                 .call(method, path, body.as_ref())
                 .map_err(|api_error| format!("{e}\nand its API did not answer: {api_error}"))?
         }

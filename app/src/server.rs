@@ -53,16 +53,11 @@ impl Recorded {
 
     /// Read `request`'s head and body (at most [`MAX_REQUEST_BYTES`]).
     pub fn read(request: &mut tiny_http::Request) -> Recorded {
-        let mut bytes = Vec::new();
-        // A body that fails mid-read is recorded as far as it got: the
-        // recording is for tests to inspect, not to act on.
-        if let Err(e) = request
-            .as_reader()
-            .take(MAX_REQUEST_BYTES)
-            .read_to_end(&mut bytes)
-        {
-            tracing::debug!(error = %e, "request body read failed");
-        }
+        Self::read_limited(request, MAX_REQUEST_BYTES).unwrap_or_else(|cut| cut)
+    }
+
+    /// `request`'s method, path and headers, without touching its body.
+    pub fn head(request: &tiny_http::Request) -> Recorded {
         Recorded {
             method: request.method().as_str().to_string(),
             path: request.url().to_string(),
@@ -71,7 +66,33 @@ impl Recorded {
                 .iter()
                 .map(|h| (h.field.as_str().to_string(), h.value.as_str().to_string()))
                 .collect(),
+            body: String::new(),
+        }
+    }
+
+    /// Read `request`'s head and body; `Err` with the first `limit` bytes
+    /// if the body is longer than `limit`.
+    pub fn read_limited(request: &mut tiny_http::Request, limit: u64) -> Result<Recorded, Recorded> {
+        let mut bytes = Vec::new();
+        // A body that fails mid-read is recorded as far as it got: the
+        // recording is for tests to inspect, not to act on.
+        if let Err(e) = request
+            .as_reader()
+            .take(limit.saturating_add(1))
+            .read_to_end(&mut bytes)
+        {
+            tracing::debug!(error = %e, "request body read failed");
+        }
+        let over = bytes.len() as u64 > limit;
+        bytes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        let recorded = Recorded {
             body: String::from_utf8_lossy(&bytes).into_owned(),
+            ..Self::head(request)
+        };
+        if over {
+            Err(recorded)
+        } else {
+            Ok(recorded)
         }
     }
 }

@@ -12,6 +12,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -79,11 +80,17 @@ impl JsonlExporter {
             source,
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(open_err)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(open_err)?;
         }
+        // Events carry prompts and tool arguments: the owner's only.
         let file = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(path)
             .map_err(open_err)?;
         Ok(JsonlExporter {
@@ -164,15 +171,32 @@ fn now_ms() -> u64 {
 /// Log to stderr, filtered by `RUST_LOG` (default `info`). A second call
 /// (or a subscriber set elsewhere) is a no-op.
 pub fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let result = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{filter, EnvFilter, Layer};
+    let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .try_init();
+        .with_filter(env)
+        .with_filter(filter::filter_fn(|meta| {
+            !is_wire_dump(meta.target(), *meta.level())
+        }));
+    let result = tracing_subscriber::registry().with(fmt).try_init();
     if result.is_err() {
         tracing::debug!("tracing subscriber already set");
     }
+}
+
+/// Events dropped whatever `RUST_LOG` says, because no log level may carry
+/// a secret: the HTTP client's wire dump (`ureq_proto`'s `log_data`
+/// hex-dumps every request at trace level, `Authorization` included) and
+/// its protocol state at debug, and the TLS library below info. ureq's own
+/// debug lines redact headers and stay.
+pub fn is_wire_dump(target: &str, level: tracing::Level) -> bool {
+    let below = |cap: tracing::Level| level > cap; // TRACE > DEBUG > INFO
+    (target.starts_with("ureq_proto") && below(tracing::Level::INFO))
+        || (target.starts_with("ureq") && below(tracing::Level::DEBUG))
+        || (target.starts_with("rustls") && below(tracing::Level::INFO))
 }
 
 #[cfg(test)]

@@ -9,14 +9,18 @@
 //! only for faults of the executor itself. Outputs are capped at
 //! [`MAX_OUTPUT_BYTES`] because they go into the log and the next prompt.
 //!
-//! `http_get` reaches whatever this host can reach (including loopback and
-//! link-local addresses): enable it only for trusted prompts.
+//! Every HTTP tool is fenced ([`fence`]): the daemon's own API is never
+//! reached, and loopback, link-local and private addresses only when the
+//! tool's `allow_hosts` lists them; `http_get` with an `allow_hosts` reaches
+//! only those hosts.
 
 mod endpoint;
+pub mod fence;
 mod outbox;
 mod read_file;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +30,7 @@ use durable_agent::world::Outbox;
 use crate::config::{HttpGetToolConfig, ToolConfig};
 use crate::http::{self, excerpt};
 use endpoint::Endpoint;
+use fence::Fence;
 pub use outbox::HttpOutbox;
 use read_file::ReadFile;
 
@@ -42,18 +47,19 @@ pub struct ToolSet {
 }
 
 impl ToolSet {
-    pub fn from_config(tools: &[ToolConfig]) -> ToolSet {
+    /// `daemon`: the API's address (`[api] listen`), which no tool reaches.
+    pub fn from_config(tools: &[ToolConfig], daemon: Option<SocketAddr>) -> ToolSet {
         let mut outboxes: BTreeMap<String, Arc<dyn Outbox>> = BTreeMap::new();
         let mut runners = BTreeMap::new();
         for tool in tools {
             let runner = match tool {
                 ToolConfig::Http(t) if t.irreversible => {
-                    outboxes.insert(t.name.clone(), Arc::new(HttpOutbox::new(t)));
+                    outboxes.insert(t.name.clone(), Arc::new(HttpOutbox::fenced(t, daemon)));
                     Runner::Irreversible
                 }
-                ToolConfig::Http(t) => Runner::Http(Endpoint::new(t)),
+                ToolConfig::Http(t) => Runner::Http(Endpoint::new(t, daemon)),
                 ToolConfig::ReadFile(t) => Runner::ReadFile(ReadFile::new(t)),
-                ToolConfig::HttpGet(t) => Runner::HttpGet(HttpGet::new(t)),
+                ToolConfig::HttpGet(t) => Runner::HttpGet(HttpGet::new(t, daemon)),
             };
             runners.insert(tool.name().to_string(), runner);
         }
@@ -148,13 +154,15 @@ fn run_http(endpoint: &Endpoint, idem_key: &str, args: &serde_json::Value) -> Re
 struct HttpGet {
     timeout: Duration,
     max_bytes: u64,
+    fence: Arc<Fence>,
 }
 
 impl HttpGet {
-    fn new(tool: &HttpGetToolConfig) -> Self {
+    fn new(tool: &HttpGetToolConfig, daemon: Option<SocketAddr>) -> Self {
         HttpGet {
             timeout: Duration::from_millis(tool.timeout_ms),
             max_bytes: tool.max_bytes,
+            fence: Arc::new(Fence::for_http_get(&tool.allow_hosts, daemon)),
         }
     }
 
@@ -162,9 +170,9 @@ impl HttpGet {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(format!("{url:?} is not an http:// or https:// URL"));
         }
-        // A fresh agent per call: the URL decides the proxy rule, and a GET
-        // may follow a few redirects (it has no side effect to replay).
-        let agent = http::agent(url, self.timeout, 5);
+        // A GET may follow a few redirects (it has no side effect to
+        // replay); the fence checks every hop's address.
+        let agent = http::fenced_agent(self.timeout, 5, Arc::clone(&self.fence));
         let mut response = agent
             .get(url)
             .call()

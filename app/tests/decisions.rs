@@ -19,6 +19,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use common::*;
+use durable_agent_cli::access::Token;
 use durable_agent_cli::api::{Client, ClientError};
 use durable_agent_cli::mock_llm::{MockLlm, Reword, Variant};
 use durable_agent_cli::webhook_sink::WebhookSink;
@@ -254,7 +255,7 @@ fn start_serve(config: &std::path::Path) -> Result<(Child, String), Box<dyn std:
 
 fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
     let addr = url.trim_start_matches("http://").parse()?;
-    Ok(Client::new(addr, Duration::from_secs(10)))
+    Ok(Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN)))
 }
 
 /// (b) The same with `serve` and an API work turn: kill -9 of `serve`

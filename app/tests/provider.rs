@@ -30,6 +30,7 @@ fn http_tool(name: &str, irreversible: bool) -> ToolConfig {
         method: "POST".to_string(),
         url: "http://127.0.0.1:9/unused".to_string(),
         headers: Default::default(),
+        allow_hosts: vec![],
         parameters: json!({"type": "object", "properties": {"key": {"type": "string"}}}),
         irreversible,
         dedup: irreversible,

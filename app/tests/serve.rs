@@ -10,6 +10,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use common::*;
+use durable_agent_cli::access::Token;
 use durable_agent_cli::api::Client;
 use durable_agent_cli::mock_llm::MockLlm;
 use durable_agent_cli::webhook_sink::WebhookSink;
@@ -30,7 +31,7 @@ fn start_serve(config: &std::path::Path) -> Result<(Child, String), Box<dyn std:
 
 fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
     let addr = url.trim_start_matches("http://").parse()?;
-    Ok(Client::new(addr, Duration::from_secs(10)))
+    Ok(Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN)))
 }
 
 fn trigger_statuses(status: &Value) -> Vec<(String, String)> {

@@ -22,6 +22,7 @@ fn tool(name: &str, url: String, irreversible: bool, dedup: bool) -> HttpToolCon
         method: "POST".to_string(),
         url,
         headers: [("X-Team".to_string(), "ops".to_string())].into(),
+        allow_hosts: vec![],
         parameters: json!({"type": "object"}),
         irreversible,
         dedup,
@@ -154,22 +155,26 @@ fn config_tools_run_reversible_tools_and_refuse_irreversible_ones() -> std::io::
     let sink = WebhookSink::start(loopback(), false).expect("sink");
     let workspace = tempfile::tempdir()?;
     std::fs::write(workspace.path().join("notes.txt"), "remember")?;
-    let set = ToolSet::from_config(&[
-        ToolConfig::Http(tool("lookup", sink.url("/lookup"), false, false)),
-        ToolConfig::Http(tool("send", sink.url("/send"), true, true)),
-        ToolConfig::ReadFile(ReadFileToolConfig {
-            name: "read_file".into(),
-            description: String::new(),
-            workspace: workspace.path().to_path_buf(),
-            max_bytes: 1024,
-        }),
-        ToolConfig::HttpGet(HttpGetToolConfig {
-            name: "http_get".into(),
-            description: String::new(),
-            timeout_ms: 500,
-            max_bytes: 1024,
-        }),
-    ]);
+    let set = ToolSet::from_config(
+        &[
+            ToolConfig::Http(tool("lookup", sink.url("/lookup"), false, false)),
+            ToolConfig::Http(tool("send", sink.url("/send"), true, true)),
+            ToolConfig::ReadFile(ReadFileToolConfig {
+                name: "read_file".into(),
+                description: String::new(),
+                workspace: workspace.path().to_path_buf(),
+                max_bytes: 1024,
+            }),
+            ToolConfig::HttpGet(HttpGetToolConfig {
+                name: "http_get".into(),
+                description: String::new(),
+                timeout_ms: 500,
+                max_bytes: 1024,
+                allow_hosts: vec!["127.0.0.1".into()],
+            }),
+        ],
+        None,
+    );
     assert_eq!(set.outboxes.keys().collect::<Vec<_>>(), vec!["send"]);
     let agent = AgentId::from_hex("00000000000000a1").expect("id");
     let session = SessionId::from_hex("00000000000000b1").expect("id");

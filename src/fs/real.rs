@@ -17,6 +17,11 @@
 //! unsynced are closed first; one with unsynced writes is never closed
 //! before its fsync.
 //!
+//! Private by construction: every file this creates is mode 0600 and every
+//! directory 0700 ([`FILE_MODE`], [`DIR_MODE`]; the umask can only take
+//! bits away), because the root holds prompts, replies and email bodies.
+//! Existing files and directories keep their modes.
+//!
 //! Errors keep their `ErrorKind` (callers branch on `NotFound`,
 //! `AlreadyExists`, `StorageFull`) and gain the label and path, because a
 //! bare "No such file or directory" names neither the file nor the step.
@@ -24,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,6 +94,11 @@ pub struct RealFs {
     canaries: Canaries,
 }
 
+/// Mode of every file [`RealFs`] creates: the owner's only.
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of every directory [`RealFs`] creates.
+pub const DIR_MODE: u32 = 0o700;
+
 fn open_rw(path: &Path) -> io::Result<File> {
     OpenOptions::new().read(true).write(true).open(path)
 }
@@ -100,7 +110,7 @@ fn ctx<T>(result: io::Result<T>, label: &str, path: &Path) -> io::Result<T> {
 
 fn open_with(path: &Path, mode: OpenMode) -> io::Result<File> {
     let mut opts = OpenOptions::new();
-    opts.read(true).write(true);
+    opts.read(true).write(true).mode(FILE_MODE);
     match mode {
         OpenMode::Existing => {}
         OpenMode::Create => {
@@ -247,7 +257,7 @@ impl Fs for RealFs {
                 }
                 self.dir_changes(top)?;
             }
-            fs::create_dir_all(path)
+            fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(path)
         })();
         ctx(result, label, path)
     }
@@ -394,6 +404,7 @@ impl Fs for RealFs {
                 .create(true)
                 .truncate(false)
                 .write(true)
+                .mode(FILE_MODE)
                 .open(path),
             label,
             path,

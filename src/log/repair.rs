@@ -11,7 +11,14 @@
 //!
 //! The writer keeps `events.pending` durable and never unlinks it (see
 //! [`super::EventLog`]), so after a clean stop it holds the last logged
-//! entry: the usual case here is a tail dedup.
+//! entry: the usual case here is a tail dedup. Repair keeps it too (and
+//! rewrites it from the log's last line when it was torn or absent), so
+//! beside every non-empty log it is a high-water mark: the `seq` of an
+//! acknowledged entry. A log that ends before that `seq` lost acknowledged
+//! entries — damage outside the crash model (an emptied or shortened
+//! file), never a torn append — and is refused ([`inspect`] says so
+//! without changing anything; [`repair`] refuses before it changes
+//! anything).
 
 use std::io;
 use std::path::Path;
@@ -155,6 +162,93 @@ fn pending_entry(bytes: &[u8]) -> Option<LogEntry> {
     }
 }
 
+/// What [`inspect`] found in one session's log, without changing it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogInspection {
+    /// The entries [`repair`] would keep (a partial tail cut, a pending
+    /// entry with the next `seq` replayed).
+    pub entries: Vec<LogEntry>,
+    /// `events.jsonl` exists.
+    pub log_exists: bool,
+    /// The `seq` of the valid entry of this session `events.pending`
+    /// holds, if any: an acknowledged entry (or the append in flight).
+    pub pending_seq: Option<u64>,
+    /// Bytes of complete lines in the log.
+    pub valid_len: u64,
+}
+
+impl LogInspection {
+    /// `(expected, found)` entries when the log lost acknowledged ones:
+    /// `events.pending` holds `seq` s, so entries 0..s were acknowledged
+    /// before it was written, but the log (or what repair keeps of it)
+    /// has fewer.
+    pub fn lost_entries(&self) -> Option<(u64, u64)> {
+        let found = self.entries.len() as u64;
+        match self.pending_seq {
+            Some(seq) if seq > found || (seq == found && !self.log_exists) => Some((seq + 1, found)),
+            _ => None,
+        }
+    }
+}
+
+/// Read `dir`'s log and pending copy and say what [`repair`] would keep,
+/// changing nothing. A damaged line is an error as in [`repair`] (the
+/// damaged last line [`repair`] replaces from `events.pending` too: read
+/// only callers report it, [`repair`] fixes it).
+pub fn inspect(fs: &dyn Fs, dir: &Path, session_id: &SessionId) -> Result<LogInspection, LogError> {
+    let path = dir.join(EVENTS_FILE);
+    let log_exists = fs
+        .exists(&path, "events.jsonl exists (inspect)")
+        .map_err(|e| LogError::io(&path, "exists", e))?;
+    let parsed = parse_log(fs, dir, Some(session_id))?;
+    let pending = read_pending(fs, dir)?.and_then(|bytes| pending_entry(&bytes));
+    let pending = pending.filter(|e| &e.session_id == session_id);
+    let mut out = LogInspection {
+        entries: parsed.entries,
+        log_exists,
+        pending_seq: pending.as_ref().map(|e| e.seq),
+        valid_len: parsed.valid_len,
+    };
+    if let Some(e) = pending {
+        if e.seq == out.entries.len() as u64 && log_exists {
+            out.entries.push(e);
+        }
+    }
+    Ok(out)
+}
+
+/// `events.pending`'s bytes, if the file exists.
+fn read_pending(fs: &dyn Fs, dir: &Path) -> Result<Option<Vec<u8>>, LogError> {
+    let pending = dir.join(PENDING_FILE);
+    let has = fs
+        .exists(&pending, "events.pending exists (recovery)")
+        .map_err(|e| LogError::io(&pending, "exists", e))?;
+    if !has {
+        return Ok(None);
+    }
+    fs.read(&pending, "events.pending read (recovery)")
+        .map(Some)
+        .map_err(|e| LogError::io(&pending, "read", e))
+}
+
+/// The error for a log that lost acknowledged entries (see
+/// [`LogInspection::lost_entries`]): at the offset where the missing
+/// entries should begin.
+pub fn lost_entries_error(dir: &Path, expected: u64, found: u64, valid_len: u64) -> LogError {
+    LogError::Corrupt {
+        path: dir.join(EVENTS_FILE),
+        line: found + 1,
+        offset: valid_len,
+        reason: format!(
+            "the log ends after {found} entries, but {expected} were acknowledged ({} holds seq {}): \
+             acknowledged entries were lost (the file was emptied, shortened or replaced; restore it \
+             from a backup, or move the session's directory to quarantine/: docs/OPERATING.md)",
+            PENDING_FILE,
+            expected - 1
+        ),
+    }
+}
+
 /// Whether the complete line at `offset` of the log at `path` is the
 /// damaged copy of the append in flight: it is the file's last line, and
 /// `events.pending` holds a complete, valid entry of this session with the
@@ -243,6 +337,19 @@ pub fn repair(
             prefix
         }
     };
+    // Before anything changes: a log that ends before the acknowledged
+    // `seq` events.pending holds lost entries (see the module doc).
+    let pending_bytes = read_pending(fs, dir)?;
+    if let Some(e) = pending_bytes
+        .as_deref()
+        .and_then(pending_entry)
+        .filter(|e| &e.session_id == session_id)
+    {
+        let found = parsed.entries.len() as u64;
+        if e.seq > found || (e.seq == found && !exists) {
+            return Err(lost_entries_error(dir, e.seq + 1, found, parsed.valid_len));
+        }
+    }
     if parsed.partial_tail_bytes > 0 && !canaries.has(Canary::NoPartialLineRepair) {
         fs.truncate(&path, parsed.valid_len, "events.jsonl truncate partial line")
             .map_err(|e| LogError::io(&path, "truncate", e))?;
@@ -251,13 +358,8 @@ pub fn repair(
         report.truncated_at = Some(parsed.valid_len);
         report.truncated_bytes = parsed.partial_tail_bytes;
     }
-    let has_pending = fs
-        .exists(&pending, "events.pending exists (recovery)")
-        .map_err(|e| LogError::io(&pending, "exists", e))?;
-    if has_pending {
-        let bytes = fs
-            .read(&pending, "events.pending read (recovery)")
-            .map_err(|e| LogError::io(&pending, "read", e))?;
+    let mut mark_kept = false;
+    if let Some(bytes) = pending_bytes {
         // The pending file was fsynced before the log append began, so an
         // incomplete or invalid one means that append never started.
         let entry = pending_entry(&bytes);
@@ -272,11 +374,16 @@ pub fn repair(
                 parsed.valid_len += bytes.len() as u64;
                 report.pending_replayed = true;
             }
-            Some(e) if &e.session_id == session_id && e.seq < next => report.pending_deduped = true,
+            Some(e) if &e.session_id == session_id && e.seq < next => {
+                report.pending_deduped = true;
+                // The copy of the last entry stays as the high-water mark
+                // (module doc): the writer fsynced it before that append.
+                // An older one, or a replayed one (its own fsync may never
+                // have happened), is rewritten below.
+                mark_kept = e.seq + 1 == next;
+            }
             _ => report.pending_torn = true,
         }
-        fs.remove(&pending, "events.pending unlink (recovery)")
-            .map_err(|e| LogError::io(&pending, "unlink", e))?;
         if canaries.has(Canary::NoPartialLineRepair) {
             // The canary left a partial line; re-parse so a merged garbage
             // line surfaces here exactly as it would on the next open.
@@ -284,9 +391,50 @@ pub fn repair(
         }
     }
     if exists {
+        if !mark_kept {
+            write_mark(fs, dir, &parsed)?;
+        }
         persist(fs, dir, &parsed)?;
     }
     Ok((parsed.entries, report))
+}
+
+/// Put the log's last entry in `events.pending` (fsynced; [`persist`]'s
+/// directory fsync covers its entry), so the high-water mark survives a
+/// torn or missing copy. An empty log has nothing to mark: the file goes.
+fn write_mark(fs: &dyn Fs, dir: &Path, parsed: &ParsedLog) -> Result<(), LogError> {
+    let pending = dir.join(PENDING_FILE);
+    let Some(last) = parsed.entries.last() else {
+        let has = fs
+            .exists(&pending, "events.pending exists (recovery mark)")
+            .map_err(|e| LogError::io(&pending, "exists", e))?;
+        if has {
+            fs.remove(&pending, "events.pending unlink (recovery)")
+                .map_err(|e| LogError::io(&pending, "unlink", e))?;
+        }
+        return Ok(());
+    };
+    let line = last.to_line().map_err(|source| LogError::Serialize {
+        path: pending.clone(),
+        event: last.event.name().to_string(),
+        source,
+    })?;
+    fs.open(
+        &pending,
+        crate::fs::OpenMode::Truncate,
+        "events.pending create (recovery mark)",
+    )
+    .map_err(|e| LogError::io(&pending, "create", e))?;
+    fs.write_at(
+        &pending,
+        0,
+        line.as_bytes(),
+        "events.pending write (recovery mark)",
+    )
+    .map_err(|e| LogError::io(&pending, "write", e))?;
+    fs.sync(&pending, "events.pending fsync (recovery mark)")
+        .map_err(|e| LogError::io(&pending, "fsync", e))?;
+    Ok(())
 }
 
 /// Make durable everything recovery read and will rely on. The log may

@@ -1,7 +1,9 @@
 //! On-disk invariants the oracle checks after every recovery, read straight
 //! from the disk (not from the runtime's memory):
 //! - no session is ACTIVE;
-//! - every `session.json` is a valid record; no `.tmp` or pending file is left;
+//! - every `session.json` is a valid record; no `.tmp` file is left, and
+//!   an `events.pending` left beside a log holds exactly its last line (the
+//!   high-water mark recovery keeps; see [`crate::log::repair`]);
 //! - every `events.jsonl` is a valid JSONL prefix: complete lines only,
 //!   valid entries, contiguous `seq`;
 //! - the tree is consistent: every live (non-terminated) session has
@@ -43,7 +45,7 @@ pub fn check_invariants(fs: &dyn Fs, root: &Path) -> Result<(), Vec<String>> {
             }
         };
         for f in &files {
-            if f.ends_with(".tmp") || f == PENDING_FILE {
+            if f.ends_with(".tmp") {
                 bad.push(format!("{}: leftover {f} after recovery", dir.display()));
             }
         }
@@ -82,6 +84,29 @@ pub fn check_invariants(fs: &dyn Fs, root: &Path) -> Result<(), Vec<String>> {
                 parsed.partial_tail_bytes,
                 parsed.valid_len
             ));
+        }
+        if files.iter().any(|f| f == PENDING_FILE) {
+            let pending = dir.join(PENDING_FILE);
+            let copy = fs
+                .read(&pending, "invariants events.pending read")
+                .unwrap_or_default();
+            let log = fs
+                .read(&dir.join(EVENTS_FILE), "invariants events.jsonl read")
+                .unwrap_or_default();
+            let valid = usize::try_from(parsed.valid_len)
+                .unwrap_or(usize::MAX)
+                .min(log.len());
+            let body = &log[..valid];
+            let last_start = body
+                .strip_suffix(b"\n")
+                .and_then(|b| b.iter().rposition(|&c| c == b'\n'))
+                .map_or(0, |i| i + 1);
+            if body.is_empty() || copy != body[last_start..] {
+                bad.push(format!(
+                    "{}: events.pending after recovery is not the log's last line (the high-water mark)",
+                    dir.display()
+                ));
+            }
         }
         let terminated = parsed
             .entries

@@ -45,13 +45,16 @@ use serde::Serialize;
 
 use crate::canary::Canaries;
 use crate::fs::{Fs, FsLock};
-use crate::recovery::{recover_stores, RecoveryReport, StoreRecovery, StoreRecoveryError};
+use crate::recovery::{
+    preflight, recover_stores, DamageError, RecoveryReport, StoreRecovery, StoreRecoveryError,
+};
 use crate::runtime::{
     AgentId, Provider, Runtime, RuntimeConfig, RuntimeError, Started, ToolExecutor, TurnKind,
 };
 use crate::sqlite::{Db, SqliteOptions};
 use crate::store::activities::{ActivityGate, ActivityStore};
 use crate::store::checkpoints::CheckpointStore;
+use crate::store::manifest::{self, Manifest, MANIFEST_FILE, MANIFEST_VERSION};
 use crate::store::schema::open_store;
 use crate::store::tool_calls::ToolCallStore;
 use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore};
@@ -171,6 +174,10 @@ pub enum SystemError {
     LoopResume(StoreError),
     #[error("after recovery the runtime breaks its invariants: {0:?}")]
     Invariants(Vec<String>),
+    /// Damage outside the crash model (see [`crate::recovery::damage`]):
+    /// refused before anything changed.
+    #[error("damaged root: {0}")]
+    Damaged(#[from] DamageError),
 }
 
 /// Where a boot found damaged data: the file, and the line and byte offset
@@ -250,13 +257,17 @@ impl System {
     ) -> Result<(System, BootReport), SystemError> {
         let root = config.root.clone();
         let lock = durable_root_locked(&*fs, &root)?;
+        // Before anything changes: damage outside the crash model.
+        let manifest = preflight(&*fs, &root, &config.db_path())?;
         let now = deps.clock.now_ms();
         let opts = SqliteOptions {
             seed: config.seed,
             canaries: config.canaries.clone(),
             ..SqliteOptions::default()
         };
-        let db = Arc::new(Mutex::new(open_store(fs.clone(), &config.db_path(), &opts)?));
+        let db = open_store(fs.clone(), &config.db_path(), &opts)?;
+        store_identity(&*fs, &root, &config, &db, manifest, now)?;
+        let db = Arc::new(Mutex::new(db));
         let gate = ActivityGate::shared(
             db.clone(),
             deps.outbox.clone(),
@@ -442,6 +453,67 @@ impl System {
 /// Boot steps 1-2: the root exists, its entry is durable up the chain, and
 /// this process holds its lock. The lock is taken before the fsyncs so
 /// that a second process fails before touching anything.
+/// The opened store is the one the manifest names; a root without a
+/// manifest gets one (its store given an identity first, if it has none).
+fn store_identity(
+    fs: &dyn Fs,
+    root: &Path,
+    config: &SystemConfig,
+    db: &Db,
+    manifest: Option<Manifest>,
+    now_ms: u64,
+) -> Result<(), SystemError> {
+    let path = config.db_path();
+    let store_err = |e: rusqlite::Error| {
+        SystemError::Damaged(DamageError::Io {
+            path: path.clone(),
+            step: "application_id",
+            source: io::Error::other(e.to_string()),
+        })
+    };
+    let found = db
+        .conn()
+        .query_row("PRAGMA application_id", [], |r| r.get::<_, i32>(0))
+        .map_err(store_err)? as u32;
+    match manifest {
+        Some(m) if m.store_id == found => Ok(()),
+        Some(m) => Err(SystemError::Damaged(DamageError::StoreReplaced {
+            path: path.clone(),
+            manifest: root.join(MANIFEST_FILE),
+            expected: m.store_id,
+            found,
+        })),
+        None => {
+            let store_id = if found != 0 {
+                found
+            } else {
+                let id = new_store_id(now_ms, root);
+                db.conn()
+                    .pragma_update(None, "application_id", id as i32)
+                    .map_err(store_err)?;
+                id
+            };
+            let m = Manifest {
+                schema_version: MANIFEST_VERSION,
+                store_id,
+            };
+            manifest::write(fs, root, &m).map_err(DamageError::from)?;
+            Ok(())
+        }
+    }
+}
+
+/// A store identity: nonzero, and different for roots created at another
+/// time or place. Deterministic from the clock and the root's path, and
+/// independent of the seed: an install is the same disk whatever the seed
+/// (the harness copies one install into every run).
+fn new_store_id(now_ms: u64, root: &Path) -> u32 {
+    let mut bytes = now_ms.to_le_bytes().to_vec();
+    bytes.extend_from_slice(root.as_os_str().as_encoded_bytes());
+    let h = crate::runtime::ids::fnv1a(&bytes);
+    ((h ^ (h >> 32)) as u32).max(1)
+}
+
 fn durable_root_locked(fs: &dyn Fs, root: &Path) -> Result<FsLock, SystemError> {
     let io = |source| SystemError::Root {
         root: root.to_path_buf(),

@@ -159,7 +159,20 @@ fn non_loopback_listen_needs_opt_in() {
     assert!(e.contains("`api.listen`"), "{e}");
     assert!(e.contains("allow_non_loopback"), "{e}");
     let text = format!("{GOOD}\n[api]\nlisten = \"0.0.0.0:7341\"\nallow_non_loopback = true\n");
+    let e = err(&text);
+    assert!(e.contains("`api.token_env`"), "{e}");
+    let text = format!(
+        "{GOOD}\n[api]\nlisten = \"0.0.0.0:7341\"\nallow_non_loopback = true\ntoken_env = \"DA_TOKEN\"\n"
+    );
     assert!(parse(&text).is_ok());
+}
+
+#[test]
+fn a_token_in_place_of_its_variable_name_is_invalid() {
+    let text = format!("{GOOD}\n[api]\ntoken_env = \"3f9a0c-secret\"\n");
+    let e = err(&text);
+    assert!(e.contains("`api.token_env`"), "{e}");
+    assert!(e.contains("NAME of an environment variable"), "{e}");
 }
 
 #[test]

@@ -3,13 +3,17 @@
 //! and the executor (reversible ones) so both send the same bytes.
 //!
 //! Invariant: every request carries the configured headers plus
-//! `Idempotency-Key`, follows no redirect (a redirected POST could be
+//! `Idempotency-Key` (a `${VAR}` in a header value is read from the
+//! environment at call time), passes the tool fence, follows no redirect (a redirected POST could be
 //! replayed at another address) and is bounded by the tool's timeout.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 
+use super::fence::Fence;
 use crate::config::HttpToolConfig;
 use crate::http::{self, TransportFailure};
 
@@ -39,13 +43,16 @@ pub struct Failed {
 }
 
 impl Endpoint {
-    pub fn new(tool: &HttpToolConfig) -> Self {
+    /// Fenced (see [`super::fence`]): its URL host and `allow_hosts` may be
+    /// internal, `daemon` (the API's address) never.
+    pub fn new(tool: &HttpToolConfig, daemon: Option<SocketAddr>) -> Self {
+        let fence = Fence::for_endpoint(&tool.url, &tool.allow_hosts, daemon);
         Endpoint {
             name: tool.name.clone(),
             method: tool.method.clone(),
             url: tool.url.clone(),
             headers: tool.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            agent: http::agent(&tool.url, Duration::from_millis(tool.timeout_ms), 0),
+            agent: http::fenced_agent(Duration::from_millis(tool.timeout_ms), 0, Arc::new(fence)),
         }
     }
 
@@ -68,7 +75,15 @@ impl Endpoint {
             builder = builder.header("Content-Type", "application/json");
         }
         for (k, v) in &self.headers {
-            builder = builder.header(k.as_str(), v.as_str());
+            // `${VAR}` is read now, never stored or logged.
+            let value = expand_env(v).map_err(|var| Failed {
+                failure: TransportFailure::Fatal(format!(
+                    "tool {}: header {k} names ${{{var}}}, which is not set",
+                    self.name
+                )),
+                sent: false,
+            })?;
+            builder = builder.header(k.as_str(), value.as_str());
         }
         let request = builder.body(body).map_err(|e| Failed {
             failure: TransportFailure::Fatal(format!("cannot build request to {uri}: {e}")),
@@ -99,9 +114,34 @@ fn may_have_been_sent(e: &ureq::Error) -> bool {
         | ureq::Error::Http(_)
         | ureq::Error::HostNotFound
         | ureq::Error::ConnectionFailed => false,
-        ureq::Error::Io(io) => io.kind() != std::io::ErrorKind::ConnectionRefused,
+        // Refused (a closed port, or the tool fence): nothing left.
+        ureq::Error::Io(io) => !matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::PermissionDenied
+        ),
         _ => true,
     }
+}
+
+/// `value` with every `${NAME}` replaced by the environment variable
+/// `NAME` (how a header carries a secret without the config holding it);
+/// `Err(NAME)` for an unset one. Text without `${` is returned as is.
+pub fn expand_env(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return Ok(out);
+        };
+        let name = &after[..end];
+        out.push_str(&std::env::var(name).map_err(|_| name.to_string())?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// `url?k=v&...` from a JSON object's top-level fields (strings as they

@@ -23,10 +23,16 @@ pub struct HttpOutbox {
 }
 
 impl HttpOutbox {
-    /// For one `kind = "http"` tool (normally an irreversible one).
+    /// For one `kind = "http"` tool (normally an irreversible one), with
+    /// no daemon address to fence off.
     pub fn new(tool: &HttpToolConfig) -> Self {
+        Self::fenced(tool, None)
+    }
+
+    /// The same, never reaching `daemon` (the API's address).
+    pub fn fenced(tool: &HttpToolConfig, daemon: Option<std::net::SocketAddr>) -> Self {
         HttpOutbox {
-            endpoint: Endpoint::new(tool),
+            endpoint: Endpoint::new(tool, daemon),
             dedup: tool.dedup,
         }
     }

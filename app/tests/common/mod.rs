@@ -13,6 +13,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_durable-agent");
 /// Every wait in these tests gives up after this long.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
+/// The API token of the configs [`write_config`] writes (from the
+/// environment variable [`TOKEN_ENV`], which [`spawn`] sets).
+pub const TEST_TOKEN: &str = "test-token-0123456789abcdef";
+pub const TOKEN_ENV: &str = "DURABLE_AGENT_TEST_TOKEN";
+
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 pub fn loopback() -> SocketAddr {
@@ -25,7 +30,8 @@ pub fn free_addr() -> std::io::Result<SocketAddr> {
 }
 
 /// `agent.toml` in `dir`: the provider at `base_url` (no retries, short
-/// backoff), root `dir/root`, the API on `api`, and one irreversible
+/// backoff), root `dir/root`, the API on `api` (its token [`TEST_TOKEN`]
+/// from [`TOKEN_ENV`]), and one irreversible
 /// `send_email` tool posting to `sink_url`.
 pub fn write_config(
     dir: &Path,
@@ -51,6 +57,7 @@ root = "root"
 
 [api]
 listen = "{api}"
+token_env = "{TOKEN_ENV}"
 
 [[tools]]
 kind = "http"
@@ -96,6 +103,7 @@ pub fn spawn(args: &[&str]) -> std::io::Result<Child> {
     Command::new(BIN)
         .args(args)
         .env("RUST_LOG", "warn")
+        .env(TOKEN_ENV, TEST_TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use durable_agent_cli::access::Token;
 use durable_agent_cli::api::Client;
 use rand::Rng;
 use serde_json::json;
@@ -198,11 +199,13 @@ impl Generation {
             &root,
             api_addr,
         )?;
-        let env = options
+        let mut env: Vec<(String, String)> = options
             .canary
             .iter()
             .map(|c| (CANARY_ENV.to_string(), c.clone()))
             .collect();
+        // The API's token, from the variable the config names.
+        env.push((world::TOKEN_ENV.to_string(), world::TOKEN.to_string()));
         Ok(Generation {
             number,
             world,
@@ -213,7 +216,7 @@ impl Generation {
             },
             root,
             log: logs.join(format!("serve-{number}.log")),
-            api: Client::new(api_addr, API_TIMEOUT),
+            api: Client::new(api_addr, API_TIMEOUT).with_token(Token::new(world::TOKEN)),
             workload: Workload::new(options.seed.wrapping_add(number)),
             issued: BTreeSet::new(),
             confirmed: BTreeSet::new(),

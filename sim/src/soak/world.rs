@@ -21,6 +21,10 @@ use durable_agent_cli::webhook_sink::WebhookSink;
 
 use super::workload::{IRREVERSIBLE_TOOL, REVERSIBLE_TOOL};
 
+/// The API token every soak daemon reads from [`TOKEN_ENV`] (its config names it).
+pub const TOKEN: &str = "soak-token-0123456789abcdef";
+pub const TOKEN_ENV: &str = "DURABLE_AGENT_SOAK_TOKEN";
+
 /// How late the sink answers a delivery.
 pub const SINK_REPLY_DELAY_MS: u64 = 20;
 
@@ -62,6 +66,7 @@ root = "{root}"
 
 [api]
 listen = "{api}"
+token_env = "{TOKEN_ENV}"
 
 [[tools]]
 kind = "http"

@@ -1,0 +1,106 @@
+//! The root manifest, `{root}/root.json`: written once, when the root's
+//! store first exists, with the store's identity (`PRAGMA application_id`
+//! of `store.db`). A root with a manifest had a store: a missing `store.db`,
+//! or one with another identity (emptied, or replaced by another root's),
+//! is damage outside the crash model, refused — never recreated, because a
+//! fresh store would forget every trigger, run and side effect and fire
+//! a deduplicated trigger again.
+//!
+//! Invariant: the manifest is written atomically (`root.json.tmp`, fsync,
+//! rename, fsync the root) after the store's identity is committed and
+//! the store's directory entry is durable, so a crash leaves either no
+//! manifest (the next boot writes it from the store) or a whole one that
+//! names a store that exists.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fs::{Fs, OpenMode};
+
+/// The manifest's file name under the root.
+pub const MANIFEST_FILE: &str = "root.json";
+const MANIFEST_TMP: &str = "root.json.tmp";
+/// Version of the manifest's format.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// `root.json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    /// `store.db`'s `PRAGMA application_id` (never 0).
+    pub store_id: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{step} on {}: {source} (outcome unknown: reopen to recover)", path.display())]
+    Io {
+        path: PathBuf,
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: not a root manifest: {reason} (restore it from a backup; see docs/OPERATING.md)", path.display())]
+    Invalid { path: PathBuf, reason: String },
+}
+
+/// Read `{root}/root.json`; `None` if there is none.
+pub fn read(fs: &dyn Fs, root: &Path) -> Result<Option<Manifest>, ManifestError> {
+    let path = root.join(MANIFEST_FILE);
+    let bytes = match fs.read(&path, "root.json read") {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ManifestError::Io {
+                path,
+                step: "read",
+                source,
+            })
+        }
+    };
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| ManifestError::Invalid {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    if manifest.schema_version > MANIFEST_VERSION || manifest.store_id == 0 {
+        return Err(ManifestError::Invalid {
+            path,
+            reason: format!(
+                "schema_version {} (supported {MANIFEST_VERSION}), store_id {}",
+                manifest.schema_version, manifest.store_id
+            ),
+        });
+    }
+    Ok(Some(manifest))
+}
+
+/// Write `manifest` to `{root}/root.json` atomically (see the module doc).
+pub fn write(fs: &dyn Fs, root: &Path, manifest: &Manifest) -> Result<(), ManifestError> {
+    let tmp = root.join(MANIFEST_TMP);
+    let path = root.join(MANIFEST_FILE);
+    let io = |path: &Path, step: &'static str| {
+        let path = path.to_path_buf();
+        move |source| ManifestError::Io { path, step, source }
+    };
+    let mut line = serde_json::to_vec(manifest).map_err(|e| ManifestError::Invalid {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    line.push(b'\n');
+    // The store's own directory entry first: the manifest must never be
+    // durable without the store it names.
+    fs.sync_dir(root, "root dir fsync (before root.json)")
+        .map_err(io(root, "dir fsync"))?;
+    fs.open(&tmp, OpenMode::Truncate, "root.json.tmp create")
+        .map_err(io(&tmp, "create"))?;
+    fs.write_at(&tmp, 0, &line, "root.json.tmp write")
+        .map_err(io(&tmp, "write"))?;
+    fs.sync(&tmp, "root.json.tmp fsync").map_err(io(&tmp, "fsync"))?;
+    fs.rename(&tmp, &path, "root.json rename")
+        .map_err(io(&path, "rename"))?;
+    fs.sync_dir(root, "root dir fsync (root.json)")
+        .map_err(io(root, "dir fsync"))?;
+    Ok(())
+}

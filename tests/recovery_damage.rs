@@ -1,0 +1,120 @@
+//! Damage outside the crash model, on SimFs through the one boot: a
+//! session whose `agent.created` is gone although its child names it is a
+//! damaged log (refused, naming the file), not a crash orphan (cleaned);
+//! a log emptied below its `events.pending` high-water mark, and a root
+//! whose manifest names a store that is gone, are refused too. Every
+//! refusal leaves the disk byte for byte as it was.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
+use durable_agent::log::{EVENTS_FILE, PENDING_FILE};
+use durable_agent::recovery::DamageError;
+use durable_agent::runtime::{FakeProvider, PureTools};
+use durable_agent::system::{Deps, LogicalClock, System, SystemConfig, SystemError};
+use durable_agent::world::World;
+
+const SEED: u64 = 11;
+
+#[derive(Debug)]
+struct Fixed;
+
+impl LogicalClock for Fixed {
+    fn now_ms(&self) -> u64 {
+        1_000
+    }
+}
+
+fn boot(fs: &SimFs) -> Result<System, SystemError> {
+    let deps = Deps {
+        provider: Arc::new(FakeProvider::new(SEED)),
+        tools: Arc::new(PureTools),
+        outbox: Arc::new(World::without_dedup()),
+        clock: Arc::new(Fixed),
+    };
+    System::boot(Arc::new(fs.clone()), SystemConfig::new("/root", SEED), deps).map(|(s, _)| s)
+}
+
+/// A root with a parent and a child agent, each with a turn; the parent's
+/// and child's session directories.
+fn tree() -> (SimFs, PathBuf, PathBuf) {
+    let fs = SimFs::new(SimConfig::new(SEED));
+    let mut system = boot(&fs).expect("boot");
+    let rt = system.runtime_mut();
+    let parent = rt.create_root("parent", "lead").expect("root");
+    let child = rt.spawn_child(&parent, "child", "help").expect("child");
+    rt.run_turn(&parent, "hello").expect("turn");
+    rt.run_turn(&child, "hi").expect("turn");
+    let dirs = (
+        rt.session_dir(&parent).expect("dir"),
+        rt.session_dir(&child).expect("dir"),
+    );
+    drop(system);
+    (fs, dirs.0, dirs.1)
+}
+
+fn empty(fs: &SimFs, path: &std::path::Path) {
+    fs.open(path, OpenMode::Truncate, "test empties")
+        .expect("truncate");
+}
+
+#[test]
+fn a_parent_whose_log_lost_everything_is_damage_not_an_orphan() {
+    let (fs, parent, _) = tree();
+    empty(&fs, &parent.join(EVENTS_FILE));
+    fs.remove(&parent.join(PENDING_FILE), "test removes the mark")
+        .expect("remove");
+    let image = fs.disk_image();
+    match boot(&fs) {
+        Err(SystemError::Damaged(DamageError::MissingCreated { path, evidence })) => {
+            assert_eq!(path, parent.join(EVENTS_FILE));
+            assert!(evidence.contains("names session"), "{evidence}");
+        }
+        other => panic!("expected MissingCreated, got {:?}", other.map(|_| ())),
+    }
+    assert!(fs.disk_image() == image, "the refused boot changed the disk");
+}
+
+#[test]
+fn an_emptied_log_is_refused_with_expected_and_found() {
+    let (fs, _, child) = tree();
+    empty(&fs, &child.join(EVENTS_FILE));
+    let image = fs.disk_image();
+    match boot(&fs) {
+        Err(SystemError::Damaged(DamageError::LostEntries {
+            path,
+            expected,
+            found,
+        })) => {
+            assert_eq!(path, child.join(EVENTS_FILE));
+            assert_eq!(found, 0);
+            assert!(expected >= 2, "{expected}");
+        }
+        other => panic!("expected LostEntries, got {:?}", other.map(|_| ())),
+    }
+    assert!(fs.disk_image() == image, "the refused boot changed the disk");
+}
+
+#[test]
+fn a_missing_store_is_refused_not_recreated() {
+    let (fs, _, _) = tree();
+    let db = PathBuf::from("/root/store.db");
+    fs.remove(&db, "test deletes the store").expect("remove");
+    let image = fs.disk_image();
+    match boot(&fs) {
+        Err(SystemError::Damaged(DamageError::StoreMissing { path, .. })) => assert_eq!(path, db),
+        other => panic!("expected StoreMissing, got {:?}", other.map(|_| ())),
+    }
+    assert!(fs.disk_image() == image, "the refused boot changed the disk");
+    assert!(!fs.exists(&db, "t").expect("exists"), "the store was recreated");
+}
+
+#[test]
+fn an_intact_root_with_its_marks_boots_again_and_again() {
+    // (A crash orphan is still cleaned: tests/runtime_crash_points.rs,
+    // crash_after_record_before_agent_created_cleans_the_orphan_session.)
+    let (fs, _, _) = tree();
+    boot(&fs).expect("first reboot");
+    boot(&fs).expect("second reboot");
+}
