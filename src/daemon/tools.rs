@@ -1,10 +1,14 @@
 //! The daemon's simulated provider: [`FlakyProvider`], the deterministic
 //! fake LLM, failing a seeded share of completions (a timeout, a 5xx): the
-//! turn is abandoned and retried.
+//! turn is abandoned and retried. Like a real model it never words a tool
+//! call the same way twice: each answer's calls carry the ask's number in
+//! their arguments, so a round asked again gets other idempotency keys
+//! (only the runtime's durable decision keeps a call's key).
 //!
-//! Invariant: whether a completion fails is a function of the seed, the
-//! boot and the call order only.
+//! Invariant: whether a completion fails, and its wording, are a function
+//! of the seed, the boot and the call order only.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use rand::{Rng, SeedableRng};
@@ -18,6 +22,7 @@ pub struct FlakyProvider {
     inner: FakeProvider,
     failure: f64,
     rng: Mutex<ChaCha8Rng>,
+    asks: AtomicU64,
 }
 
 impl FlakyProvider {
@@ -26,6 +31,7 @@ impl FlakyProvider {
             inner: FakeProvider::new(seed),
             failure: failure.clamp(0.0, 1.0),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed ^ (u64::from(boot) << 48) ^ 0xf1a4)),
+            asks: AtomicU64::new(0),
         }
     }
 }
@@ -49,6 +55,13 @@ impl Provider for FlakyProvider {
         if fail {
             return Err(ProviderError("simulated provider timeout".into()));
         }
-        self.inner.complete(request)
+        let ask = self.asks.fetch_add(1, Ordering::Relaxed);
+        let mut reply = self.inner.complete(request)?;
+        for call in &mut reply.tool_calls {
+            if let Some(args) = call.args.as_object_mut() {
+                args.insert("wording".into(), serde_json::json!(format!("ask {ask}")));
+            }
+        }
+        Ok(reply)
     }
 }
