@@ -564,7 +564,16 @@ fn emit(system: &mut System, r: EmitRequest) -> Result<Value, OpError> {
         EmitOutcome::Inserted(id) => (id, false),
         EmitOutcome::Duplicate(id) => (id, true),
     };
-    Ok(json!({"id": id, "duplicate": duplicate, "dedup_key": r.dedup_key, "fire_at_ms": fire_at_ms}))
+    // A duplicate keeps the trigger first emitted: answer its fire time,
+    // not the one this request asked for.
+    let stored_at = match duplicate {
+        true => system
+            .triggers()
+            .get(system.db().conn(), id, now)?
+            .map_or(fire_at_ms, |t| t.fire_at_ms),
+        false => fire_at_ms,
+    };
+    Ok(json!({"id": id, "duplicate": duplicate, "dedup_key": r.dedup_key, "fire_at_ms": stored_at}))
 }
 
 fn confirm(system: &mut System, r: ConfirmRequest) -> Result<Value, OpError> {

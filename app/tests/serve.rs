@@ -82,6 +82,8 @@ fn one_time_trigger_fires_exactly_once_across_a_kill_9_restart_of_serve() -> Tes
     ])?;
     assert!(emitted.status.success(), "{emitted:?}");
     assert_eq!(emitted.json()?["duplicate"], false);
+    let stored_fire_at = emitted.json()?["fire_at_ms"].clone();
+    assert!(stored_fire_at.as_u64().is_some(), "{stored_fire_at}");
     // The daemon dies before the trigger is due.
     signal(&first, "KILL")?;
     first.wait()?;
@@ -101,6 +103,8 @@ fn one_time_trigger_fires_exactly_once_across_a_kill_9_restart_of_serve() -> Tes
         Some(&json!({"dedup_key": "remind-ada", "agent": "mailer", "prompt": "remind ada"})),
     )?;
     assert_eq!(again["duplicate"], true);
+    // The answer is the trigger as stored, not the time this request asked.
+    assert_eq!(again["fire_at_ms"], stored_fire_at, "{again}");
     std::thread::sleep(Duration::from_millis(400));
     assert_eq!(sink.requests(), 1);
     let key = sink.deliveries()[0].idempotency_key().unwrap_or("").to_string();
