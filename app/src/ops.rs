@@ -127,6 +127,11 @@ pub enum OpError {
     /// Unknown outcome: stop and boot again.
     #[error("{0}; outcome unknown — restart to recover")]
     UnknownOutcome(String),
+    /// The daemon is stopping (SIGINT/SIGTERM): the turn was abandoned at
+    /// a provider call, nothing of it acknowledged; the same work id
+    /// resumes it after the restart.
+    #[error("the daemon is stopping; the turn was not finished and will resume (retry the same work_id after the restart): {0}")]
+    Interrupted(String),
     /// A turn that stopped before it completed (blocked on a human, or
     /// failed): `error`, with what the turn did before it stopped
     /// (`details`: its calls and the keys awaiting confirmation), which
@@ -144,7 +149,7 @@ impl OpError {
             OpError::Conflict(_) => 409,
             OpError::TurnFailed(_) => 502,
             OpError::Store(_) => 500,
-            OpError::UnknownOutcome(_) => 503,
+            OpError::UnknownOutcome(_) | OpError::Interrupted(_) => 503,
             OpError::Stopped { error, .. } => error.http_status(),
         }
     }
@@ -194,6 +199,9 @@ impl From<RuntimeError> for OpError {
             | RuntimeError::TurnInFlight(_)
             | RuntimeError::SlotsBusy { .. }
             | RuntimeError::NeedsConfirmation { .. } => OpError::Conflict(e.to_string()),
+            RuntimeError::Provider { ref source, .. } if source.0 == INTERRUPTED => {
+                OpError::Interrupted(e.to_string())
+            }
             RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. } => {
                 OpError::TurnFailed(e.to_string())
             }
@@ -890,4 +898,28 @@ pub fn fire_due(
         }
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use durable_agent::runtime::{AgentId, ProviderError, RuntimeError};
+
+    use super::{OpError, INTERRUPTED};
+
+    #[test]
+    fn a_turn_abandoned_by_a_stop_is_a_503_that_says_it_will_resume_not_a_provider_failure() {
+        let agent = AgentId::from_hex("00000000000000a1").expect("a valid id");
+        let stopped = OpError::from(RuntimeError::Provider {
+            agent: agent.clone(),
+            source: ProviderError(INTERRUPTED.to_string()),
+        });
+        assert_eq!(stopped.http_status(), 503, "{stopped}");
+        assert!(stopped.to_string().contains("will resume"), "{stopped}");
+        assert!(!stopped.is_fatal());
+        let failed = OpError::from(RuntimeError::Provider {
+            agent,
+            source: ProviderError("HTTP 500".into()),
+        });
+        assert_eq!(failed.http_status(), 502, "{failed}");
+    }
 }
