@@ -6,6 +6,8 @@
 //! crash (the durable floor, [`durable_agent::fs::SimFs::durable_image`])
 //! and that the power loss left as they were, inside a line that ends
 //! with its newline there — never a torn or unacknowledged tail, never the
+//! newline itself, never a line with a hole of zeros (the torn append of
+//! an fsync the crash cut short, which only looks complete) — nor the
 //! newline itself (a flipped last newline would turn a durable line into
 //! what a torn append looks like: no reader can tell them apart, a limit
 //! stated in sim/RELAXATIONS.md). The choice is a pure function of (seed,
@@ -66,7 +68,12 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
             number += 1;
             let end = start + nl;
             let unchanged = now.get(start..=end) == Some(&durable[start..=end]);
-            if end > start && unchanged {
+            // A NUL byte is never in a JSON line: it is a hole an fsync the
+            // crash cut short left (a later page of the append durable, an
+            // earlier one not): a torn, unacknowledged append, whose whole
+            // entry `events.pending` holds — not a durable line to rot.
+            let hole = durable[start..end].contains(&0);
+            if end > start && unchanged && !hole {
                 lines.push((path, number, start, end));
             }
             start = end + 1;
@@ -134,5 +141,38 @@ impl Rot {
             self.line,
             self.line_offset
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
+
+    use super::strike;
+
+    /// A line with a hole (an append whose fsync the crash cut short) is
+    /// never taken for a durable line: only the complete one is struck.
+    #[test]
+    fn a_line_with_a_hole_of_zeros_is_never_struck() {
+        let durable_line = b"{\"a\":1}\n".to_vec();
+        let holed_line = b"{\"b\0\0\0\0}\n".to_vec();
+        for seed in 0..64 {
+            let fs = SimFs::new(SimConfig::new(seed));
+            let path = PathBuf::from("/s/events.jsonl");
+            fs.create_dir_all(&PathBuf::from("/s"), "mkdir").expect("mkdir");
+            fs.open(&path, OpenMode::Create, "create").expect("create");
+            let mut bytes = durable_line.clone();
+            bytes.extend_from_slice(&holed_line);
+            fs.append(&path, &bytes, "append").expect("append");
+            fs.sync(&path, "sync").expect("sync");
+            fs.sync_dir(&PathBuf::from("/s"), "sync dir").expect("sync dir");
+            let floor = BTreeMap::from([(path.clone(), bytes.clone())]);
+            let rot = strike(&fs, &floor, seed, 1).expect("a durable line to strike");
+            assert_eq!(rot.line, 1, "seed {seed}: struck the holed line");
+            assert!(rot.byte_offset < durable_line.len() as u64 - 1);
+        }
     }
 }
