@@ -71,7 +71,10 @@
 //!   and the same disk is booted again, judged as any restart. Only the
 //!   line's content can rot here: a flipped final newline makes a durable
 //!   line look like a torn, unacknowledged tail, which no reader can tell
-//!   apart (a stated limit, not a relaxation).
+//!   apart (a stated limit, not a relaxation); and a line with a hole of
+//!   zeros (an fsync the crash cut short persisted a later page of the
+//!   append, not an earlier one) is the torn append in flight, not a
+//!   durable line, so it is never struck.
 //!
 //! Invariants (checked after every step; after recovery also I2):
 //!
