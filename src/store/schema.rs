@@ -4,7 +4,9 @@
 //! Invariant: a connection is used by a store only after [`migrate`] brought
 //! it to [`SCHEMA_VERSION`] (kept in `PRAGMA user_version`, bumped inside the
 //! same transaction as the DDL, so a crash mid-migration leaves the old
-//! version and no half-applied tables). A database written by a *newer*
+//! version and no half-applied tables). A new database is created at the
+//! current version in one step; an older one migrates version by version;
+//! both end with the same tables, columns and indexes. A database written by a *newer*
 //! build is refused with [`StoreError::FutureSchema`] before anything is
 //! read or written; a file that is not a SQLite database gives
 //! [`StoreError::Corrupt`]. Neither ever panics.
@@ -138,10 +140,10 @@ pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
     let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(classify)?;
     // Re-read under the write lock: another connection may have migrated.
     let locked = user_version(&tx).map_err(classify)?;
-    if locked < 1 {
-        tx.execute_batch(V1).map_err(classify)?;
-    }
-    if locked < 2 {
+    if locked == 0 {
+        // A new database gets the current schema in one step.
+        tx.execute_batch(CURRENT).map_err(classify)?;
+    } else if locked < 2 {
         tx.execute_batch(V2).map_err(classify)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -169,7 +171,9 @@ pub fn user_version(conn: &Connection) -> rusqlite::Result<u32> {
     conn.query_row("PRAGMA user_version", [], |r| r.get::<_, u32>(0))
 }
 
-/// Version 1: every store's tables (seeds 000, 001, 003, 004).
+/// Version 1: every store's tables (seeds 000, 001, 003, 004), as a
+/// version-1 database holds them (kept to check [`CURRENT`] against).
+#[cfg(test)]
 const V1: &str = r#"
 CREATE TABLE triggers (
     id TEXT PRIMARY KEY, source TEXT NOT NULL, dedup_key TEXT UNIQUE,
@@ -236,6 +240,70 @@ ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
 ALTER TABLE runs ADD COLUMN job_json TEXT;
 "#;
 
+/// The schema at [`SCHEMA_VERSION`], which a new database is created with:
+/// version 1 with version 2's columns folded into their tables (the
+/// `schema_tests` check that it equals a version-1 database migrated step
+/// by step). Keep it in step with every new version.
+const CURRENT: &str = r#"
+CREATE TABLE triggers (
+    id TEXT PRIMARY KEY, source TEXT NOT NULL, dedup_key TEXT UNIQUE,
+    session_id TEXT, fire_at INTEGER NOT NULL, not_before INTEGER,
+    priority INTEGER NOT NULL, description TEXT, payload_json TEXT NOT NULL,
+    status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, lease_until INTEGER,
+    last_error TEXT, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
+);
+CREATE INDEX idx_triggers_due ON triggers(status, fire_at, priority);
+
+CREATE TABLE activity_log (
+    idem_key TEXT PRIMARY KEY, task_id TEXT NOT NULL, action TEXT NOT NULL,
+    payload_json TEXT NOT NULL, status TEXT NOT NULL, provider_ref TEXT,
+    error TEXT, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
+);
+CREATE INDEX idx_activity_status ON activity_log(status);
+
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    tool_call_id TEXT, tool_name TEXT, tool_args TEXT, created_at INTEGER NOT NULL
+);
+CREATE INDEX idx_messages_session ON messages(session_id, id);
+
+CREATE TABLE loop_checkpoints (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, session_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, last_msg_id INTEGER NOT NULL, messages_json TEXT NOT NULL,
+    usage_json TEXT NOT NULL, tool_calls_count INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, created_at INTEGER NOT NULL
+);
+CREATE INDEX idx_checkpoints_run ON loop_checkpoints(run_id, id);
+
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, status TEXT NOT NULL,
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+    parent_run_id TEXT, job_json TEXT
+);
+
+CREATE TABLE tool_calls (
+    id TEXT PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs(run_id),
+    tool_name TEXT NOT NULL, raw_tool_name TEXT NOT NULL, input_json TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL UNIQUE, side_effect TEXT NOT NULL, status TEXT NOT NULL,
+    result_json TEXT, error TEXT, replay_attempts INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
+);
+CREATE INDEX idx_tool_calls_run ON tool_calls(run_id, status);
+
+CREATE TABLE token_usage (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    created_at INTEGER NOT NULL
+);
+
+CREATE TABLE errors (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, context TEXT NOT NULL, message TEXT NOT NULL,
+    attempt INTEGER NOT NULL, created_at INTEGER NOT NULL
+);
+"#;
+
 /// A closed set of values stored as TEXT: `as_str` for writing, `parse`
 /// (typed [`StoreError::UnknownValue`] on anything else) for reading.
 macro_rules! str_enum {
@@ -270,3 +338,7 @@ macro_rules! str_enum {
     };
 }
 pub(crate) use str_enum;
+
+#[cfg(test)]
+#[path = "schema_tests.rs"]
+mod schema_tests;

@@ -130,6 +130,10 @@ pub struct Driver {
     /// Where the last boot's recovery report disagrees with what it did
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
+    /// The logs the last boot left ([`project::is_log_file`]), read once
+    /// for its checks; `None` once anything may have written since (a
+    /// close, a crash, an op). [`Driver::logs`] hands them out.
+    boot_logs: Option<BTreeMap<PathBuf, Vec<u8>>>,
     /// Answers that disagree with what the system did (a turn's:
     /// [`Driver::check_answer`]; a trigger id: [`Driver::check_trigger_id`]),
     /// until the next [`Driver::state`].
@@ -185,6 +189,7 @@ impl Driver {
             rot: None,
             corruption: None,
             report_violations: Vec::new(),
+            boot_logs: None,
             answer_violations: Vec::new(),
             trigger_ids: BTreeMap::new(),
             blocked: None,
@@ -269,6 +274,8 @@ impl Driver {
             let logs_after = self.fs.disk_image_where(project::is_log_file);
             let mut v = project::report_violations(&logs_before, &logs_after, &report.runtime);
             v.extend(project::undecided_effects(&logs_after, &self.world.deliveries()));
+            // Nothing after this writes a log before the next op or crash.
+            self.boot_logs = Some(logs_after);
             // The boot settles every INTENT a crash left (re-sent to a
             // dedup sink, else NEEDS_CONFIRMATION); the scripted world
             // always answers a live process, so none may be left. The
@@ -311,6 +318,7 @@ impl Driver {
 
     fn close(&mut self) {
         self.store_cache = None;
+        self.boot_logs = None;
         self.stale.append(&mut self.claims);
         self.system = None;
     }
@@ -328,6 +336,16 @@ impl Driver {
         self.close();
         self.reboot_disk(kind);
         hit
+    }
+
+    /// kill -9 of a process whose disk is thrown away with this driver (a
+    /// judged fork): as [`Driver::crash`], without rebooting the disk
+    /// nobody will read.
+    pub fn discard(&mut self) {
+        if !self.fs.crashed() {
+            self.fs.set_fault(Some(Fault::CrashAt(self.fs.points() + 1)));
+        }
+        self.close();
     }
 
     /// Apply `kind` to the dead process's disk: its crash mode, then, for
@@ -482,6 +500,7 @@ impl Driver {
     pub fn exec(&mut self, action: &Action) -> Result<(), String> {
         let now = self.now();
         self.blocked = None;
+        self.boot_logs = None;
         if matches!(
             action,
             Action::Emit { .. }

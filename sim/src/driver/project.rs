@@ -195,10 +195,18 @@ impl Driver {
         (state, violations)
     }
 
-    /// The event logs as the process sees them (for the log invariant).
+    /// The event logs as the process sees them (for the log invariant):
+    /// those the last boot left when nothing wrote since, else read now.
     pub fn logs(&self) -> BTreeMap<PathBuf, Vec<u8>> {
-        self.fs
-            .disk_image_where(|p| p.file_name().is_some_and(|n| n == "events.jsonl"))
+        let is_log = |p: &Path| p.file_name().is_some_and(|n| n == "events.jsonl");
+        match &self.boot_logs {
+            Some(logs) => logs
+                .iter()
+                .filter(|(p, _)| is_log(p))
+                .map(|(p, b)| (p.clone(), b.clone()))
+                .collect(),
+            None => self.fs.disk_image_where(is_log),
+        }
     }
 
     /// The runtime's own on-disk invariants after a recovery

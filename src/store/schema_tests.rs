@@ -1,0 +1,64 @@
+//! A new database (created at the current version in one step) and a
+//! version-1 database migrated step by step end with the same schema.
+
+use rusqlite::Connection;
+
+use super::{migrate, user_version, SCHEMA_VERSION, V1};
+
+/// Every table and index: its name and its SQL with whitespace removed
+/// (an `ALTER TABLE … ADD COLUMN` splices its column into the stored
+/// `CREATE TABLE` text with its own spacing), plus each table's columns as
+/// `PRAGMA table_info` reports them (name, type, not null, default, pk).
+fn schema(conn: &Connection) -> Vec<String> {
+    let mut stmt = conn
+        .prepare("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY type, name")
+        .unwrap();
+    let objects: Vec<(String, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut out = Vec::new();
+    for (kind, name, sql) in objects {
+        let squeezed: String = sql.chars().filter(|c| !c.is_whitespace()).collect();
+        out.push(format!("{kind} {name}: {squeezed}"));
+        if kind == "table" {
+            let mut info = conn
+                .prepare("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?1)")
+                .unwrap();
+            let columns = info
+                .query_map([&name], |r| {
+                    Ok(format!(
+                        "{name}.{}: {} notnull={} default={:?} pk={}",
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, Option<String>>(3)?,
+                        r.get::<_, i64>(4)?
+                    ))
+                })
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            out.extend(columns);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_new_database_and_a_migrated_version_1_database_have_the_same_schema() {
+    let fresh = Connection::open_in_memory().unwrap();
+    assert_eq!(migrate(&fresh, "fresh").unwrap(), 0);
+
+    let old = Connection::open_in_memory().unwrap();
+    old.execute_batch(V1).unwrap();
+    old.pragma_update(None, "user_version", 1).unwrap();
+    assert_eq!(migrate(&old, "old").unwrap(), 1);
+
+    assert_eq!(user_version(&fresh).unwrap(), SCHEMA_VERSION);
+    assert_eq!(user_version(&old).unwrap(), SCHEMA_VERSION);
+    let (fresh, old) = (schema(&fresh), schema(&old));
+    assert!(fresh.iter().any(|l| l.starts_with("runs.job_json")), "{fresh:#?}");
+    assert_eq!(fresh, old);
+}
