@@ -35,6 +35,7 @@
 pub mod damage;
 mod invariants;
 mod stores;
+pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -118,3 +118,23 @@ fn an_intact_root_with_its_marks_boots_again_and_again() {
     boot(&fs).expect("first reboot");
     boot(&fs).expect("second reboot");
 }
+
+/// A session record deleted while its log holds `agent.created` (written
+/// only once the record is durable) is damage, not a crash orphan: the
+/// boot refuses it instead of deleting the log.
+#[test]
+fn a_lost_record_whose_log_holds_agent_created_is_refused_not_deleted() {
+    let (fs, _, child) = tree();
+    let record = child.join(durable_agent::store::session::SESSION_FILE);
+    fs.remove(&record, "test deletes the record").expect("remove");
+    let image = fs.disk_image();
+    match boot(&fs) {
+        Err(SystemError::Damaged(DamageError::MissingRecord { path })) => assert_eq!(path, record),
+        other => panic!("expected MissingRecord, got {:?}", other.map(|_| ())),
+    }
+    assert!(fs.disk_image() == image, "the refused boot changed the disk");
+    assert!(
+        fs.exists(&child.join(EVENTS_FILE), "t").expect("exists"),
+        "the log is kept"
+    );
+}

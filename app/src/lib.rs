@@ -30,4 +30,5 @@ pub mod server;
 pub mod telemetry;
 pub mod tools;
 pub mod turns;
+pub mod verify;
 pub mod webhook_sink;

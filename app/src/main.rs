@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use durable_agent_cli::access::Token;
-use durable_agent_cli::api::{self, Client};
+use durable_agent_cli::api::{self, Client, ClientError};
 use durable_agent_cli::boot::{boot, boot_with, real_fs, ApiKey};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::daemon::{Daemon, ServeSettings};
@@ -22,6 +22,7 @@ use durable_agent_cli::ops;
 use durable_agent_cli::run::{run, RunMode};
 use durable_agent_cli::schedule::Schedules;
 use durable_agent_cli::telemetry;
+use durable_agent_cli::verify::{self, RootArg};
 use durable_agent_cli::webhook_sink::WebhookSink;
 
 #[derive(Debug, Parser)]
@@ -31,6 +32,10 @@ use durable_agent_cli::webhook_sink::WebhookSink;
     about = "A crash-proof runtime for LLM agents"
 )]
 struct Cli {
+    /// How log lines are written to stderr: `text` (coloured only on a
+    /// terminal, never with NO_COLOR) or `json` (one object per line).
+    #[arg(long, global = true, value_enum, env = telemetry::LogFormat::ENV, default_value = "text")]
+    log_format: telemetry::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -134,6 +139,48 @@ enum Command {
         /// The run's id (`session:{id}` or a job run's id).
         run_id: String,
     },
+    /// Check a root without changing it or taking its lock (works while
+    /// `serve` runs): every session's log and record, the store. Prints
+    /// what is healthy and what is damaged (file, line, offset) and the
+    /// command that repairs each. Exit 0 healthy, 1 damaged.
+    #[command(group(clap::ArgGroup::new("where").required(true).args(["root", "config"])))]
+    Verify {
+        /// The root directory.
+        root: Option<PathBuf>,
+        /// Or the config whose `[runtime] root` it is.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move what `verify` finds damaged into `{root}/quarantine/NNNN-<UTC time>/`
+    /// with a NOTE.txt (never deletes), under the root lock (refused while a
+    /// daemon holds it); the rest of the root then boots.
+    #[command(group(clap::ArgGroup::new("where").required(true).args(["root", "config"])))]
+    Repair {
+        /// Required: the only repair there is (the word says what it does).
+        #[arg(long, required = true)]
+        quarantine: bool,
+        /// The root directory.
+        root: Option<PathBuf>,
+        /// Or the config whose `[runtime] root` it is.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Move a damaged session's live descendants along with it
+        /// (without it, such a session is refused: nothing is moved).
+        #[arg(long)]
+        force: bool,
+        /// Give up a missing, corrupt or foreign store.db: move what is
+        /// left of it aside and create a new, empty store (every trigger,
+        /// run, dedup key and the side-effect ledger forgotten; root.json
+        /// records the loss).
+        #[arg(long)]
+        accept_store_loss: bool,
+        /// The result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Tell the ledger whether an irreversible call that needs confirmation
     /// happened (look it up with `status`, at the receiving service). The
     /// work blocked on it (a trigger's turn) then runs again and resumes
@@ -160,8 +207,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    telemetry::init_tracing();
     let cli = Cli::parse();
+    telemetry::init_tracing(cli.log_format);
     let result = match cli.command {
         Command::MockLlm {
             script,
@@ -187,6 +234,15 @@ fn main() -> ExitCode {
             run_command(&config, mode)
         }
         Command::Serve { config } => serve(&config).map(|()| ExitCode::SUCCESS),
+        Command::Verify { root, config, json } => verify_cmd(root, config, json),
+        Command::Repair {
+            quarantine: _,
+            root,
+            config,
+            force,
+            accept_store_loss,
+            json,
+        } => repair_cmd(root, config, force, accept_store_loss, json),
         Command::Status { config } => control(&config, "GET", "/status", None),
         Command::Release { config, run_id } => control(
             &config,
@@ -368,6 +424,34 @@ fn serve(config: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+fn verify_cmd(root: Option<PathBuf>, config: Option<PathBuf>, json: bool) -> Result<ExitCode, String> {
+    let root = RootArg::resolve(root, config)?;
+    let (report, healthy) = verify::verify_command(&root, json)?;
+    print_out(report.trim_end());
+    Ok(if healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn repair_cmd(
+    root: Option<PathBuf>,
+    config: Option<PathBuf>,
+    force: bool,
+    accept_store_loss: bool,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let root = RootArg::resolve(root, config)?;
+    let repaired = verify::repair_command_run(&root, force, accept_store_loss)?;
+    if json {
+        print_out(&serde_json::to_string_pretty(&repaired).map_err(|e| e.to_string())?);
+    } else {
+        print_out(verify::repaired_text(&repaired).trim_end());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// One API operation: directly under the root lock when no daemon holds
 /// the root, else through the daemon's API (the lock says which).
 fn control(
@@ -394,7 +478,12 @@ fn control(
             Client::new(config.api.listen, std::time::Duration::from_secs(60))
                 .with_token(token)
                 .call(method, path, body.as_ref())
-                .map_err(|api_error| format!("{e}\nand its API did not answer: {api_error}"))?
+                .map_err(|api_error| match api_error {
+                    // It answered, with a refusal: say what it said (a 4xx
+                    // is the daemon's word on the request, not silence).
+                    ClientError::Api { .. } => format!("the daemon holding the root refused: {api_error}"),
+                    _ => format!("{e}\nand its API did not answer: {api_error}"),
+                })?
         }
         Err(e) => return Err(e.to_string()),
     };

@@ -168,19 +168,51 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Log to stderr, filtered by `RUST_LOG` (default `info`). A second call
-/// (or a subscriber set elsewhere) is a no-op.
-pub fn init_tracing() {
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (coloured only on a terminal, never with
+    /// `NO_COLOR` set).
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields): for
+    /// log shippers and `jq`.
+    Json,
+}
+
+impl LogFormat {
+    /// The variable that chooses the format when no flag does
+    /// (`--log-format` wins).
+    pub const ENV: &'static str = "DURABLE_AGENT_LOG_FORMAT";
+}
+
+/// Whether log lines may carry ANSI colour: only to a terminal, and never
+/// when `NO_COLOR` is set to anything non-empty (no-color.org).
+pub fn colour_allowed(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(str::is_empty)
+}
+
+/// Log to stderr in `format`, filtered by `RUST_LOG` (default `info`). A
+/// second call (or a subscriber set elsewhere) is a no-op.
+pub fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{filter, EnvFilter, Layer};
     let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(env)
-        .with_filter(filter::filter_fn(|meta| {
-            !is_wire_dump(meta.target(), *meta.level())
-        }));
+    let no_color = std::env::var("NO_COLOR").ok();
+    let ansi = colour_allowed(std::io::stderr().is_terminal(), no_color.as_deref());
+    let wire = filter::filter_fn(|meta| !is_wire_dump(meta.target(), *meta.level()));
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => layer.with_ansi(ansi).with_filter(env).with_filter(wire).boxed(),
+        LogFormat::Json => layer
+            .json()
+            .with_ansi(false)
+            .with_filter(env)
+            .with_filter(wire)
+            .boxed(),
+    };
     let result = tracing_subscriber::registry().with(fmt).try_init();
     if result.is_err() {
         tracing::debug!("tracing subscriber already set");
@@ -201,6 +233,14 @@ pub fn is_wire_dump(target: &str, level: tracing::Level) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn colour_only_on_a_terminal_and_never_with_no_color() {
+        use super::colour_allowed;
+        assert!(colour_allowed(true, None));
+        assert!(colour_allowed(true, Some("")), "an empty NO_COLOR does not count");
+        assert!(!colour_allowed(true, Some("1")));
+        assert!(!colour_allowed(false, None), "a file or a pipe gets no escapes");
+    }
     use super::*;
 
     #[test]

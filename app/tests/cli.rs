@@ -154,3 +154,55 @@ fn shipped_examples_are_valid() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(job.agent, "assistant");
     Ok(())
 }
+
+/// Logs for machines: `--log-format json` (or `DURABLE_AGENT_LOG_FORMAT`)
+/// writes one JSON object per stderr line; text written to a pipe carries
+/// no ANSI escapes.
+#[test]
+fn log_format_json_writes_one_object_per_line_and_piped_text_has_no_colour(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[provider]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n\n[runtime]\nroot = \"{}\"\n",
+            dir.path().join("root").display()
+        ),
+    )?;
+    let status = |extra: &[&str], env: Option<&str>| -> std::io::Result<String> {
+        let mut cmd = Command::new(BIN);
+        cmd.args(extra)
+            .arg("status")
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .env_remove("DURABLE_AGENT_LOG_FORMAT");
+        if let Some(format) = env {
+            cmd.env("DURABLE_AGENT_LOG_FORMAT", format);
+        }
+        let out = cmd.output()?;
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for json in [
+        status(&["--log-format", "json"], None)?,
+        status(&[], Some("json"))?,
+    ] {
+        let lines: Vec<&str> = json.lines().collect();
+        assert!(!lines.is_empty(), "the boot logs at info");
+        for line in lines {
+            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("{line}: {e}"))?;
+            assert!(
+                v["level"].is_string() && v["fields"]["message"].is_string(),
+                "{line}"
+            );
+        }
+        assert!(json.contains("system booted"), "{json}");
+    }
+    let text = status(&[], None)?;
+    assert!(text.contains("system booted"), "{text}");
+    assert!(!text.contains('\u{1b}'), "ANSI escapes in piped logs: {text:?}");
+    Ok(())
+}

@@ -613,3 +613,39 @@ fn a_failed_trigger_is_retried_through_the_cli_and_fires() -> TestResult {
     assert!(serve.wait()?.success());
     Ok(())
 }
+
+/// A thin CLI client whose request the daemon refuses (a 4xx) says what
+/// the daemon said, not that it "did not answer".
+#[test]
+fn a_cli_client_refused_by_the_daemon_says_what_the_daemon_said() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mock = MockLlm::echo(loopback())?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let (mut serve, _url) = start_serve(&config)?;
+    let refused = run(&[
+        "emit",
+        "--config",
+        path_str(&config),
+        "--dedup-key",
+        "k",
+        "--agent",
+        "nobody",
+        "--prompt",
+        "p",
+    ])?;
+    signal(&serve, "TERM")?;
+    serve.wait()?;
+    assert!(!refused.status.success(), "{refused:?}");
+    let stderr = &refused.stderr;
+    assert!(stderr.contains("refused") && stderr.contains("404"), "{stderr}");
+    assert!(stderr.contains("nobody"), "the daemon's own words: {stderr}");
+    assert!(!stderr.contains("did not answer"), "{stderr}");
+    Ok(())
+}

@@ -16,6 +16,15 @@
 //! or, the flip being in a log's last line that `events.pending` holds
 //! whole, replace that line from the copy, leaving the file as it was
 //! (oracle R6: never accepted, never silently dropped).
+//!
+//! Damage outside the crash model too: a log emptied or deleted, a log
+//! missing some lines (a middle, or its tail) while its `events.pending`
+//! holds a later seq, `store.db` (and its WAL) gone from a root whose
+//! `root.json` names it. When the input is only such damage, the boot
+//! must refuse it naming a damaged file — unless all that was lost is one
+//! log's last line, whose copy `events.pending` holds whole (the crash
+//! model: replayed) — and a boot that succeeds keeps every log at least
+//! as long as it was (nothing acknowledged dropped).
 #![no_main]
 
 use std::path::{Path, PathBuf};
@@ -31,11 +40,52 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
 enum Edit {
-    Overwrite { file: u8, offset: u32, bytes: Vec<u8> },
-    Truncate { file: u8, len: u32 },
-    Append { file: u8, bytes: Vec<u8> },
-    Plant { file: u8, name: u8, bytes: Vec<u8> },
-    Rot { file: u8, offset: u32, bit: u8 },
+    Overwrite {
+        file: u8,
+        offset: u32,
+        bytes: Vec<u8>,
+    },
+    Truncate {
+        file: u8,
+        len: u32,
+    },
+    Append {
+        file: u8,
+        bytes: Vec<u8>,
+    },
+    Plant {
+        file: u8,
+        name: u8,
+        bytes: Vec<u8>,
+    },
+    Rot {
+        file: u8,
+        offset: u32,
+        bit: u8,
+    },
+    /// Empty (or delete) the `file`-th event log.
+    EmptyLog {
+        file: u8,
+        delete: bool,
+    },
+    /// Drop `n` complete lines from line `from` of the `file`-th event log.
+    LoseLines {
+        file: u8,
+        from: u8,
+        n: u8,
+    },
+    /// Delete `store.db` and its WAL.
+    LoseStore,
+}
+
+impl Edit {
+    /// Damage outside the crash model (the refusal oracle applies).
+    fn beyond_crash_model(&self) -> bool {
+        matches!(
+            self,
+            Edit::EmptyLog { .. } | Edit::LoseLines { .. } | Edit::LoseStore
+        )
+    }
 }
 
 #[derive(Debug, Arbitrary)]
@@ -135,6 +185,41 @@ fn rot(files: &mut [(PathBuf, Vec<u8>)], file: u8, offset: u32, bit: u8) -> Opti
     None
 }
 
+fn is_log(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == "events.jsonl")
+}
+
+/// The `file`-th event log.
+fn pick_log(files: &[(PathBuf, Vec<u8>)], file: u8) -> Option<usize> {
+    let logs: Vec<usize> = (0..files.len()).filter(|&i| is_log(&files[i].0)).collect();
+    logs.get(usize::from(file) % logs.len().max(1)).copied()
+}
+
+fn count_lines(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&b| b == b'\n').count()
+}
+
+/// The files whose damage the boot must refuse: every log that is no
+/// longer its base (except one that lost exactly its last line, which its
+/// `events.pending` replays), and `store.db` if it is gone.
+fn must_refuse(files: &[(PathBuf, Vec<u8>)]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for (path, base) in base_image() {
+        let now = files.iter().find(|(p, _)| p == path).map(|(_, d)| d);
+        if is_log(path) {
+            let lost_last_only = now.is_some_and(|now| {
+                base.starts_with(now) && now.len() < base.len() && count_lines(&base[now.len()..]) == 1
+            });
+            if now != Some(base) && !lost_last_only {
+                out.push(path.clone());
+            }
+        } else if path.file_name().is_some_and(|n| n == "store.db") && now.is_none() {
+            out.push(path.clone());
+        }
+    }
+    out
+}
+
 fn pick(files: &[(PathBuf, Vec<u8>)], i: u8) -> Option<usize> {
     if files.is_empty() {
         None
@@ -146,6 +231,7 @@ fn pick(files: &[(PathBuf, Vec<u8>)], i: u8) -> Option<usize> {
 fuzz_target!(|input: Input| {
     let mut files = base_image().clone();
     let edits = input.edits.len().min(8);
+    let only_beyond = edits > 0 && input.edits.iter().take(8).all(Edit::beyond_crash_model);
     let mut rotted = None;
     for edit in input.edits.into_iter().take(8) {
         match edit {
@@ -183,8 +269,47 @@ fuzz_target!(|input: Input| {
                 }
             }
             Edit::Rot { file, offset, bit } => rotted = rot(&mut files, file, offset, bit),
+            Edit::EmptyLog { file, delete } => {
+                if let Some(i) = pick_log(&files, file) {
+                    if delete {
+                        files.remove(i);
+                    } else {
+                        files[i].1.clear();
+                    }
+                }
+            }
+            Edit::LoseLines { file, from, n } => {
+                if let Some(i) = pick_log(&files, file) {
+                    let data = &mut files[i].1;
+                    let lines: Vec<Vec<u8>> = data
+                        .split_inclusive(|&b| b == b'\n')
+                        .map(<[u8]>::to_vec)
+                        .collect();
+                    if !lines.is_empty() {
+                        let from = usize::from(from) % lines.len();
+                        let n = usize::from(n.max(1)).min(lines.len() - from);
+                        *data = lines
+                            .iter()
+                            .enumerate()
+                            .filter(|(k, _)| *k < from || *k >= from + n)
+                            .flat_map(|(_, l)| l.iter().copied())
+                            .collect();
+                    }
+                }
+            }
+            Edit::LoseStore => files.retain(|(p, _)| {
+                !p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("store.db"))
+            }),
         }
     }
+    // Only damage beyond the crash model: which files the boot must name.
+    let refuse = if only_beyond {
+        Some(must_refuse(&files))
+    } else {
+        None
+    };
     // One flip alone: the boot must name exactly that line.
     let only_rot = if edits == 1 { rotted } else { None };
 
@@ -204,7 +329,37 @@ fuzz_target!(|input: Input| {
         let original = base_image().iter().find(|(p, _)| *p == rot.path).map(|(_, d)| d);
         original.is_some() && fs.read(&rot.path, "fuzz rot check").ok().as_ref() == original
     };
-    match System::boot(shared, SystemConfig::new(ROOT, 3), deps()) {
+    let booted = System::boot(shared, SystemConfig::new(ROOT, 3), deps());
+    if let Some(refuse) = &refuse {
+        match &booted {
+            Ok(_) if !refuse.is_empty() => {
+                panic!("damage beyond the crash model was booted, not refused: {refuse:?}")
+            }
+            Ok(_) => {
+                // Nothing acknowledged dropped: no log shorter than it was.
+                for (path, base) in base_image().iter().filter(|(p, _)| is_log(p)) {
+                    let now = fs
+                        .read(path, "fuzz log check")
+                        .map(|b| count_lines(&b))
+                        .unwrap_or(0);
+                    assert!(
+                        now >= count_lines(base),
+                        "{} went from {} to {now} entries after a successful boot",
+                        path.display(),
+                        count_lines(base)
+                    );
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    refuse.iter().any(|p| msg.contains(&p.display().to_string())),
+                    "the refusal names none of the damaged files {refuse:?}: {msg}"
+                );
+            }
+        }
+    }
+    match booted {
         Ok(_) if only_rot.as_ref().is_some_and(|r| !restored(r)) => {
             panic!("a flipped bit was accepted as data: {only_rot:?}")
         }

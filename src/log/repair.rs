@@ -197,11 +197,14 @@ impl LogInspection {
 /// only callers report it, [`repair`] fixes it).
 pub fn inspect(fs: &dyn Fs, dir: &Path, session_id: &SessionId) -> Result<LogInspection, LogError> {
     let path = dir.join(EVENTS_FILE);
+    // The mark before the log: a reader beside a live writer (`verify`)
+    // then never sees a mark ahead of the log it read (the writer fsyncs
+    // `events.pending` for seq s only after entry s-1 is in the log).
+    let pending = read_pending(fs, dir)?.and_then(|bytes| pending_entry(&bytes));
     let log_exists = fs
         .exists(&path, "events.jsonl exists (inspect)")
         .map_err(|e| LogError::io(&path, "exists", e))?;
     let parsed = parse_log(fs, dir, Some(session_id))?;
-    let pending = read_pending(fs, dir)?.and_then(|bytes| pending_entry(&bytes));
     let pending = pending.filter(|e| &e.session_id == session_id);
     let mut out = LogInspection {
         entries: parsed.entries,
@@ -242,7 +245,8 @@ pub fn lost_entries_error(dir: &Path, expected: u64, found: u64, valid_len: u64)
         reason: format!(
             "the log ends after {found} entries, but {expected} were acknowledged ({} holds seq {}): \
              acknowledged entries were lost (the file was emptied, shortened or replaced; restore it \
-             from a backup, or move the session's directory to quarantine/: docs/OPERATING.md)",
+             from a backup, or move the session aside with `durable-agent repair --quarantine`: \
+             docs/OPERATING.md)",
             PENDING_FILE,
             expected - 1
         ),
@@ -297,6 +301,21 @@ fn damaged_pending_append(
     Ok(pending_entry(&copy)
         .filter(|e| &e.session_id == session_id && e.seq == prefix.entries.len() as u64)
         .map(|_| prefix))
+}
+
+/// Whether the damaged complete line at `offset` of `dir`'s log is one
+/// [`repair`] replaces from `events.pending` (the crash model: see
+/// `damaged_pending_append`), read only. `verify` uses it to tell that
+/// line from corruption.
+pub fn pending_replaces_line(
+    fs: &dyn Fs,
+    dir: &Path,
+    session_id: &SessionId,
+    offset: u64,
+) -> Result<bool, LogError> {
+    let path = dir.join(EVENTS_FILE);
+    let pending = dir.join(PENDING_FILE);
+    Ok(damaged_pending_append(fs, &path, &pending, session_id, offset, &Canaries::none())?.is_some())
 }
 
 /// Repair the log in `dir`: cut a partial trailing line, replay or clean a

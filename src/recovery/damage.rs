@@ -20,13 +20,16 @@
 //!
 //! Invariant: [`preflight`] only reads. A file it cannot parse is left to
 //! the recovery steps, which report it with its line and offset.
+//! `durable-agent verify` ([`super::verify`]) runs the same read-only
+//! checks ([`scan_sessions`], [`session_damage`], [`store_is_missing`])
+//! over the whole root and reports every finding, not just the first.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::fs::Fs;
-use crate::log::{self, Event, EVENTS_FILE, PENDING_FILE};
+use crate::log::repair::LogInspection;
+use crate::log::{self, Event, LogError, EVENTS_FILE, PENDING_FILE};
 use crate::runtime::SessionId;
 use crate::store::manifest::{self, Manifest, ManifestError, MANIFEST_FILE};
 use crate::store::session::SESSION_FILE;
@@ -37,8 +40,8 @@ pub enum DamageError {
     #[error(
         "{}: the log ends after {found} entries, but {expected} were acknowledged ({PENDING_FILE} \
          beside it holds seq {}): acknowledged entries were lost (the file was emptied, shortened or \
-         replaced). Nothing was changed. Restore the file from a backup, or move the session's directory \
-         to quarantine/ (see docs/OPERATING.md)",
+         replaced). Nothing was changed. Restore the file from a backup, or move the session aside with \
+         `durable-agent repair --quarantine` (see docs/OPERATING.md)",
         path.display(), expected.saturating_sub(1)
     )]
     LostEntries {
@@ -48,15 +51,24 @@ pub enum DamageError {
     },
     #[error(
         "{}: no agent.created, but the agent existed ({evidence}): the log is damaged, not a crash \
-         orphan. Nothing was changed. Restore the file from a backup, or move the session's directory to quarantine/ \
-         (see docs/OPERATING.md)",
+         orphan. Nothing was changed. Restore the file from a backup, or move the session aside with \
+         `durable-agent repair --quarantine` (see docs/OPERATING.md)",
         path.display()
     )]
     MissingCreated { path: PathBuf, evidence: String },
     #[error(
+        "{}: missing, but the session's log holds agent.created (the record is written, and made \
+         durable, before it): the record was lost or deleted, not a crash orphan, and the boot would \
+         delete the log. Nothing was changed. Restore session.json from a backup, or move the session \
+         aside with `durable-agent repair --quarantine` (see docs/OPERATING.md)",
+        path.display()
+    )]
+    MissingRecord { path: PathBuf },
+    #[error(
         "{}: missing or empty, but {} says this root has a store (store id {store_id:08x}): \
          triggers, runs and the side-effect ledger would be forgotten. Nothing was changed. Restore \
-         store.db from a backup (see docs/OPERATING.md)",
+         store.db from a backup, or give it up with `durable-agent repair --quarantine \
+         --accept-store-loss` (see docs/OPERATING.md)",
         path.display(), manifest.display()
     )]
     StoreMissing {
@@ -66,7 +78,8 @@ pub enum DamageError {
     },
     #[error(
         "{}: store id {found:08x}, but {} names {expected:08x}: the store was emptied or replaced \
-         by another root's. Restore this root's store.db from a backup (see docs/OPERATING.md)",
+         by another root's. Nothing was changed. Restore this root's store.db from a backup, or give it up \
+         with `durable-agent repair --quarantine --accept-store-loss` (see docs/OPERATING.md)",
         path.display(), manifest.display()
     )]
     StoreReplaced {
@@ -92,6 +105,7 @@ impl DamageError {
         match self {
             DamageError::LostEntries { path, .. }
             | DamageError::MissingCreated { path, .. }
+            | DamageError::MissingRecord { path }
             | DamageError::StoreMissing { path, .. }
             | DamageError::StoreReplaced { path, .. }
             | DamageError::Io { path, .. } => Some(path),
@@ -102,13 +116,54 @@ impl DamageError {
     }
 }
 
-/// One session's log as the recovery steps would find it.
+/// One session directory under `{root}/agents/`, read only: what both
+/// [`preflight`] and [`super::verify::verify`] judge.
 #[derive(Debug)]
-struct Seen {
-    dir: PathBuf,
-    created: bool,
-    terminated: bool,
-    parent: Option<SessionId>,
+pub struct SessionScan {
+    pub id: SessionId,
+    pub dir: PathBuf,
+    /// `session.json` exists (a directory without one is a crash orphan
+    /// from session creation, cleaned by recovery).
+    pub has_record: bool,
+    /// The log as [`log::repair::inspect`] reads it (only with a record).
+    pub log: Option<Result<LogInspection, LogError>>,
+    /// Without a record: the log nevertheless holds a readable
+    /// `agent.created` — which is only appended after the record is
+    /// durable, so the record was lost (damage), not never written.
+    pub created_without_record: bool,
+}
+
+impl SessionScan {
+    fn entries(&self) -> &[log::LogEntry] {
+        match &self.log {
+            Some(Ok(found)) => &found.entries,
+            _ => &[],
+        }
+    }
+
+    /// The log holds `agent.created`.
+    pub fn created(&self) -> bool {
+        self.entries()
+            .iter()
+            .any(|e| matches!(e.event, Event::AgentCreated { .. }))
+    }
+
+    /// The log holds `agent.terminated`.
+    pub fn terminated(&self) -> bool {
+        self.entries()
+            .iter()
+            .any(|e| matches!(e.event, Event::AgentTerminated { .. }))
+    }
+
+    /// The parent session its `agent.created` names.
+    pub fn parent(&self) -> Option<&SessionId> {
+        self.entries().iter().find_map(|e| match &e.event {
+            Event::AgentCreated {
+                parent_session_id, ..
+            } => parent_session_id.as_ref(),
+            _ => None,
+        })
+    }
 }
 
 /// Every damage this module knows, in `root`, before anything changes;
@@ -125,13 +180,105 @@ pub fn preflight(fs: &dyn Fs, root: &Path, db_path: &Path) -> Result<Option<Mani
             });
         }
     }
-    check_sessions(fs, root)?;
+    let scans = scan_sessions(fs, root)?;
+    if let Some(first) = session_damage(&scans).into_iter().next() {
+        return Err(first);
+    }
     Ok(found)
+}
+
+/// Every session directory under `{root}/agents/` (sorted by name; names
+/// that are not session ids are skipped), read only.
+pub fn scan_sessions(fs: &dyn Fs, root: &Path) -> Result<Vec<SessionScan>, DamageError> {
+    let agents = root.join("agents");
+    let io = |path: &Path, step| {
+        let path = path.to_path_buf();
+        move |source| DamageError::Io { path, step, source }
+    };
+    if !fs
+        .exists(&agents, "agents dir exists (preflight)")
+        .map_err(io(&agents, "exists"))?
+    {
+        return Ok(Vec::new());
+    }
+    let names = fs
+        .list(&agents, "agents dir list (preflight)")
+        .map_err(io(&agents, "list"))?;
+    let mut out = Vec::new();
+    for name in names {
+        let Ok(id) = SessionId::from_hex(&name) else {
+            continue;
+        };
+        let dir = agents.join(&name);
+        let record = dir.join(SESSION_FILE);
+        let has_record = fs
+            .exists(&record, "session.json exists (preflight)")
+            .map_err(io(&record, "exists"))?;
+        let log = has_record.then(|| log::repair::inspect(fs, &dir, &id));
+        let created_without_record = !has_record
+            && log::repair::inspect(fs, &dir, &id).is_ok_and(|found| {
+                found
+                    .entries
+                    .iter()
+                    .any(|e| matches!(e.event, Event::AgentCreated { .. }))
+            });
+        out.push(SessionScan {
+            id,
+            dir,
+            has_record,
+            log,
+            created_without_record,
+        });
+    }
+    Ok(out)
+}
+
+/// The session damage in `scans` (see the module doc), in the order
+/// [`preflight`] reports it: lost entries by session, then missing
+/// `agent.created`. A log that does not parse is not here: the recovery
+/// steps report it with its line and offset ([`verify`] reports it too).
+pub fn session_damage(scans: &[SessionScan]) -> Vec<DamageError> {
+    let mut out: Vec<DamageError> = scans
+        .iter()
+        .filter(|s| s.created_without_record)
+        .map(|s| DamageError::MissingRecord {
+            path: s.dir.join(SESSION_FILE),
+        })
+        .collect();
+    for s in scans {
+        if let Some(Ok(found)) = &s.log {
+            if let Some((expected, found)) = found.lost_entries() {
+                out.push(DamageError::LostEntries {
+                    path: s.dir.join(EVENTS_FILE),
+                    expected,
+                    found,
+                });
+            }
+        }
+    }
+    for s in scans {
+        if !matches!(s.log, Some(Ok(_))) || s.created() || s.terminated() {
+            continue;
+        }
+        let child = scans
+            .iter()
+            .find(|c| matches!(c.log, Some(Ok(_))) && c.parent() == Some(&s.id));
+        if let Some(child) = child {
+            out.push(DamageError::MissingCreated {
+                path: s.dir.join(EVENTS_FILE),
+                evidence: format!(
+                    "session {}'s agent.created names session {} as its parent",
+                    child.id, s.id
+                ),
+            });
+        }
+    }
+    out
 }
 
 /// `store.db` is absent, or empty with no write-ahead log holding its
 /// pages (a store that ever committed has one or the other).
-fn store_is_missing(fs: &dyn Fs, db_path: &Path) -> Result<bool, DamageError> {
+pub fn store_is_missing(fs: &dyn Fs, db_path: &Path) -> Result<bool, DamageError> {
     let io = |step| {
         let path = db_path.to_path_buf();
         move |source| DamageError::Io { path, step, source }
@@ -160,82 +307,4 @@ fn store_is_missing(fs: &dyn Fs, db_path: &Path) -> Result<bool, DamageError> {
         }
     };
     Ok(wal_len == 0)
-}
-
-/// The session checks (see the module doc).
-fn check_sessions(fs: &dyn Fs, root: &Path) -> Result<(), DamageError> {
-    let agents = root.join("agents");
-    let io = |path: &Path, step| {
-        let path = path.to_path_buf();
-        move |source| DamageError::Io { path, step, source }
-    };
-    if !fs
-        .exists(&agents, "agents dir exists (preflight)")
-        .map_err(io(&agents, "exists"))?
-    {
-        return Ok(());
-    }
-    let names = fs
-        .list(&agents, "agents dir list (preflight)")
-        .map_err(io(&agents, "list"))?;
-    let mut seen: BTreeMap<SessionId, Seen> = BTreeMap::new();
-    for name in names {
-        let Ok(id) = SessionId::from_hex(&name) else {
-            continue;
-        };
-        let dir = agents.join(&name);
-        let record = dir.join(SESSION_FILE);
-        if !fs
-            .exists(&record, "session.json exists (preflight)")
-            .map_err(io(&record, "exists"))?
-        {
-            continue; // a crash orphan from session creation
-        }
-        // A log that does not parse is the recovery steps' to report.
-        let Ok(found) = log::repair::inspect(fs, &dir, &id) else {
-            continue;
-        };
-        if let Some((expected, found)) = found.lost_entries() {
-            return Err(DamageError::LostEntries {
-                path: dir.join(EVENTS_FILE),
-                expected,
-                found,
-            });
-        }
-        let mut s = Seen {
-            dir,
-            created: false,
-            terminated: false,
-            parent: None,
-        };
-        for e in &found.entries {
-            match &e.event {
-                Event::AgentCreated {
-                    parent_session_id, ..
-                } => {
-                    s.created = true;
-                    s.parent = parent_session_id.clone();
-                }
-                Event::AgentTerminated { .. } => s.terminated = true,
-                _ => {}
-            }
-        }
-        seen.insert(id, s);
-    }
-    for (id, s) in &seen {
-        if s.created || s.terminated {
-            continue;
-        }
-        let child = seen
-            .iter()
-            .find(|(_, c)| c.parent.as_ref() == Some(id))
-            .map(|(child, _)| child);
-        if let Some(child) = child {
-            return Err(DamageError::MissingCreated {
-                path: s.dir.join(EVENTS_FILE),
-                evidence: format!("session {child}'s agent.created names session {id} as its parent"),
-            });
-        }
-    }
-    Ok(())
 }

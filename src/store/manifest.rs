@@ -76,15 +76,75 @@ pub fn read(fs: &dyn Fs, root: &Path) -> Result<Option<Manifest>, ManifestError>
     Ok(Some(manifest))
 }
 
+/// A store the operator declared lost (`durable-agent repair --quarantine
+/// --accept-store-loss`): kept in `root.json` beside the current identity,
+/// so the root says for good that its dedup keys and side-effect ledger
+/// before that moment were forgotten.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostStore {
+    /// The lost store's identity (what `store_id` was).
+    pub store_id: u32,
+    /// When the loss was accepted (ms since the UNIX epoch, host clock).
+    pub accepted_at_ms: u64,
+    /// Where what was left of it went (relative to the root), if anything.
+    pub quarantined_to: Option<String>,
+}
+
+/// `root.json` with its history of lost stores (older readers ignore the
+/// field; [`read`] does too).
+#[derive(Debug, Serialize, Deserialize)]
+struct WithHistory {
+    #[serde(flatten)]
+    manifest: Manifest,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    lost_stores: Vec<LostStore>,
+}
+
+/// The stores `{root}/root.json` records as lost (empty without a
+/// manifest or a history).
+pub fn read_lost(fs: &dyn Fs, root: &Path) -> Result<Vec<LostStore>, ManifestError> {
+    let path = root.join(MANIFEST_FILE);
+    let bytes = match fs.read(&path, "root.json read (history)") {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(ManifestError::Io {
+                path,
+                step: "read",
+                source,
+            })
+        }
+    };
+    let found: WithHistory = serde_json::from_slice(&bytes).map_err(|e| ManifestError::Invalid {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(found.lost_stores)
+}
+
 /// Write `manifest` to `{root}/root.json` atomically (see the module doc).
 pub fn write(fs: &dyn Fs, root: &Path, manifest: &Manifest) -> Result<(), ManifestError> {
+    write_with_history(fs, root, manifest, &[])
+}
+
+/// [`write`], recording `lost` stores beside the identity.
+pub fn write_with_history(
+    fs: &dyn Fs,
+    root: &Path,
+    manifest: &Manifest,
+    lost: &[LostStore],
+) -> Result<(), ManifestError> {
     let tmp = root.join(MANIFEST_TMP);
     let path = root.join(MANIFEST_FILE);
     let io = |path: &Path, step: &'static str| {
         let path = path.to_path_buf();
         move |source| ManifestError::Io { path, step, source }
     };
-    let mut line = serde_json::to_vec(manifest).map_err(|e| ManifestError::Invalid {
+    let on_disk = WithHistory {
+        manifest: *manifest,
+        lost_stores: lost.to_vec(),
+    };
+    let mut line = serde_json::to_vec(&on_disk).map_err(|e| ManifestError::Invalid {
         path: path.clone(),
         reason: e.to_string(),
     })?;
