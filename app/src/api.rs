@@ -15,6 +15,24 @@
 //! | POST   | `/schedules`          | `{id, agent, prompt, period_ms}`                 |
 //! | DELETE | `/schedules/{id}`     |                                                  |
 //!
+//! The read-only views ([`crate::inspect`]; lists take `?limit=&offset=`,
+//! newest first, and answer `{items, total, limit, offset, next_offset}`):
+//!
+//! | method | path                     | answer                                             |
+//! |--------|--------------------------|----------------------------------------------------|
+//! | GET    | `/runs`                  | user runs (no `session:…` bookkeeping runs)        |
+//! | GET    | `/runs/{id}`             | status, rounds, calls, effects, outcome, usage, errors |
+//! | GET    | `/agents`                | the live agents as a tree (a page of roots)        |
+//! | GET    | `/agents/{name\|id}`     | one agent and its conversation                     |
+//! | GET    | `/transcripts/{agent\|run}` | `{agent, run_id, markdown}`                     |
+//! | GET    | `/work/{work_id}`        | a completed work turn's stored answer              |
+//! | GET    | `/usage`                 | tokens: total, by model, by agent, by run          |
+//! | GET    | `/errors[?run=]`         | provider-call failures with their attempt          |
+//! | GET    | `/triggers[?status=]`    | triggers, attempts, last error                     |
+//! | GET    | `/triggers/{id}`         | one trigger and its work turn                      |
+//! | GET    | `/confirmations`         | NEEDS_CONFIRMATION calls                           |
+//! | GET    | `/schedules`             | recurring schedules                                |
+//!
 //! Answers are JSON: the result with 200, or `{"error": "..."}` with the
 //! status of [`OpError::http_status`](crate::ops::OpError::http_status).
 //!
@@ -30,6 +48,7 @@ use serde_json::Value;
 
 use crate::access::Token;
 use crate::http;
+use crate::inspect::View;
 use crate::ops::Request;
 
 /// A request the API refuses before it reaches the worker.
@@ -48,8 +67,15 @@ fn refused(status: u16, message: impl Into<String>) -> Refused {
 
 /// The operation `method path` with `body` asks for.
 pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
-    let path = path.split('?').next().unwrap_or("");
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if method == "GET" {
+        let decoded = parts.iter().map(|p| decode(p)).collect::<Result<Vec<_>, _>>()?;
+        let segments: Vec<&str> = decoded.iter().map(String::as_str).collect();
+        if let Some(view) = View::route(&segments, query) {
+            return view.map(Request::View).map_err(|e| refused(400, e.0));
+        }
+    }
     match (method, parts.as_slice()) {
         ("POST", ["agents"]) => parse(body).map(Request::CreateAgent),
         ("DELETE", ["agents", name]) => Ok(Request::DeleteAgent(decode(name)?)),
@@ -74,7 +100,9 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
             | ["status"]
             | ["confirm"]
             | ["schedules"]
-            | ["schedules", _],
+            | ["schedules", _]
+            | ["runs" | "usage" | "errors" | "confirmations"]
+            | ["runs" | "transcripts" | "work", _],
         ) => Err(refused(405, format!("{method} is not allowed on {path}"))),
         _ => Err(refused(
             404,
@@ -85,6 +113,12 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
 
 fn parse<T: DeserializeOwned>(body: &str) -> Result<T, Refused> {
     serde_json::from_str(body).map_err(|e| refused(400, format!("bad JSON body: {e}")))
+}
+
+/// Percent-decoding of a path segment or query component (agent names
+/// may hold spaces); the error says what is wrong.
+pub fn decode_component(segment: &str) -> Result<String, String> {
+    decode(segment).map_err(|r| r.message)
 }
 
 /// Percent-decoding of a path segment (agent names may hold spaces).
@@ -224,7 +258,24 @@ mod tests {
             Ok(Request::Turn(name, _)) if name == "my bot"
         ));
         assert!(matches!(route("DELETE", "/agents/a", ""), Ok(Request::DeleteAgent(n)) if n == "a"));
-        assert_eq!(route("GET", "/agents", "").map(|_| ()).unwrap_err().status, 405);
+        assert_eq!(route("PUT", "/agents", "").map(|_| ()).unwrap_err().status, 405);
+        assert_eq!(route("POST", "/usage", "").map(|_| ()).unwrap_err().status, 405);
+        assert_eq!(
+            route("DELETE", "/runs/r1", "").map(|_| ()).unwrap_err().status,
+            405
+        );
+        assert!(matches!(
+            route("GET", "/runs/session%3Aab?x=1", ""),
+            Ok(Request::View(View::Run(id))) if id == "session:ab"
+        ));
+        assert!(matches!(
+            route("GET", "/agents", ""),
+            Ok(Request::View(View::Agents(_)))
+        ));
+        assert_eq!(
+            route("GET", "/runs?limit=0", "").map(|_| ()).unwrap_err().status,
+            400
+        );
         assert_eq!(route("GET", "/nope", "").map(|_| ()).unwrap_err().status, 404);
         let bad = route("POST", "/triggers", r#"{"dedup_key":"k"}"#)
             .map(|_| ())

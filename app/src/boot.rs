@@ -165,6 +165,11 @@ pub fn boot_with(
     system_config.slots = config.runtime.slots;
     system_config.max_tool_rounds = config.runtime.max_tool_rounds;
     system_config.canaries = canaries()?;
+    system_config.hooks = Arc::new(crate::hooks::ConfigHooks::from_config(&config.hooks));
+    system_config.tool_retries = Arc::new(crate::hooks::ConfigRetries::from_config(
+        config,
+        Arc::new(crate::retry::ThreadSleeper),
+    ));
     let deps = Deps {
         provider: Arc::new(InterruptibleProvider::new(Arc::new(provider), stop.clone())),
         tools: Arc::new(ObservedTools {

@@ -1,5 +1,6 @@
 //! The product's TOML config: `[provider]`, `[runtime]`, `[api]`,
-//! `[telemetry]` and `[[tools]]`.
+//! `[telemetry]`, `[[tools]]`, `[[hooks]]` and `[retries]` (the last two
+//! in `config/hooks.rs`).
 //!
 //! Invariant: a [`Config`] returned by [`Config::load`] / [`Config::parse`]
 //! is valid as a whole — every check in [`Config::validate`] passed — and
@@ -66,6 +67,12 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub tools: Vec<ToolConfig>,
+    /// Hooks and policy on every tool call (seed 000's hook events).
+    #[serde(default)]
+    pub hooks: Vec<HookConfig>,
+    /// How each tool's hard failures are retried.
+    #[serde(default)]
+    pub retries: RetriesConfig,
 }
 
 /// An OpenAI-compatible chat-completions endpoint.
@@ -463,6 +470,8 @@ impl Config {
                 _ => {}
             }
         }
+        hooks::validate_hooks(&self.hooks)?;
+        hooks::validate_retries(&self.retries, &self.tools)?;
         Ok(())
     }
 
@@ -519,6 +528,11 @@ impl Config {
             };
             s.push_str(&format!("  - {}: {kind}\n", tool.name()));
         }
+        s.push_str(&format!("hooks: {}\n", self.hooks.len()));
+        for hook in &self.hooks {
+            let matcher = hook.matcher.as_deref().unwrap_or("*");
+            s.push_str(&format!("  - {} {matcher}: {:?}\n", hook.event, hook.action));
+        }
         s
     }
 }
@@ -570,6 +584,12 @@ fn is_tool_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+mod hooks;
 mod locate;
 #[cfg(test)]
 mod tests;
+
+pub use hooks::{
+    default_max_retries, HookAction, HookConfig, RetriesConfig, ToolRetryConfig, MAX_HOOKS,
+    MAX_HOOK_TIMEOUT_MS,
+};

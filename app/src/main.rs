@@ -10,11 +10,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use durable_agent::store::inspect::{Page, DEFAULT_LIMIT, MAX_LIMIT};
 use durable_agent_cli::access::Token;
 use durable_agent_cli::api::{self, Client, ClientError};
 use durable_agent_cli::boot::{boot, boot_with, real_fs, ApiKey};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::daemon::{Daemon, ServeSettings};
+use durable_agent_cli::inspect::{self, cli::InspectCommand, View};
 use durable_agent_cli::interrupt::Stop;
 use durable_agent_cli::mock_llm::{MockLlm, Reword, Script};
 use durable_agent_cli::openai::OpenAiProvider;
@@ -181,6 +183,37 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Read-only views of a root: runs, agents, work answers, usage,
+    /// errors, triggers, confirmations, schedules (tables, or --json).
+    /// Asks the daemon when one holds the root, else reads a copy of it;
+    /// never writes to it.
+    Inspect {
+        /// The config whose root to inspect (required).
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+        /// The API's JSON answer instead of a table.
+        #[arg(long, global = true)]
+        json: bool,
+        /// Rows per page of a list (1-500).
+        #[arg(long, global = true, default_value_t = DEFAULT_LIMIT)]
+        limit: u32,
+        /// Rows of a list to skip (newest first).
+        #[arg(long, global = true, default_value_t = 0)]
+        offset: u64,
+        #[command(subcommand)]
+        view: InspectCommand,
+    },
+    /// An agent's conversation as a Markdown transcript (by agent name or
+    /// id, or by run id: the run's agent). Read-only, like `inspect`.
+    Transcript {
+        #[arg(long)]
+        config: PathBuf,
+        /// Agent name or id, or run id.
+        agent_or_run: String,
+        /// The API's JSON answer (`{agent, run_id, markdown}`).
+        #[arg(long)]
+        json: bool,
+    },
     /// Tell the ledger whether an irreversible call that needs confirmation
     /// happened (look it up with `status`, at the receiving service). The
     /// work blocked on it (a trigger's turn) then runs again and resumes
@@ -243,6 +276,18 @@ fn main() -> ExitCode {
             accept_store_loss,
             json,
         } => repair_cmd(root, config, force, accept_store_loss, json),
+        Command::Inspect {
+            config,
+            json,
+            limit,
+            offset,
+            view,
+        } => inspect_cmd(config, json, limit, offset, view),
+        Command::Transcript {
+            config,
+            agent_or_run,
+            json,
+        } => view_cmd(&config, &View::Transcript(agent_or_run), json),
         Command::Status { config } => control(&config, "GET", "/status", None),
         Command::Release { config, run_id } => control(
             &config,
@@ -408,6 +453,8 @@ fn serve(config: &std::path::Path) -> Result<(), String> {
     let stop = Stop::new();
     stop.on_signals("the daemon")
         .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    // The usage view names the model (the store records none per call).
+    inspect::set_model(&config.provider.model);
     let daemon = Daemon::start(&config, &stop, ServeSettings::default()).map_err(|e| e.to_string())?;
     let report = &daemon.report;
     eprintln!(
@@ -449,6 +496,29 @@ fn repair_cmd(
     } else {
         print_out(verify::repaired_text(&repaired).trim_end());
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `inspect`: one view, its page checked before anything is read.
+fn inspect_cmd(
+    config: Option<PathBuf>,
+    json: bool,
+    limit: u32,
+    offset: u64,
+    view: InspectCommand,
+) -> Result<ExitCode, String> {
+    let config = config.ok_or("inspect needs --config FILE (the root it names is inspected)")?;
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(format!("--limit must be 1..={MAX_LIMIT}, not {limit}"));
+    }
+    let view = view.view(Page::new(limit, offset))?;
+    view_cmd(&config, &view, json)
+}
+
+/// Print `view` of the root `config` names (see [`inspect::cli`]).
+fn view_cmd(config: &std::path::Path, view: &View, json: bool) -> Result<ExitCode, String> {
+    let config = Config::load(config).map_err(|e| e.to_string())?;
+    print_out(&inspect::cli::print(&config, view, json)?);
     Ok(ExitCode::SUCCESS)
 }
 

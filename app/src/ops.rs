@@ -6,7 +6,9 @@
 //! calls on the caller's thread (the root's one writer); an error that
 //! leaves the outcome unknown is reported as [`OpError::UnknownOutcome`]
 //! and the caller must stop using the system (boot again: recovery decides).
-//! The database guard is never held across a runtime call.
+//! The database guard is never held across a runtime call that persists
+//! (a [`Request::View`] reads the runtime's memory under it, and only
+//! SELECTs: see [`crate::inspect`]).
 
 use durable_agent::runtime::{
     AgentId, MessageId, OutsideCall, RuntimeError, Started, TreeError, TurnKind, TurnOutcome, TurnStep,
@@ -108,6 +110,8 @@ pub enum Request {
     ReleaseRun(String),
     AddSchedule(Schedule),
     DeleteSchedule(String),
+    /// A read-only view ([`crate::inspect`]).
+    View(crate::inspect::View),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -255,6 +259,18 @@ pub fn apply(
         Request::Confirm(r) => confirm(system, r),
         Request::RetryTrigger(id) => retry_trigger(system, &id),
         Request::ReleaseRun(id) => release_run(system, &id),
+        Request::View(view) => {
+            // Read-only: the runtime's memory and SELECTs under the
+            // connection's lock, no runtime call while it is held.
+            let db = system.db();
+            let source = crate::inspect::Source {
+                runtime: system.runtime(),
+                db: &db,
+                schedules: schedules.list(),
+                now_ms: system.now_ms(),
+            };
+            crate::inspect::answer(&source, &view)
+        }
     }
 }
 

@@ -4,9 +4,12 @@
 //!
 //! Invariant: [`ConfigTools`] never performs an irreversible tool — such a
 //! call reaching it is a routing fault and fails with `ToolError` before any
-//! I/O. A tool that fails (bad arguments, HTTP error, missing file) is a
-//! normal `ToolOutput { ok: false }` the model can read; `ToolError` is
-//! only for faults of the executor itself. Outputs are capped at
+//! I/O. A tool that fails (bad arguments, an HTTP 4xx, a missing file) is
+//! a normal `ToolOutput { ok: false }` the model can read; a hard failure
+//! of an HTTP tool — not reached (timeout, connection), or a 5xx or 429
+//! answer — is `ToolError::Transient`, which the system retries as
+//! `[retries]` says before the model reads it; any other `ToolError` is a
+//! fault of the executor itself. Outputs are capped at
 //! [`MAX_OUTPUT_BYTES`] because they go into the log and the next prompt.
 //!
 //! Every HTTP tool is fenced ([`fence`]): the daemon's own API is never
@@ -89,7 +92,7 @@ impl ToolExecutor for ConfigTools {
     fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
         let runner = self.runners.get(&call.tool);
         tracing::debug!(tool = %call.tool, call_id = ctx.call_id, "tool call");
-        let result = match (runner, call.irreversible) {
+        let result: Result<String, Failure> = match (runner, call.irreversible) {
             (Some(Runner::Irreversible), _) | (_, true) => {
                 return Err(ToolError::Failed(format!(
                     "irreversible tool {} reached the reversible executor (call {}): it must go through the activity ledger",
@@ -98,26 +101,30 @@ impl ToolExecutor for ConfigTools {
             }
             // The system answers these before any executor (defence in
             // depth: never run a call on arguments the model got wrong).
-            _ if call.invalid_args.is_some() => Err(format!(
+            _ if call.invalid_args.is_some() => Err(Failure::Soft(format!(
                 "arguments unusable: {}",
                 call.invalid_args.as_deref().unwrap_or_default()
-            )),
-            (None, false) => Err(format!("unknown tool {:?}", call.tool)),
+            ))),
+            (None, false) => Err(Failure::Soft(format!("unknown tool {:?}", call.tool))),
             (Some(Runner::Http(endpoint)), false) => {
                 run_http(endpoint, ctx.idempotency_key, &call.args)
             }
-            (Some(Runner::ReadFile(tool)), false) => {
-                string_arg(&call.args, "path").and_then(|path| tool.read(&path))
-            }
-            (Some(Runner::HttpGet(tool)), false) => {
-                string_arg(&call.args, "url").and_then(|url| tool.get(&url))
-            }
+            (Some(Runner::ReadFile(tool)), false) => string_arg(&call.args, "path")
+                .and_then(|path| tool.read(&path))
+                .map_err(Failure::Soft),
+            (Some(Runner::HttpGet(tool)), false) => string_arg(&call.args, "url")
+                .map_err(Failure::Soft)
+                .and_then(|url| tool.get(&url)),
         };
         let (ok, output) = match result {
             Ok(text) => (true, text),
-            Err(reason) => {
+            Err(Failure::Soft(reason)) => {
                 tracing::info!(tool = %call.tool, call_id = ctx.call_id, reason, "tool failed");
                 (false, reason)
+            }
+            Err(Failure::Hard(reason)) => {
+                tracing::info!(tool = %call.tool, call_id = ctx.call_id, reason, "tool failed hard");
+                return Err(ToolError::Transient(cap(reason)));
             }
         };
         Ok(ToolOutput {
@@ -134,18 +141,52 @@ fn string_arg(args: &serde_json::Value, key: &str) -> Result<String, String> {
         .ok_or_else(|| format!("argument `{key}` (a string) is required"))
 }
 
-fn run_http(endpoint: &Endpoint, idem_key: &str, args: &serde_json::Value) -> Result<String, String> {
+/// Why a tool call has no good answer.
+#[derive(Debug)]
+enum Failure {
+    /// The tool answered that the call failed: the model's to read.
+    Soft(String),
+    /// The tool was not reached, or failed itself (5xx, 429): worth
+    /// another attempt.
+    Hard(String),
+}
+
+/// Whether an HTTP status is the server's failure rather than an answer
+/// about the request: 5xx, and 429 (try again later).
+fn hard_status(status: u16) -> bool {
+    status >= 500 || status == 429
+}
+
+/// A transport failure that another attempt may not meet (a timeout, a
+/// broken connection); a fatal one (a bad URL, the tool fence) will.
+fn hard_transport(failure: &http::TransportFailure) -> bool {
+    !matches!(failure, http::TransportFailure::Fatal(_))
+}
+
+fn run_http(endpoint: &Endpoint, idem_key: &str, args: &serde_json::Value) -> Result<String, Failure> {
     // The key costs nothing and lets a deduplicating endpoint absorb the
-    // re-run of a turn lost in a crash.
+    // re-run of a turn lost in a crash — and a retry.
     match endpoint.call(idem_key, args) {
         Ok(reply) if (200..300).contains(&reply.status) => Ok(reply.body),
-        Ok(reply) => Err(format!(
-            "HTTP {} {}: {}",
-            reply.status,
-            reply.reason,
-            excerpt(&reply.body, 500)
-        )),
-        Err(failed) => Err(format!("{}: {}", endpoint.url(), failed.failure)),
+        Ok(reply) => {
+            let text = format!(
+                "HTTP {} {}: {}",
+                reply.status,
+                reply.reason,
+                excerpt(&reply.body, 500)
+            );
+            Err(match hard_status(reply.status) {
+                true => Failure::Hard(text),
+                false => Failure::Soft(text),
+            })
+        }
+        Err(failed) => {
+            let text = format!("{}: {}", endpoint.url(), failed.failure);
+            Err(match hard_transport(&failed.failure) {
+                true => Failure::Hard(text),
+                false => Failure::Soft(text),
+            })
+        }
     }
 }
 
@@ -166,27 +207,33 @@ impl HttpGet {
         }
     }
 
-    fn get(&self, url: &str) -> Result<String, String> {
+    fn get(&self, url: &str) -> Result<String, Failure> {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("{url:?} is not an http:// or https:// URL"));
+            return Err(Failure::Soft(format!(
+                "{url:?} is not an http:// or https:// URL"
+            )));
         }
+        let transport = |f: http::TransportFailure| {
+            let text = format!("{url}: {f}");
+            match hard_transport(&f) {
+                true => Failure::Hard(text),
+                false => Failure::Soft(text),
+            }
+        };
         // A GET may follow a few redirects (it has no side effect to
         // replay); the fence checks every hop's address.
         let agent = http::fenced_agent(self.timeout, 5, Arc::clone(&self.fence));
-        let mut response = agent
-            .get(url)
-            .call()
-            .map_err(|e| format!("{url}: {}", http::classify(&e)))?;
+        let mut response = agent.get(url).call().map_err(|e| transport(http::classify(&e)))?;
         let status = response.status();
-        let body = http::read_body(&mut response, self.max_bytes).map_err(|f| format!("{url}: {f}"))?;
+        let body = http::read_body(&mut response, self.max_bytes).map_err(transport)?;
         if status.is_success() {
             Ok(body)
         } else {
-            Err(format!(
-                "{url}: HTTP {}: {}",
-                status.as_u16(),
-                excerpt(&body, 500)
-            ))
+            let text = format!("{url}: HTTP {}: {}", status.as_u16(), excerpt(&body, 500));
+            Err(match hard_status(status.as_u16()) {
+                true => Failure::Hard(text),
+                false => Failure::Soft(text),
+            })
         }
     }
 }

@@ -20,13 +20,39 @@ use crate::runtime::ids::{AgentId, MessageId, SessionId};
 
 /// The newest schema version this build reads (and writes, for the lines
 /// that need it: see [`Event::min_version`]).
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The first version whose lines are sealed with a checksum.
 pub const CHECKSUM_VERSION: u32 = 3;
 
 /// The first version with durable round decisions (`round.decided`).
 pub const DECISION_VERSION: u32 = 4;
+
+/// The first version whose decided calls carry a hook's verdict
+/// ([`DecidedCall::hook`]): written only by the `round.decided` lines that
+/// carry one, so a version-4 reader — which would ignore the member and run
+/// a denied call — refuses such a line as newer instead.
+pub const HOOK_VERSION: u32 = 5;
+
+/// What the `PreToolUse` hooks decided for one call, made durable with the
+/// call in its round's decision: a resumed round applies it and never asks
+/// the hooks again. Absent when every hook allowed the call as it was.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookOutcome {
+    /// Denied: the call never runs; the reason is its (failed) result,
+    /// which the model reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied: Option<String>,
+    /// The call waits for a human (`confirm`) before it runs, as an
+    /// unknown-fate call does; the reason says which hook asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs_confirmation: Option<String>,
+    /// The arguments the model gave, when hooks rewrote them: the call's
+    /// `args` (and so its idempotency key) are the rewritten ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_args: Option<Value>,
+}
 
 /// One call of a round's durable decision: what the model asked for, with
 /// the identities the runtime gave it before anything ran.
@@ -48,6 +74,9 @@ pub struct DecidedCall {
     /// failed tool call, never run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invalid_args: Option<String>,
+    /// The hooks' verdict, when it was not a plain allow (version 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<HookOutcome>,
 }
 
 /// What happened. `event` is the tag, `data` the payload.
@@ -191,9 +220,12 @@ impl Event {
     /// checkpoints, turn resume and deliveries in `turn.complete`; version
     /// 3 the checksum every line carries (a version-2 reader refuses its
     /// `crc` member as an unknown key), so every line written now is at
-    /// least 3; version 4 added `round.decided`, which only its lines carry.
+    /// least 3; version 4 added `round.decided`, which only its lines carry;
+    /// version 5 a hook's verdict in a decided call, which only the
+    /// decisions with one carry.
     pub fn min_version(&self) -> u32 {
         match self {
+            Event::RoundDecided { calls, .. } if calls.iter().any(|c| c.hook.is_some()) => HOOK_VERSION,
             Event::RoundDecided { .. } => DECISION_VERSION,
             Event::TurnResume { prompt: Some(_), .. } => DECISION_VERSION,
             _ => CHECKSUM_VERSION,
@@ -395,6 +427,7 @@ mod tests {
                         irreversible: true,
                         idempotency_key: "w-r1-c0".into(),
                         invalid_args: None,
+                        hook: None,
                     },
                     DecidedCall {
                         call_id: "d".into(),
@@ -403,6 +436,38 @@ mod tests {
                         irreversible: false,
                         idempotency_key: "w-r1-c1".into(),
                         invalid_args: Some("not JSON".into()),
+                        hook: None,
+                    },
+                ],
+            },
+            Event::RoundDecided {
+                round: 2,
+                calls: vec![
+                    DecidedCall {
+                        call_id: "e".into(),
+                        tool: "t".into(),
+                        args: serde_json::json!({"k": 2}),
+                        irreversible: true,
+                        idempotency_key: "w-r2-c0".into(),
+                        invalid_args: None,
+                        hook: Some(HookOutcome {
+                            denied: None,
+                            needs_confirmation: None,
+                            original_args: Some(serde_json::json!({"k": 1})),
+                        }),
+                    },
+                    DecidedCall {
+                        call_id: "f".into(),
+                        tool: "u".into(),
+                        args: serde_json::json!({}),
+                        irreversible: false,
+                        idempotency_key: "w-r2-c1".into(),
+                        invalid_args: None,
+                        hook: Some(HookOutcome {
+                            denied: Some("policy".into()),
+                            needs_confirmation: Some("ask".into()),
+                            original_args: None,
+                        }),
                     },
                 ],
             },
@@ -465,13 +530,59 @@ mod tests {
     #[test]
     fn a_line_carries_the_oldest_version_that_reads_it() {
         for event in every_event() {
-            let oldest = match event {
+            let oldest = match &event {
+                Event::RoundDecided { calls, .. } if calls.iter().any(|c| c.hook.is_some()) => HOOK_VERSION,
                 Event::RoundDecided { .. } | Event::TurnResume { prompt: Some(_), .. } => DECISION_VERSION,
                 _ => CHECKSUM_VERSION,
             };
             assert_eq!(event.min_version(), oldest, "{event:?}");
             assert!(event.min_version() <= SCHEMA_VERSION);
         }
+    }
+
+    #[test]
+    fn a_hook_verdict_is_refused_by_a_version_4_reader_and_absent_otherwise() {
+        let call = |hook| DecidedCall {
+            call_id: "c".into(),
+            tool: "t".into(),
+            args: serde_json::json!({}),
+            irreversible: false,
+            idempotency_key: "k".into(),
+            invalid_args: None,
+            hook,
+        };
+        let entry = |calls| LogEntry {
+            schema_version: Event::RoundDecided {
+                round: 0,
+                calls: Vec::clone(&calls),
+            }
+            .min_version(),
+            session_id: SessionId::from_hex(S).unwrap(),
+            seq: 0,
+            ts: 0,
+            event: Event::RoundDecided { round: 0, calls },
+        };
+        // No verdict: the line is what a version-4 build wrote and reads.
+        let plain = entry(vec![call(None)]);
+        assert_eq!(plain.schema_version, DECISION_VERSION);
+        let line = plain.to_line().unwrap();
+        assert!(!line.contains("\"hook\""), "{line}");
+        // A verdict: version 5, which a version-4 reader refuses as newer
+        // (it would drop the member and run a denied call).
+        let denied = entry(vec![call(Some(HookOutcome {
+            denied: Some("no".into()),
+            needs_confirmation: None,
+            original_args: None,
+        }))]);
+        assert_eq!(denied.schema_version, HOOK_VERSION);
+        let line = denied.to_line().unwrap();
+        assert!(
+            line.contains("\"schema_version\":5") && line.contains("\"denied\":\"no\""),
+            "{line}"
+        );
+        const { assert!(HOOK_VERSION > DECISION_VERSION) };
+        let parsed = LogEntry::parse(line.trim_end().as_bytes()).unwrap();
+        assert_eq!(parsed, denied);
     }
 
     #[test]

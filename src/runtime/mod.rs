@@ -26,6 +26,7 @@
 mod agent;
 #[cfg(feature = "fakes")]
 mod fake;
+pub mod hooks;
 pub mod ids;
 pub mod inbox;
 mod messaging;
@@ -43,14 +44,15 @@ use std::sync::Arc;
 pub(crate) use agent::AgentSlot;
 #[cfg(feature = "fakes")]
 pub use fake::FakeProvider;
+pub use hooks::{HookDecision, HookEvent, HookEventKind, Hooks, NoHooks, PreToolUse};
 pub use ids::{AgentId, MessageId, SessionId};
 pub use inbox::Message;
 pub use orchestrator::Runtime;
 pub use provider::{NoProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest, Usage};
 pub use state::{AgentView, RuntimeState};
 pub use tools::{
-    idempotency_key, turn_identity, work_idempotency_key, PureTools, ToolContext, ToolError, ToolExecutor,
-    ToolOutput,
+    idempotency_key, turn_identity, work_idempotency_key, NoRetries, PureTools, ToolContext, ToolError,
+    ToolExecutor, ToolOutput, ToolRetries,
 };
 pub use tree::{AgentTree, TreeError};
 pub use turn::{ConversationItem, OpenTurn, TurnOutcome, WorkTurn};
@@ -82,6 +84,9 @@ pub struct RuntimeConfig {
     /// Where every provider call's usage, and every failure with its
     /// attempt number, is persisted (the stores plug in here).
     pub calls: Arc<dyn CallLog>,
+    /// Asked before each round's calls are decided, told about the rest
+    /// of a turn (see [`hooks`]).
+    pub hooks: Arc<dyn Hooks>,
 }
 
 /// Where a provider call happened.
@@ -142,6 +147,7 @@ impl RuntimeConfig {
             provider: default_provider(seed),
             tools: Arc::new(PureTools),
             calls: Arc::new(NoCallLog),
+            hooks: Arc::new(NoHooks),
         }
     }
 

@@ -3,7 +3,11 @@
 //! touching the turn loop.
 //!
 //! Invariant: [`PureTools`] has no side effect at all; its output is a pure
-//! function of the request.
+//! function of the request. An executor tells a hard failure
+//! ([`ToolError::Transient`]: retry may help) from an answer that says the
+//! call failed (`ToolOutput { ok: false }`: the model's to read); how hard
+//! failures are retried is a [`ToolRetries`] plan, whose waits the host
+//! performs — nothing here reads a clock or sleeps.
 
 use super::ids::{AgentId, SessionId};
 use super::provider::ToolRequest;
@@ -99,11 +103,65 @@ pub enum ToolError {
     /// Nothing is unknown about the runtime's own state: not an I/O error.
     #[error("{tool} {idem_key}: its earlier attempt's fate is unknown and the endpoint cannot deduplicate; it needs confirmation by a human")]
     NeedsConfirmation { tool: String, idem_key: String },
+    /// A hard failure of the tool itself — it could not be reached, or
+    /// answered with a server error — as opposed to an answer that says the
+    /// call failed (`ToolOutput { ok: false }`, which goes to the model).
+    /// The executor may try again ([`ToolRetries`]); nothing about the
+    /// runtime's state is unknown, so a turn that gets one answers the
+    /// model with it as the call's failed result.
+    #[error("{0}")]
+    Transient(String),
 }
 
 /// Runs tool calls for the turn loop.
 pub trait ToolExecutor: Send + Sync + std::fmt::Debug {
     fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError>;
+
+    /// Run a call whose logged decision says a human must confirm it
+    /// first (a `require_confirmation` hook, `reason` says which): an
+    /// executor with a ledger a human answers (`System::confirm`) parks it
+    /// there and runs it once they approve. One without refuses, so the
+    /// call never runs unconfirmed: the turn stops at it.
+    fn execute_after_confirmation(
+        &self,
+        ctx: &ToolContext<'_>,
+        call: &ToolRequest,
+        reason: &str,
+    ) -> Result<ToolOutput, ToolError> {
+        tracing::warn!(tool = %call.tool, idem_key = ctx.idempotency_key, reason, "a call that needs confirmation reached an executor with nowhere to park it");
+        Err(ToolError::NeedsConfirmation {
+            tool: call.tool.clone(),
+            idem_key: ctx.idempotency_key.to_string(),
+        })
+    }
+}
+
+/// How a tool's hard failures ([`ToolError::Transient`]) are retried: the
+/// plan comes from configuration, the wait from the host (no clock is read
+/// and nothing sleeps in the core).
+///
+/// Invariant for implementations: an irreversible call is retried only at
+/// an endpoint that deduplicates by the call's idempotency key — every
+/// attempt carries the same key — and even then the activity ledger
+/// decides each re-send (an INTENT without dedup becomes
+/// NEEDS_CONFIRMATION, never a second blind send).
+pub trait ToolRetries: Send + Sync + std::fmt::Debug {
+    /// The wait in milliseconds before attempt `next_attempt` (2 for the
+    /// first retry) of `call` after a hard failure; `None`: no more.
+    fn delay_before(&self, call: &ToolRequest, next_attempt: u32) -> Option<u64>;
+    /// Wait `delay_ms` before the next attempt.
+    fn wait(&self, delay_ms: u64);
+}
+
+/// Never retries: a hard failure is the call's result at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoRetries;
+
+impl ToolRetries for NoRetries {
+    fn delay_before(&self, _call: &ToolRequest, _next_attempt: u32) -> Option<u64> {
+        None
+    }
+    fn wait(&self, _delay_ms: u64) {}
 }
 
 /// The default executor: answers deterministically, touches nothing.

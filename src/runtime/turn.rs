@@ -9,7 +9,9 @@
 //! rolled back); running the same turn again (same prompt, same work)
 //! continues it from there, so completed rounds' provider calls are not
 //! paid again and their tool calls are not re-executed, and the calls it
-//! does repeat carry the same idempotency keys.
+//! does repeat carry the same idempotency keys — and the same hook
+//! verdicts (logged in the round's decision: a resumed round never asks
+//! the hooks again, see [`super::hooks`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;

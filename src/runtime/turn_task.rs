@@ -10,6 +10,12 @@
 //! stalls no other agent, timer or API request, while every persistence
 //! step still happens one at a time under the caller's lock.
 //!
+//! A completion that asks for tools is shown to the `PreToolUse` hooks
+//! where it is performed ([`Outside::perform`], outside any lock), and
+//! their verdicts enter the round's decision (`round.decided`) with the
+//! calls: a denied call is answered with its reason, never handed out; a
+//! call that needs a human goes out marked so ([`ToolJob::confirm`]).
+//!
 //! Invariants: this is the only turn loop — the inline turns drive it too.
 //! While a turn is in flight its agent is pinned ([`AgentSlot::in_turn`]):
 //! it is never evicted to make room, and a second turn, an eviction or a
@@ -31,6 +37,7 @@ use crate::canary::Canary;
 use crate::log::{DecidedCall, Event};
 
 use super::agent::StartedWork;
+use super::hooks::{review, HookEvent, Hooks, Reviewed};
 use super::ids::{AgentId, MessageId, SessionId};
 use super::provider::{Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
 use super::tools::{
@@ -85,13 +92,19 @@ pub enum TurnStep {
 #[derive(Debug, Clone)]
 pub enum OutsideCall {
     Provider(ProviderCall),
-    Tool(ToolJob),
+    /// Boxed: a job is several times a completion's size.
+    Tool(Box<ToolJob>),
 }
 
 /// The result of an [`OutsideCall`].
 #[derive(Debug)]
 pub enum CallResult {
     Provider(Result<ProviderReply, ProviderError>),
+    /// A completion whose tool calls the `PreToolUse` hooks already
+    /// reviewed, one verdict per call in order ([`Outside::perform`] does
+    /// it there, so a slow hook program holds no lock). A plain
+    /// [`CallResult::Provider`] reply is reviewed when it is decided.
+    Reviewed(ProviderReply, Vec<Reviewed>),
     Tool(Result<ToolOutput, ToolError>),
 }
 
@@ -125,6 +138,9 @@ pub struct ToolJob {
     pub idempotency_key: String,
     pub now: u64,
     pub call: ToolRequest,
+    /// A hook's reason to wait for a human before the call runs (its
+    /// logged decision): the executor parks it until `confirm` answers.
+    pub confirm: Option<String>,
 }
 
 impl ToolJob {
@@ -145,13 +161,32 @@ impl ToolJob {
 pub struct Outside {
     pub provider: Arc<dyn Provider>,
     pub tools: Arc<dyn ToolExecutor>,
+    pub hooks: Arc<dyn Hooks>,
 }
 
 impl Outside {
+    /// Perform `call`. A completion that asks for tools comes back with
+    /// the `PreToolUse` hooks' verdicts on them ([`CallResult::Reviewed`]).
     pub fn perform(&self, call: &OutsideCall) -> CallResult {
         match call {
-            OutsideCall::Provider(call) => CallResult::Provider(self.provider.complete(&call.request())),
-            OutsideCall::Tool(job) => CallResult::Tool(self.tools.execute(&job.context(), &job.call)),
+            OutsideCall::Provider(call) => match self.provider.complete(&call.request()) {
+                Ok(reply) if !reply.tool_calls.is_empty() => {
+                    let reviewed = reply
+                        .tool_calls
+                        .iter()
+                        .enumerate()
+                        .map(|(index, c)| review(self.hooks.as_ref(), &call.agent, call.round, index, c))
+                        .collect();
+                    CallResult::Reviewed(reply, reviewed)
+                }
+                other => CallResult::Provider(other),
+            },
+            OutsideCall::Tool(job) => CallResult::Tool(match &job.confirm {
+                Some(reason) => self
+                    .tools
+                    .execute_after_confirmation(&job.context(), &job.call, reason),
+                None => self.tools.execute(&job.context(), &job.call),
+            }),
         }
     }
 }
@@ -192,6 +227,7 @@ impl Runtime {
         Outside {
             provider: self.config.provider.clone(),
             tools: self.config.tools.clone(),
+            hooks: self.config.hooks.clone(),
         }
     }
 
@@ -287,7 +323,10 @@ impl Runtime {
             _ => return Err(RuntimeError::TurnNotInFlight(agent)),
         }
         let r = match result {
-            CallResult::Provider(reply) if task.out.is_none() => self.provider_replied(task, reply),
+            CallResult::Provider(reply) if task.out.is_none() => self.provider_replied(task, reply, None),
+            CallResult::Reviewed(reply, reviewed) if task.out.is_none() => {
+                self.provider_replied(task, Ok(reply), Some(reviewed))
+            }
             CallResult::Tool(output) if task.out.is_some() => self.tool_ran(task, output),
             _ => Err(RuntimeError::TurnNotInFlight(agent.clone())),
         };
@@ -436,6 +475,10 @@ impl Runtime {
                 decided: None,
             },
         };
+        self.config.hooks.observe(&HookEvent::AgentStart {
+            agent: agent.clone(),
+            task: prompt.to_string(),
+        });
         // Completed rounds' calls, and the decided round's completed ones,
         // come from the log: neither the provider nor the tools again.
         let done_calls = completed_calls(&open.items);
@@ -472,6 +515,10 @@ impl Runtime {
     /// The next provider completion of `task`.
     fn ask(&self, task: &mut TurnTask) -> Result<TurnStep, RuntimeError> {
         task.out = None;
+        self.config.hooks.observe(&HookEvent::TurnStart {
+            agent: task.agent.clone(),
+            turn: task.round,
+        });
         Ok(TurnStep::Call(OutsideCall::Provider(ProviderCall {
             agent: task.agent.clone(),
             instructions: self.slot(&task.agent)?.instructions.clone(),
@@ -484,6 +531,7 @@ impl Runtime {
         &mut self,
         task: &mut TurnTask,
         completed: Result<ProviderReply, ProviderError>,
+        reviewed: Option<Vec<Reviewed>>,
     ) -> Result<TurnStep, RuntimeError> {
         let agent = task.agent.clone();
         let session = self.slot(&agent)?.record.session_id.clone();
@@ -523,7 +571,7 @@ impl Runtime {
                 limit: self.config.max_tool_rounds,
             });
         }
-        self.decide(task, reply.tool_calls)?;
+        self.decide(task, reply.tool_calls, reviewed)?;
         self.next_call(task)
     }
 
@@ -531,16 +579,35 @@ impl Runtime {
     /// calls starts (`round.decided`): each call gets its id and its
     /// idempotency key now, once, and every attempt of it — after any
     /// crash, whatever the model would answer if asked again — uses them.
-    fn decide(&mut self, task: &mut TurnTask, calls: Vec<ToolRequest>) -> Result<(), RuntimeError> {
+    /// The `PreToolUse` hooks' verdicts (`reviewed`, or asked now when the
+    /// reply came unreviewed) are part of the decision: the key derives
+    /// from the arguments the hooks left, and a denial or a wait for a
+    /// human is logged with the call.
+    fn decide(
+        &mut self,
+        task: &mut TurnTask,
+        calls: Vec<ToolRequest>,
+        reviewed: Option<Vec<Reviewed>>,
+    ) -> Result<(), RuntimeError> {
         let agent = task.agent.clone();
         let slot = self.slot(&agent)?;
         let session = slot.record.session_id.clone();
         let seq = slot.log.next_seq();
         let round = task.round;
+        let reviewed = match reviewed {
+            Some(r) if r.len() == calls.len() => r,
+            _ => calls
+                .iter()
+                .enumerate()
+                .map(|(index, c)| review(self.config.hooks.as_ref(), &agent, round, index, c))
+                .collect(),
+        };
         let decided: Vec<DecidedCall> = calls
             .into_iter()
+            .zip(reviewed)
             .enumerate()
-            .map(|(index, call)| {
+            .map(|(index, (mut call, reviewed))| {
+                call.args = reviewed.args;
                 let key = match &task.work {
                     Some(work) => work_idempotency_key(&session, work, round, index, &call),
                     None => idempotency_key(&session, &task.identity, round, index, &call),
@@ -552,6 +619,7 @@ impl Runtime {
                     irreversible: call.irreversible,
                     idempotency_key: key,
                     invalid_args: call.invalid_args,
+                    hook: reviewed.outcome,
                 }
             })
             .collect();
@@ -586,6 +654,17 @@ impl Runtime {
                 irreversible: call.irreversible,
             },
         )?;
+        let hook = call.hook.clone().unwrap_or_default();
+        if let Some(reason) = hook.denied {
+            // Denied by its logged decision: never handed out; the model
+            // reads the reason as the call's failed result.
+            let output = ToolOutput {
+                ok: false,
+                output: format!("{}: denied by policy: {reason}; the call was not run", call.tool),
+            };
+            task.out = Some(call);
+            return self.tool_ran(task, Ok(output));
+        }
         // Canary: each attempt keys the call by the agent's turn count,
         // not by the key its decision gave it.
         let key = match self.config.canaries.has(Canary::TriggerTurnKeyedByTurn) {
@@ -608,9 +687,10 @@ impl Runtime {
             idempotency_key: key,
             now: call_entry.ts,
             call: decided_request(&call),
+            confirm: hook.needs_confirmation,
         };
         task.out = Some(call);
-        Ok(TurnStep::Call(OutsideCall::Tool(job)))
+        Ok(TurnStep::Call(OutsideCall::Tool(Box::new(job))))
     }
 
     fn tool_ran(
@@ -619,18 +699,29 @@ impl Runtime {
         executed: Result<ToolOutput, ToolError>,
     ) -> Result<TurnStep, RuntimeError> {
         let agent = task.agent.clone();
-        let output = executed.map_err(|source| match source {
+        let output = match executed {
+            Ok(output) => output,
+            // A hard failure the executor did not (or no longer) retry:
+            // the model reads it; nothing about our state is unknown.
+            Err(ToolError::Transient(reason)) => ToolOutput {
+                ok: false,
+                output: reason,
+            },
             // Blocked, not broken: the turn ends at this call, open.
-            ToolError::NeedsConfirmation { tool, idem_key } => RuntimeError::NeedsConfirmation {
-                agent: agent.clone(),
-                tool,
-                idem_key,
-            },
-            source => RuntimeError::Tool {
-                agent: agent.clone(),
-                source,
-            },
-        })?;
+            Err(ToolError::NeedsConfirmation { tool, idem_key }) => {
+                return Err(RuntimeError::NeedsConfirmation {
+                    agent: agent.clone(),
+                    tool,
+                    idem_key,
+                })
+            }
+            Err(source) => {
+                return Err(RuntimeError::Tool {
+                    agent: agent.clone(),
+                    source,
+                })
+            }
+        };
         let Some(decided) = task.out.take() else {
             return Err(RuntimeError::TurnNotInFlight(agent));
         };
@@ -661,6 +752,23 @@ impl Runtime {
         if let Some(open) = self.slot_mut(&agent)?.open.as_mut() {
             open.items.extend(pair);
         }
+        let event = match output.ok {
+            true => HookEvent::PostToolUse {
+                agent: agent.clone(),
+                tool_name: decided.tool.clone(),
+                tool_input: decided.args.clone(),
+                tool_use_id: call_id.clone(),
+                result: output.output.clone(),
+            },
+            false => HookEvent::PostToolUseFailure {
+                agent: agent.clone(),
+                tool_name: decided.tool.clone(),
+                tool_input: decided.args.clone(),
+                tool_use_id: call_id.clone(),
+                error: output.output.clone(),
+            },
+        };
+        self.config.hooks.observe(&event);
         task.tool_calls.push((call_id, decided_request(&decided), output));
         if !task.batch.is_empty() {
             return self.next_call(task);
@@ -680,6 +788,10 @@ impl Runtime {
                 tool_calls: calls,
             },
         )?;
+        self.config.hooks.observe(&HookEvent::TurnEnd {
+            agent: agent.clone(),
+            turn: task.round,
+        });
         task.round += 1;
         if let Some(open) = self.slot_mut(&agent)?.open.as_mut() {
             open.round = task.round;
@@ -717,6 +829,10 @@ impl Runtime {
                 .insert(work.clone(), start..slot.conversation.len());
             slot.started_work.remove(work);
         }
+        self.config.hooks.observe(&HookEvent::AgentStop {
+            agent: agent.clone(),
+            result: response.clone(),
+        });
         Ok(TurnOutcome {
             response,
             tool_calls: std::mem::take(&mut task.tool_calls),

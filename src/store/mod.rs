@@ -7,6 +7,7 @@
 
 pub mod activities;
 pub mod checkpoints;
+pub mod inspect;
 pub mod manifest;
 pub mod retry;
 pub mod schema;

@@ -17,7 +17,7 @@
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Every store's error: what failed, on which database/table/row, and what
 /// to do about it.
@@ -143,8 +143,14 @@ pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
     if locked == 0 {
         // A new database gets the current schema in one step.
         tx.execute_batch(CURRENT).map_err(classify)?;
-    } else if locked < 2 {
-        tx.execute_batch(V2).map_err(classify)?;
+    } else {
+        // Version by version: each step's DDL exactly once.
+        if locked < 2 {
+            tx.execute_batch(V2).map_err(classify)?;
+        }
+        if locked < 3 {
+            tx.execute_batch(V3).map_err(classify)?;
+        }
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(classify)?;
@@ -240,8 +246,18 @@ ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
 ALTER TABLE runs ADD COLUMN job_json TEXT;
 "#;
 
+/// Version 3: every failed attempt of a tool call (a hard failure that was
+/// retried, or the last one), numbered, beside the call's ledger row.
+const V3: &str = r#"
+CREATE TABLE tool_call_attempts (
+    call_id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL,
+    created_at INTEGER NOT NULL, PRIMARY KEY (call_id, attempt)
+);
+"#;
+
 /// The schema at [`SCHEMA_VERSION`], which a new database is created with:
-/// version 1 with version 2's columns folded into their tables (the
+/// version 1 with version 2's columns folded into their tables and
+/// version 3's table added (the
 /// `schema_tests` check that it equals a version-1 database migrated step
 /// by step). Keep it in step with every new version.
 const CURRENT: &str = r#"
@@ -290,6 +306,11 @@ CREATE TABLE tool_calls (
     created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL
 );
 CREATE INDEX idx_tool_calls_run ON tool_calls(run_id, status);
+
+CREATE TABLE tool_call_attempts (
+    call_id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL,
+    created_at INTEGER NOT NULL, PRIMARY KEY (call_id, attempt)
+);
 
 CREATE TABLE token_usage (
     id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, agent_id TEXT NOT NULL,

@@ -60,5 +60,23 @@ fn a_new_database_and_a_migrated_version_1_database_have_the_same_schema() {
     assert_eq!(user_version(&old).unwrap(), SCHEMA_VERSION);
     let (fresh, old) = (schema(&fresh), schema(&old));
     assert!(fresh.iter().any(|l| l.starts_with("runs.job_json")), "{fresh:#?}");
+    assert!(
+        fresh.iter().any(|l| l.starts_with("tool_call_attempts.attempt")),
+        "{fresh:#?}"
+    );
     assert_eq!(fresh, old);
+}
+
+#[test]
+fn a_version_2_database_migrates_to_the_current_schema() {
+    let fresh = Connection::open_in_memory().unwrap();
+    migrate(&fresh, "fresh").unwrap();
+    // A version-2 database: version 1 and the v2 columns, no v3 table.
+    let v2 = Connection::open_in_memory().unwrap();
+    v2.execute_batch(V1).unwrap();
+    v2.execute_batch(super::V2).unwrap();
+    v2.pragma_update(None, "user_version", 2).unwrap();
+    assert_eq!(migrate(&v2, "v2").unwrap(), 2);
+    assert_eq!(user_version(&v2).unwrap(), SCHEMA_VERSION);
+    assert_eq!(schema(&fresh), schema(&v2));
 }

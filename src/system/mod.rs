@@ -49,7 +49,8 @@ use crate::recovery::{
     preflight, recover_stores, DamageError, RecoveryReport, StoreRecovery, StoreRecoveryError,
 };
 use crate::runtime::{
-    AgentId, Provider, Runtime, RuntimeConfig, RuntimeError, Started, ToolExecutor, TurnKind,
+    AgentId, Hooks, NoHooks, NoRetries, Provider, Runtime, RuntimeConfig, RuntimeError, Started,
+    ToolExecutor, ToolRetries, TurnKind,
 };
 use crate::sqlite::{Db, SqliteOptions};
 use crate::store::activities::{ActivityGate, ActivityStore};
@@ -95,6 +96,10 @@ pub struct SystemConfig {
     /// Known bugs to re-introduce; only the harness's `canaries` build can
     /// set any (see [`crate::canary`]).
     pub canaries: Canaries,
+    /// Hooks and policy on every tool call ([`crate::runtime::hooks`]).
+    pub hooks: Arc<dyn Hooks>,
+    /// How tools' hard failures are retried ([`ToolRetries`]).
+    pub tool_retries: Arc<dyn ToolRetries>,
 }
 
 impl SystemConfig {
@@ -108,6 +113,8 @@ impl SystemConfig {
             max_tool_rounds: 4,
             trigger_policy: TriggerPolicy::default(),
             canaries: Canaries::none(),
+            hooks: Arc::new(NoHooks),
+            tool_retries: Arc::new(NoRetries),
         }
     }
 
@@ -288,7 +295,9 @@ impl System {
             clock: deps.clock.clone(),
             db: db.clone(),
             calls: ToolCallStore::default(),
+            retries: config.tool_retries.clone(),
         });
+        rc.hooks = config.hooks.clone();
         rc.calls = Arc::new(StoreCallLog {
             db: db.clone(),
             clock: deps.clock.clone(),

@@ -19,15 +19,30 @@
 //! replay, and after `max_replays` failed replays the run waits for a human
 //! instead of retrying forever; an in-flight irreversible one is decided by
 //! the activity ledger, never blindly re-run.
+//!
+//! Retries (seed 000's `call_tool_with_retry`): a hard failure
+//! ([`ToolError::Transient`]: not reached, or a server error) is recorded as
+//! a numbered failed attempt and tried again as the [`ToolRetries`] plan
+//! says, with the same call id and the same idempotency key; an answer that
+//! says the call failed is the model's to read, never retried. An
+//! irreversible call is retried only through the activity ledger (its
+//! INTENT stands; a re-send happens only where the endpoint deduplicates by
+//! key, otherwise the key becomes NEEDS_CONFIRMATION), and when its retries
+//! run out its fate stays unknown (a `ToolError::Failed`: recovery decides),
+//! never a failed answer. A call a hook parked for a human
+//! ([`ToolExecutor::execute_after_confirmation`]) runs only after
+//! `System::confirm` released its key.
 
 use std::sync::{Arc, Mutex};
 
 use crate::canary::Canary;
-use crate::runtime::{ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest};
+use crate::runtime::{ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest, ToolRetries};
 use crate::sqlite::Db;
-use crate::store::activities::{ActivityGate, ActivityOutcome, IrreversibleCall};
+use crate::store::activities::{
+    ActivityError, ActivityGate, ActivityOutcome, ActivityStatus, IrreversibleCall,
+};
 use crate::store::tool_calls::{
-    NewToolCall, ReplayOutcome, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
+    NewToolCall, Parked, ReplayOutcome, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
 };
 use crate::store::StoreError;
 
@@ -42,6 +57,8 @@ pub struct SystemTools {
     /// The stores' connection (the tool-call ledger's).
     pub db: Arc<Mutex<Db>>,
     pub calls: ToolCallStore,
+    /// How hard failures are retried (none: [`crate::runtime::NoRetries`]).
+    pub retries: Arc<dyn ToolRetries>,
 }
 
 /// The tool-call ledger's run of an agent's calls: its session.
@@ -76,10 +93,23 @@ impl SystemTools {
             &call.tool,
             call.args.clone(),
         );
-        let outcome = self
-            .gate
-            .execute(&request, self.clock.now_ms())
-            .map_err(|e| ToolError::Failed(format!("{} {}: {e}", call.tool, ctx.idempotency_key)))?;
+        let outcome = match self.gate.execute(&request, self.clock.now_ms()) {
+            Ok(outcome) => outcome,
+            // Sent, answer lost: retryable only through the ledger (see
+            // `attempts`), else an unknown outcome.
+            Err(e @ ActivityError::DeliveryUnknown { .. }) => {
+                return Err(ToolError::Transient(format!(
+                    "{} {}: {e}",
+                    call.tool, ctx.idempotency_key
+                )))
+            }
+            Err(e) => {
+                return Err(ToolError::Failed(format!(
+                    "{} {}: {e}",
+                    call.tool, ctx.idempotency_key
+                )))
+            }
+        };
         Ok(match outcome {
             ActivityOutcome::Done { provider_ref, .. } => ToolOutput {
                 ok: true,
@@ -121,8 +151,48 @@ fn recorded(row: &ToolCall) -> ToolOutput {
     }
 }
 
-impl ToolExecutor for SystemTools {
-    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+impl SystemTools {
+    /// [`Self::perform`] until it answers or the retry plan gives up:
+    /// every hard failure is a numbered attempt in the ledger (row `id`),
+    /// every attempt carries the call's one idempotency key. Out of
+    /// retries, a reversible call answers with its last failure (the
+    /// model reads it); an irreversible one keeps its unknown fate.
+    fn attempts(&self, ctx: &ToolContext<'_>, call: &ToolRequest, id: &str) -> Result<ToolOutput, ToolError> {
+        let mut tries: u32 = 1;
+        loop {
+            let reason = match self.perform(ctx, call) {
+                Err(ToolError::Transient(reason)) => reason,
+                other => return other,
+            };
+            tries = tries.saturating_add(1);
+            let delay = self.retries.delay_before(call, tries);
+            if call.irreversible && delay.is_none() {
+                // Its fate is unknown, not failed: the INTENT is its record
+                // and recovery decides it (no attempt row: nothing failed).
+                tracing::warn!(tool = %call.tool, call_id = id, reason, "irreversible call's outcome unknown; no retries left");
+                return Err(ToolError::Failed(reason));
+            }
+            let attempt = self.ledger(|db| {
+                self.calls
+                    .record_attempt(db.conn(), id, &reason, self.clock.now_ms())
+            })?;
+            let Some(delay_ms) = delay else {
+                tracing::warn!(tool = %call.tool, call_id = id, attempt, reason, "tool failed; no retries left");
+                return Ok(ToolOutput {
+                    ok: false,
+                    output: format!("{reason} (failed {attempt} time(s))"),
+                });
+            };
+            tracing::warn!(tool = %call.tool, call_id = id, attempt, delay_ms, reason, "tool failed; retrying with the same key");
+            self.retries.wait(delay_ms);
+        }
+    }
+}
+
+impl SystemTools {
+    /// The call's ledger row (prepared now if new), and whether this is
+    /// its first run (its own row, never started).
+    fn enter(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<(ToolCall, bool), ToolError> {
         let now = self.clock.now_ms();
         let run = session_run(ctx.session.as_str());
         let new = NewToolCall {
@@ -148,6 +218,25 @@ impl ToolExecutor for SystemTools {
         // of the same call id that is running was in flight at a crash
         // (the decision gives every attempt of a call the same id).
         let fresh = row.id == new.id && row.status == ToolCallStatus::Prepared;
+        Ok((row, fresh))
+    }
+
+    /// Record the answer of a call run after a human released it.
+    fn settle(&self, id: &str, output: ToolOutput) -> Result<ToolOutput, ToolError> {
+        let now = self.clock.now_ms();
+        let result = serde_json::Value::String(output.output.clone());
+        self.ledger(|db| match output.ok {
+            true => self.calls.mark_succeeded(db.conn(), id, &result, now),
+            false => self.calls.mark_failed(db.conn(), id, &output.output, now),
+        })?;
+        Ok(output)
+    }
+}
+
+impl ToolExecutor for SystemTools {
+    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+        let now = self.clock.now_ms();
+        let (row, fresh) = self.enter(ctx, call)?;
         match row.status {
             // Asked again after a crash (a rolled-back round): answered
             // from the ledger, not run twice.
@@ -157,7 +246,7 @@ impl ToolExecutor for SystemTools {
         if fresh {
             self.ledger(|db| self.calls.mark_running(db.conn(), &row.id, now))?;
         }
-        let output = self.perform(ctx, call)?;
+        let output = self.attempts(ctx, call, &row.id)?;
         let now = self.clock.now_ms();
         let result = serde_json::Value::String(output.output.clone());
         if fresh || call.irreversible {
@@ -185,5 +274,66 @@ impl ToolExecutor for SystemTools {
             },
             ReplayOutcome::Succeeded | ReplayOutcome::WillRetry { .. } => output,
         })
+    }
+
+    /// Park the call for a human the first time (its key NEEDS_CONFIRMATION
+    /// in the activity ledger, the way an unknown-fate call waits); after
+    /// their answer: `--not-delivered` released the key, so the call runs
+    /// (once: an irreversible one through the activity ledger as always);
+    /// `--delivered` and `--abandon` answer it from the ledger, not run.
+    fn execute_after_confirmation(
+        &self,
+        ctx: &ToolContext<'_>,
+        call: &ToolRequest,
+        reason: &str,
+    ) -> Result<ToolOutput, ToolError> {
+        let (row, fresh) = self.enter(ctx, call)?;
+        let blocked = || ToolError::NeedsConfirmation {
+            tool: call.tool.clone(),
+            idem_key: ctx.idempotency_key.to_string(),
+        };
+        match row.status {
+            ToolCallStatus::Succeeded | ToolCallStatus::Failed if !fresh => return Ok(recorded(&row)),
+            ToolCallStatus::Prepared => {
+                let parked = Parked {
+                    idem_key: ctx.idempotency_key,
+                    task_id: ctx.agent.as_str(),
+                    action: &call.tool,
+                    payload: &call.args,
+                    reason,
+                };
+                let now = self.clock.now_ms();
+                self.ledger(|db| self.calls.park_for_confirmation(db.conn(), &row.id, &parked, now))?;
+                tracing::warn!(tool = %call.tool, idem_key = ctx.idempotency_key, reason, "call parked: a hook requires a human's confirmation");
+                return Err(blocked());
+            }
+            _ => {}
+        }
+        // Parked before: the activity ledger holds the human's answer.
+        if call.irreversible {
+            // The ledger's own rules: waiting, DONE, FAILED — or released,
+            // and then sent once under its INTENT.
+            let output = self.attempts(ctx, call, &row.id)?;
+            return self.settle(&row.id, output);
+        }
+        let answer = self.ledger(|db| self.gate.store().get(db.conn(), ctx.idempotency_key))?;
+        let output = match answer {
+            None => self.attempts(ctx, call, &row.id)?,
+            Some(a) => match a.status {
+                ActivityStatus::Done => ToolOutput {
+                    ok: true,
+                    output: format!(
+                        "done {} (a human confirmed it; not run here)",
+                        a.provider_ref.unwrap_or_default()
+                    ),
+                },
+                ActivityStatus::Failed => ToolOutput {
+                    ok: false,
+                    output: format!("not run: {}", a.error.unwrap_or_default()),
+                },
+                ActivityStatus::Intent | ActivityStatus::NeedsConfirmation => return Err(blocked()),
+            },
+        };
+        self.settle(&row.id, output)
     }
 }

@@ -208,3 +208,148 @@ fn line_col_counts_from_one() {
     assert_eq!(line_col("ab\ncd", 4), (2, 2));
     assert_eq!(line_col("ab\ncd", 99), (2, 3));
 }
+
+const HOOKS: &str = r#"
+[[hooks]]
+matcher = "^send_"
+action = "deny"
+reason = "no mail from CI"
+
+[[hooks]]
+event = "PreToolUse"
+action = "modify_args"
+patch = { cc = "audit@example.com" }
+
+[[hooks]]
+matcher = "email"
+action = "require_confirmation"
+reason = "a human reads every email"
+
+[[hooks]]
+action = "command"
+command = ["sh", "-c", "cat >/dev/null"]
+timeout_ms = 2000
+fail_closed = true
+
+[[hooks]]
+event = "PostToolUseFailure"
+action = "command"
+command = ["logger", "tool failed"]
+
+[retries]
+backoff_base_ms = 100
+
+[retries.tools.send_email]
+max_retries = 2
+
+[retries.tools.http_get]
+backoff_max_ms = 300
+"#;
+
+#[test]
+fn hooks_and_retries_parse_with_defaults() {
+    let c = parse(&format!("{GOOD}{HOOKS}")).expect("valid");
+    assert_eq!(c.hooks.len(), 5);
+    assert_eq!(c.hooks[0].event, "PreToolUse", "the default event");
+    assert_eq!(c.hooks[0].action, HookAction::Deny);
+    assert_eq!(
+        c.hooks[1].patch,
+        Some(serde_json::json!({"cc": "audit@example.com"}))
+    );
+    assert_eq!(c.hooks[2].timeout_ms, 5_000);
+    assert!(c.hooks[3].fail_closed);
+    assert_eq!(c.retries.backoff_base_ms, 100);
+    assert_eq!(c.retries.backoff_max_ms, 5_000);
+    assert_eq!(c.retries.tools["send_email"].max_retries, Some(2));
+    assert!(c.summary().contains("hooks: 5"));
+    // Without the sections: none, and the retry defaults.
+    let c = parse(GOOD).expect("valid");
+    assert!(c.hooks.is_empty() && c.retries.tools.is_empty());
+    assert_eq!(
+        (c.retries.backoff_base_ms, c.retries.backoff_max_ms),
+        (200, 5_000)
+    );
+    assert_eq!((default_max_retries(false), default_max_retries(true)), (1, 0));
+}
+
+/// A bad `[[hooks]]` or `[retries]` entry: the message names the key.
+#[test]
+fn a_bad_hook_or_retry_names_its_key() {
+    let hook = |body: &str| err(&format!("{GOOD}\n[[hooks]]\n{body}\n"));
+    let cases: [(&str, &str, &str); 13] = [
+        (
+            "action = \"deny\"\nevent = \"PreTool\"",
+            "`hooks[0].event`",
+            "PostToolUseFailure",
+        ),
+        (
+            "action = \"deny\"\nreason = \"x\"\nmatcher = \"(\"",
+            "`hooks[0].matcher`",
+            "not a valid regex",
+        ),
+        (
+            "action = \"deny\"",
+            "`hooks[0].reason`",
+            "required for action = \"deny\"",
+        ),
+        (
+            "action = \"require_confirmation\"\nreason = \" \"",
+            "`hooks[0].reason`",
+            "required",
+        ),
+        ("action = \"modify_args\"", "`hooks[0].patch`", "required"),
+        (
+            "action = \"modify_args\"\npatch = 3",
+            "`hooks[0].patch`",
+            "must be a table",
+        ),
+        ("action = \"command\"", "`hooks[0].command`", "required"),
+        (
+            "action = \"command\"\ncommand = [\"x\"]\ntimeout_ms = 0",
+            "`hooks[0].timeout_ms`",
+            "within",
+        ),
+        (
+            "action = \"deny\"\nreason = \"x\"\nfail_closed = true",
+            "`hooks[0].fail_closed`",
+            "not used",
+        ),
+        (
+            "event = \"TurnEnd\"\naction = \"deny\"\nreason = \"x\"",
+            "`hooks[0].action`",
+            "only observe",
+        ),
+        (
+            "event = \"AgentStop\"\naction = \"command\"\ncommand = [\"x\"]\nmatcher = \"a\"",
+            "`hooks[0].matcher`",
+            "no tool",
+        ),
+        ("action = \"delete\"", "hooks[0].action", "unknown variant"),
+        ("action = \"allow\"\nmatchr = \"x\"", "hooks[0]", "unknown field"),
+    ];
+    for (body, key, what) in cases {
+        let e = hook(body);
+        assert!(e.contains(key) && e.contains(what), "{body:?}: {e}");
+        assert!(e.starts_with("/etc/agent/agent.toml:"), "{e}");
+    }
+    let e = err(&format!("{GOOD}\n[retries.tools.nope]\nmax_retries = 1\n"));
+    assert!(
+        e.contains("`retries.tools.nope`") && e.contains("no tool named"),
+        "{e}"
+    );
+    let e = err(&format!("{GOOD}\n[retries.tools.http_get]\nmax_retries = 99\n"));
+    assert!(
+        e.contains("`retries.tools.http_get.max_retries`") && e.contains("limit"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{GOOD}\n[retries]\nbackoff_base_ms = 10\nbackoff_max_ms = 5\n"
+    ));
+    assert!(e.contains("`retries.backoff_base_ms`"), "{e}");
+    // An irreversible tool that cannot deduplicate is never retried.
+    let text = GOOD.replace("dedup = true", "dedup = false");
+    let e = err(&format!("{text}\n[retries.tools.send_email]\nmax_retries = 1\n"));
+    assert!(e.contains("`retries.tools.send_email.max_retries`"), "{e}");
+    assert!(e.contains("never retried"), "{e}");
+    assert!(parse(&format!("{text}\n[retries.tools.send_email]\nmax_retries = 0\n")).is_ok());
+}

@@ -670,6 +670,7 @@ mod tests {
                     irreversible: true,
                     idempotency_key: "k1".into(),
                     invalid_args: None,
+                    hook: None,
                 }],
             },
         };

@@ -7,6 +7,12 @@
 //! the *original* row (no second row per key), and a run whose replay failed
 //! `max_replays` times is `waiting_for_human` — in the same transaction as
 //! the failure that crossed the limit.
+//!
+//! Every failed attempt of a call is a numbered row of
+//! `tool_call_attempts` (numbers go on across resumes, never reused); a
+//! call a hook parked for a human is `running` with a NEEDS_CONFIRMATION
+//! row in the activity ledger, both written in one transaction, so
+//! `System::confirm` answers it like any unknown-fate call.
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -14,7 +20,9 @@ use crate::store::schema::{sql, StoreError};
 
 mod model;
 
-pub use model::{NewToolCall, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus};
+pub use model::{
+    FailedAttempt, NewToolCall, Parked, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus,
+};
 
 /// A job run (seed 004): what it runs and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -370,6 +378,87 @@ impl ToolCallStore {
         };
         tx.commit().map_err(sql("replay commit"))?;
         Ok(result)
+    }
+
+    /// Record a failed attempt of call `id` (`error` says why): numbered
+    /// one past the last recorded one, so a call run again after a crash
+    /// goes on counting. Returns its number. One statement (autocommit).
+    pub fn record_attempt(
+        &self,
+        conn: &Connection,
+        id: &str,
+        error: &str,
+        now_ms: u64,
+    ) -> Result<u32, StoreError> {
+        conn.query_row(
+            "INSERT INTO tool_call_attempts (call_id, attempt, error, created_at) \
+             SELECT ?1, COALESCE(MAX(attempt), 0) + 1, ?2, ?3 FROM tool_call_attempts WHERE call_id = ?1 \
+             RETURNING attempt",
+            params![id, error, now_ms],
+            |r| r.get(0),
+        )
+        .map_err(sql("tool call record attempt"))
+    }
+
+    /// Every failed attempt of call `id`, in order.
+    pub fn attempts(&self, conn: &Connection, id: &str) -> Result<Vec<FailedAttempt>, StoreError> {
+        let mut stmt = conn
+            .prepare(
+                "SELECT call_id, attempt, error, created_at FROM tool_call_attempts \
+                 WHERE call_id = ?1 ORDER BY attempt",
+            )
+            .map_err(sql("tool call attempts"))?;
+        let rows = stmt
+            .query_map([id], |r| {
+                Ok(FailedAttempt {
+                    call_id: r.get(0)?,
+                    attempt: r.get(1)?,
+                    error: r.get(2)?,
+                    at_ms: r.get(3)?,
+                })
+            })
+            .map_err(sql("tool call attempts"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(sql("tool call attempts"))
+    }
+
+    /// Park prepared call `id` for a human (a `require_confirmation`
+    /// hook): `prepared → running` and a NEEDS_CONFIRMATION row for its
+    /// key in the activity ledger, in one transaction — a crash leaves
+    /// both or neither, so a `running` call with no activity row can only
+    /// be one a human released (`confirm --not-delivered`: run it). The
+    /// activity row is the one unknown-fate calls get, so `status` lists it
+    /// and `confirm` answers it the same way.
+    pub fn park_for_confirmation(
+        &self,
+        conn: &Connection,
+        id: &str,
+        parked: &Parked<'_>,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let payload = serde_json::to_string(parked.payload).map_err(|source| StoreError::Json {
+            what: format!("parked tool call payload of {id}"),
+            source,
+        })?;
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+            .map_err(sql("tool call park begin"))?;
+        tx.execute(
+            "INSERT INTO activity_log (idem_key, task_id, action, payload_json, status, error, \
+             created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 'NEEDS_CONFIRMATION', ?5, ?6, ?6) \
+             ON CONFLICT(idem_key) DO NOTHING",
+            params![
+                parked.idem_key,
+                parked.task_id,
+                parked.action,
+                payload,
+                parked.reason,
+                now_ms
+            ],
+        )
+        .map_err(sql("tool call park"))?;
+        self.mark_running(&tx, id, now_ms)?;
+        tx.commit().map_err(sql("tool call park commit"))?;
+        Ok(())
     }
 
     /// One call by id.

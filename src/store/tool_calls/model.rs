@@ -72,3 +72,27 @@ pub enum ReplayOutcome {
     /// Failed for the `max_replays`-th time: the run waits for a human.
     WaitingForHuman,
 }
+
+/// One failed attempt of a call (a hard failure: the tool was not reached
+/// or answered with a server error), numbered from 1 across every run of
+/// the call — a call resumed after a crash goes on counting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedAttempt {
+    pub call_id: String,
+    pub attempt: u32,
+    pub error: String,
+    pub at_ms: u64,
+}
+
+/// A call a hook said must wait for a human, as the activity ledger's
+/// NEEDS_CONFIRMATION row shows it (see `ToolCallStore::park_for_confirmation`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parked<'a> {
+    pub idem_key: &'a str,
+    /// The agent (the activity ledger's `task_id`, as for any tool call).
+    pub task_id: &'a str,
+    pub action: &'a str,
+    pub payload: &'a serde_json::Value,
+    /// Which hook asked, and why (the row's `error`, what `status` shows).
+    pub reason: &'a str,
+}
