@@ -227,6 +227,16 @@ impl Driver {
         driver
     }
 
+    /// How many deliveries the world saw, and how many asks the model
+    /// answered, before I/O point `point` (what [`Driver::fork`] keeps).
+    pub fn prefix_at(&self, point: u64) -> (usize, usize) {
+        let sent = {
+            let sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
+            sent_at.iter().take_while(|p| **p < point).count()
+        };
+        (sent, self.asks.count_before(point))
+    }
+
     /// The logical time of op number `step` (ms).
     pub fn set_step(&self, step: u64) {
         self.clock.set(step * OP_MS);

@@ -21,7 +21,7 @@ use crate::report::Failure;
 mod fork;
 mod restart;
 
-pub use fork::{Fork, Judging};
+pub use fork::{Fork, Judging, Observed};
 
 /// A sweep crash: the `point`-th I/O point of the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
