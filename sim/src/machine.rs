@@ -228,6 +228,19 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
         // A restart while a claim is held leaves a zombie behind.
         arms.push(Just(Op::Recover).boxed());
     }
+    if model
+        .state
+        .triggers
+        .iter()
+        .any(|t| matches!(t.status, TriggerStatus::Dead | TriggerStatus::Failed))
+    {
+        // An operator notices a given-up trigger.
+        arms.push(
+            any::<u8>()
+                .prop_map(|trigger| Op::RetryTrigger { trigger })
+                .boxed(),
+        );
+    }
     if !model.stale_claims.is_empty() {
         arms.push(Just(Op::ClaimTrigger).boxed());
         arms.push(any::<u8>().prop_map(|trigger| Op::StaleAck { trigger }).boxed());

@@ -253,6 +253,7 @@ impl Driver {
         self.close();
         let mut config = SystemConfig::new(ROOT, self.seed);
         config.canaries = self.canaries.clone();
+        config.trigger_policy.max_attempts = crate::model::MAX_ATTEMPTS;
         let deps = Deps {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),
@@ -519,6 +520,7 @@ impl Driver {
                 | Action::LoopRound { .. }
                 | Action::Fire { .. }
                 | Action::StaleAck { .. }
+                | Action::Retry { .. }
         ) {
             self.store_cache = None;
         }
@@ -695,6 +697,21 @@ impl Driver {
                     }
                     Err(e) => return Err(e.to_string()),
                 }
+            }
+            Action::Retry { key } => {
+                // The operator's path (`durable-agent retry`, the API's
+                // `POST /triggers/{id}/retry`): by id, as listed.
+                let system = self.system()?;
+                let all = system
+                    .triggers()
+                    .all(system.db().conn(), now)
+                    .map_err(|e| e.to_string())?;
+                let id = all
+                    .iter()
+                    .find(|t| &self.model_key(t.dedup_key.as_deref(), &t.id) == key)
+                    .map(|t| t.id.clone())
+                    .ok_or_else(|| format!("no trigger {key} to retry"))?;
+                system.retry_trigger(&id).map_err(|e| e.to_string())?;
             }
             Action::StaleAck { key } => {
                 // A zombie's ack: the system must refuse it (the lease is

@@ -160,6 +160,10 @@ pub enum Action {
     StaleAck {
         key: String,
     },
+    /// An operator's retry of DEAD or FAILED trigger `key`.
+    Retry {
+        key: String,
+    },
     /// Loop round `round` with `tools` tool messages.
     LoopRound {
         round: u64,
@@ -481,7 +485,8 @@ impl Model {
             | Op::ClaimTrigger
             | Op::AckTrigger { .. }
             | Op::FireTrigger { .. }
-            | Op::StaleAck { .. } => return self.resolve_trigger(op),
+            | Op::StaleAck { .. }
+            | Op::RetryTrigger { .. } => return self.resolve_trigger(op),
             Op::LoopRound { tools } => Action::LoopRound {
                 round: n,
                 tools: tools % 3,
@@ -593,9 +598,11 @@ impl Model {
                 self.lru.retain(|a| a != agent);
                 self.state.agents.remove(agent);
             }
-            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } | Action::StaleAck { .. } => {
-                self.apply_trigger(action)
-            }
+            Action::Emit { .. }
+            | Action::Claim { .. }
+            | Action::Ack { .. }
+            | Action::StaleAck { .. }
+            | Action::Retry { .. } => self.apply_trigger(action),
             Action::LoopRound { round, tools } => {
                 self.state.loop_messages.extend(round_messages(*round, *tools))
             }
