@@ -64,6 +64,16 @@ impl ReferenceStateMachine for RefMachine {
                 3 => op_strategy(),
             ]
             .boxed()
+        } else if !state.model.needs_human.is_empty() {
+            // A turn stopped at a call waiting for a human: answer it, and
+            // run the turn again (the ledger must then answer the call as
+            // the human said, sending it once or never).
+            prop_oneof![
+                1 => any::<u8>().prop_map(|pick| Op::Confirm { pick }),
+                1 => (0u8..8).prop_map(|i| Op::ResumeTurn { agent: crate::op::AgentRef(i) }),
+                2 => op_strategy(),
+            ]
+            .boxed()
         } else if !state.model.lost_turns.is_empty() {
             // A turn may have been rolled back: resuming it is what checks
             // that the ledger never repeats its effects.

@@ -177,6 +177,7 @@ impl Model {
                 }
             }
             Action::Retry { key } => {
+                self.blocked_on.remove(key);
                 // One transaction (`TriggerStore::retry`): all or nothing.
                 if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
                     t.status = TriggerStatus::Pending;
