@@ -53,6 +53,12 @@ pub struct Totals {
     pub sweep_points: u64,
     /// Crash points judged by the sweeps (points × modes).
     pub judged: u64,
+    /// Of those, the ones whose verdict the cache reused, and the reuses
+    /// re-judged as a check ([`crate::verdicts`]).
+    #[serde(default)]
+    pub reused: u64,
+    #[serde(default)]
+    pub rechecked: u64,
     pub sweep_secs: f64,
 }
 
@@ -66,6 +72,8 @@ impl Totals {
         self.sequences += o.sequences;
         self.sweep_points += o.sweep_points;
         self.judged += o.judged;
+        self.reused += o.reused;
+        self.rechecked += o.rechecked;
         self.sweep_secs += o.sweep_secs;
     }
 }
@@ -233,6 +241,7 @@ fn sweep_round(
     let options = SweepOptions {
         stop_at_first: true,
         rot_every: p.rot_every,
+        recheck_every: p.recheck_every,
         ..SweepOptions::default()
     };
     for case in &sequences {
@@ -240,6 +249,8 @@ fn sweep_round(
         t.sequences += 1;
         t.sweep_points += s.points;
         t.judged += s.runs;
+        t.reused += s.reused;
+        t.rechecked += s.rechecked;
         progress(Progress {
             round,
             cases: t.cases,

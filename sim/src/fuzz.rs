@@ -33,6 +33,8 @@ pub struct FuzzArgs {
     /// `None`: the profile's (`ci`'s fixed one) or a random one.
     pub seed: Option<u64>,
     pub json: Option<PathBuf>,
+    /// Recover every swept crash image (the verdict cache off).
+    pub no_verdict_cache: bool,
 }
 
 /// One worker's line in the summary.
@@ -76,6 +78,9 @@ pub fn fuzz(args: FuzzArgs) -> Result<bool, String> {
     if let Some(n) = args.cases {
         profile.cases = n;
     }
+    if args.no_verdict_cache {
+        profile.recheck_every = 0;
+    }
     let jobs = args
         .jobs
         .unwrap_or_else(|| if profile.name == "ci" { 1 } else { cores() })
@@ -117,6 +122,7 @@ pub fn fuzz(args: FuzzArgs) -> Result<bool, String> {
                 seed: campaign::worker_seed(seed, index),
                 canary: args.canary_name.clone(),
                 budget_secs,
+                no_verdict_cache: args.no_verdict_cache,
             })
             .collect();
         for r in run_workers(&exe, &specs, |all| show(&bar, all))? {
@@ -188,6 +194,9 @@ pub fn worker(spec: &str) -> Result<bool, String> {
     let mut profile = Profile::named(Some(&spec.profile))?;
     if let Some(n) = spec.cases {
         profile.cases = n;
+    }
+    if spec.no_verdict_cache {
+        profile.recheck_every = 0;
     }
     let canaries = match &spec.canary {
         Some(name) => Canaries::only(crate::canaries::parse(name)?),
@@ -297,6 +306,12 @@ fn print_summary(s: &Summary, p: &Profile) {
         SweepOptions::default().kinds.len(),
         t.judged,
         s.judged_per_sec
+    );
+    println!(
+        "verdicts   {} crash states recovered, {} verdicts reused from an equal state of the same phase, {} of those re-judged: all equal",
+        t.judged - t.reused + t.rechecked,
+        t.reused,
+        t.rechecked
     );
     println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager), PowerLoss+BitRot (the last sampled per the profile's rot_every)");
     println!("rates      per second of wall time, all jobs together");

@@ -36,6 +36,9 @@ pub struct WorkerSpec {
     /// A canary's snake_case name.
     pub canary: Option<String>,
     pub budget_secs: Option<u64>,
+    /// `fuzz --no-verdict-cache`.
+    #[serde(default)]
+    pub no_verdict_cache: bool,
 }
 
 /// One line of a worker's stdout.

@@ -33,6 +33,8 @@ pub mod standins;
 pub mod sweep;
 pub mod sweep_report;
 pub mod tour;
+pub mod verdicts;
+pub mod wal;
 
 pub use exec::{run_case, Case, Exec, GlobalCrash, RunStats};
 pub use profile::Profile;

@@ -64,6 +64,16 @@ impl ReferenceStateMachine for RefMachine {
                 3 => op_strategy(),
             ]
             .boxed()
+        } else if !state.model.needs_human.is_empty() {
+            // A turn stopped at a call waiting for a human: answer it, and
+            // run the turn again (the ledger must then answer the call as
+            // the human said, sending it once or never).
+            prop_oneof![
+                1 => any::<u8>().prop_map(|pick| Op::Confirm { pick }),
+                1 => (0u8..8).prop_map(|i| Op::ResumeTurn { agent: crate::op::AgentRef(i) }),
+                2 => op_strategy(),
+            ]
+            .boxed()
         } else if !state.model.lost_turns.is_empty() {
             // A turn may have been rolled back: resuming it is what checks
             // that the ledger never repeats its effects.
@@ -227,6 +237,19 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
     {
         // A restart while a claim is held leaves a zombie behind.
         arms.push(Just(Op::Recover).boxed());
+    }
+    if model
+        .state
+        .triggers
+        .iter()
+        .any(|t| matches!(t.status, TriggerStatus::Dead | TriggerStatus::Failed))
+    {
+        // An operator notices a given-up trigger.
+        arms.push(
+            any::<u8>()
+                .prop_map(|trigger| Op::RetryTrigger { trigger })
+                .boxed(),
+        );
     }
     if !model.stale_claims.is_empty() {
         arms.push(Just(Op::ClaimTrigger).boxed());

@@ -69,6 +69,11 @@ enum Command {
         /// Also write the summary as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Recover every swept crash image, even one whose disk and world
+        /// equal an earlier one's of the same phase (for measuring the
+        /// verdict cache, and for doubting it).
+        #[arg(long)]
+        no_verdict_cache: bool,
     },
     /// A `fuzz --jobs` worker (internal: started by `fuzz`).
     #[command(hide = true)]
@@ -92,6 +97,11 @@ enum Command {
         /// reference method).
         #[arg(long)]
         replay: bool,
+        /// Recover every forked point, even one whose rebooted disk and
+        /// world equal an earlier point's of the same phase (the verdict
+        /// cache off: for measuring it, and for doubting it).
+        #[arg(long)]
+        no_verdict_cache: bool,
         /// Also write a picture of the sweep (one self-contained HTML
         /// page: every point x mode coloured by verdict, labels and trace
         /// on hover, failing cells' repro commands); forked.
@@ -257,6 +267,7 @@ fn run(cli: Cli) -> Result<bool, String> {
             jobs,
             seed,
             json,
+            no_verdict_cache,
         } => {
             let canaries = match &c {
                 Some(name) => Canaries::only(canaries::parse(name)?),
@@ -271,6 +282,7 @@ fn run(cli: Cli) -> Result<bool, String> {
                 jobs,
                 seed,
                 json,
+                no_verdict_cache,
             })
         }
         Command::Worker { spec } => fuzz::worker(&spec),
@@ -288,6 +300,7 @@ fn run(cli: Cli) -> Result<bool, String> {
             case,
             seed,
             replay,
+            no_verdict_cache,
             report,
         } => {
             let (seed, ops, canaries) = match case {
@@ -306,6 +319,11 @@ fn run(cli: Cli) -> Result<bool, String> {
                 } else {
                     SweepMethod::Fork
                 },
+                recheck_every: if no_verdict_cache {
+                    0
+                } else {
+                    durable_agent_sim::verdicts::DEFAULT_RECHECK_EVERY
+                },
                 ..SweepOptions::default()
             };
             if let Some(path) = report {
@@ -318,11 +336,13 @@ fn run(cli: Cli) -> Result<bool, String> {
             let s = sweep(seed, &ops, &canaries, &options);
             let secs = started.elapsed().as_secs_f64().max(1e-9);
             println!(
-                "swept {} points × {} crash modes = {} crash points judged ({:?}), {} crashes hit, {} failing, {:.1}s ({:.0} points/s)",
+                "swept {} points × {} crash modes = {} crash points judged ({:?}; {} verdicts reused, {} re-judged), {} crashes hit, {} failing, {:.1}s ({:.0} points/s)",
                 s.points,
                 options.kinds.len(),
                 s.runs,
                 options.method,
+                s.reused,
+                s.rechecked,
                 s.crashes,
                 s.failures.len(),
                 secs,

@@ -154,6 +154,14 @@ pub enum Op {
     /// A zombie ack: a process that claimed a trigger before a restart (its
     /// lease long reclaimed) acks it now. It must be refused.
     StaleAck { trigger: u8 },
+    /// An operator retries a DEAD or FAILED trigger (`durable-agent retry`,
+    /// `POST /triggers/{id}/retry`): PENDING again with its attempts reset.
+    RetryTrigger { trigger: u8 },
+    /// A human answers for an irreversible call a turn stopped at
+    /// (`durable-agent confirm`, `POST /confirm`), truthfully: delivered
+    /// if the world has it, else not delivered. The `pick`-th key a turn
+    /// blocked on.
+    Confirm { pick: u8 },
     /// One tool round of a checkpointed agent loop (seed 003): an assistant
     /// message and `tools % 3` tool messages, then the loop checkpoint.
     LoopRound { tools: u8 },
@@ -241,6 +249,8 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         3 => (agent_ref(), prop::collection::vec(tool_step(), 0..3))
             .prop_map(|(agent, tools)| Op::FireTrigger { agent, tools }),
         1 => any::<u8>().prop_map(|trigger| Op::StaleAck { trigger }),
+        1 => any::<u8>().prop_map(|trigger| Op::RetryTrigger { trigger }),
+        1 => any::<u8>().prop_map(|pick| Op::Confirm { pick }),
     ]
     .boxed()
 }
@@ -300,5 +310,7 @@ pub fn render(op: &Op) -> String {
             format!("fire_trigger(#{}, tools={})", agent.0, render_tools(tools))
         }
         Op::StaleAck { trigger } => format!("stale_ack(#{trigger})"),
+        Op::RetryTrigger { trigger } => format!("retry_trigger(#{trigger})"),
+        Op::Confirm { pick } => format!("confirm(#{pick}, truthfully)"),
     }
 }

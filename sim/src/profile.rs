@@ -44,6 +44,9 @@ pub struct Profile {
     /// The sweeps judge `PowerRot` at every `rot_every`-th point
     /// ([`crate::SweepOptions::rot_every`]).
     pub rot_every: u64,
+    /// The sweeps' verdict cache re-judges every `recheck_every`-th reuse
+    /// ([`crate::verdicts`]; 0: no cache, every fork recovered).
+    pub recheck_every: u64,
 }
 
 impl Profile {
@@ -59,6 +62,7 @@ impl Profile {
             // bit rot at one sweep point in sixteen; the search's crashes
             // are `PowerRot` one time in four anyway.
             rot_every: 16,
+            recheck_every: crate::verdicts::DEFAULT_RECHECK_EVERY,
         }
     }
 
@@ -71,6 +75,7 @@ impl Profile {
             max_shrink_iters: 4_000,
             sweeps: 8,
             rot_every: 1,
+            recheck_every: crate::verdicts::DEFAULT_RECHECK_EVERY,
         }
     }
 
@@ -83,6 +88,7 @@ impl Profile {
             max_shrink_iters: 1_000,
             sweeps: 4,
             rot_every: 1,
+            recheck_every: crate::verdicts::DEFAULT_RECHECK_EVERY,
         }
     }
 

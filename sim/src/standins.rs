@@ -97,6 +97,12 @@ impl Rewording {
         (draw % 4 < REWORD_OF_4).then(|| format!("ask {before}, variant {:x}", draw >> 48))
     }
 
+    /// Asks made before I/O point `point` (the length of [`Rewording::fork`]'s record).
+    pub fn count_before(&self, point: u64) -> usize {
+        let asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
+        asks.iter().take_while(|(_, p)| *p < point).count()
+    }
+
     /// The record as a run forked at `point` has it.
     pub fn fork(&self, fs: SimFs, point: u64) -> Rewording {
         let asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());

@@ -36,6 +36,7 @@ use crate::model::Model;
 use crate::op::{CrashKind, Op};
 use crate::oracle::Side;
 use crate::report::Failure;
+use crate::verdicts::VerdictCache;
 
 /// What a sweep did.
 #[derive(Debug, Default)]
@@ -47,6 +48,13 @@ pub struct SweepSummary {
     pub runs: u64,
     /// Of those, the ones whose crash point was actually hit.
     pub crashes: u64,
+    /// Of those, the ones whose verdict the cache reused (a fork of the
+    /// same phase left recovery the same thing to observe, see
+    /// [`crate::verdicts`]); `runs - reused` recoveries were performed.
+    pub reused: u64,
+    /// Reused verdicts judged afresh as a check (all agreed, or a HARNESS
+    /// BUG failure is among `failures`).
+    pub rechecked: u64,
     /// One failure per failing (point, mode).
     pub failures: Vec<Box<Failure>>,
 }
@@ -78,6 +86,9 @@ pub struct SweepOptions {
     /// one after the restore), so the PR gate samples it; sweeps and
     /// nightly judge every point.
     pub rot_every: u64,
+    /// The fork method's verdict cache re-judges every `recheck_every`-th
+    /// reused verdict (0: no cache, every fork is recovered).
+    pub recheck_every: u64,
 }
 
 impl Default for SweepOptions {
@@ -88,6 +99,7 @@ impl Default for SweepOptions {
             continue_after_crash: false,
             method: SweepMethod::Fork,
             rot_every: 1,
+            recheck_every: crate::verdicts::DEFAULT_RECHECK_EVERY,
         }
     }
 }
@@ -107,6 +119,10 @@ pub struct PointVerdict {
     pub kind: CrashKind,
     /// Whether the crash point was hit (a replay may end before it).
     pub hit: bool,
+    /// Whether the verdict is a cached one (and whether that reuse was
+    /// also judged afresh as a check).
+    pub reused: bool,
+    pub rechecked: bool,
     /// The candidate the oracle accepted the recovered state as (`None`
     /// when the point was not hit or the recovery failed).
     pub side: Option<Side>,
@@ -154,6 +170,8 @@ pub fn sweep(seed: u64, ops: &[Op], canaries: &Canaries, options: &SweepOptions)
     let swept = sweep_points(seed, ops, canaries, options, |v| {
         summary.runs += 1;
         summary.crashes += u64::from(v.hit);
+        summary.reused += u64::from(v.reused);
+        summary.rechecked += u64::from(v.rechecked);
         match v.outcome {
             Ok(_) => ControlFlow::Continue(()),
             Err(f) => {
@@ -255,6 +273,8 @@ impl Sweeper<'_> {
             point,
             kind,
             hit,
+            reused: false,
+            rechecked: false,
             side,
             outcome,
         }
@@ -282,6 +302,7 @@ impl Sweeper<'_> {
         visit: &mut impl FnMut(PointVerdict) -> ControlFlow<()>,
     ) -> Result<u64, Box<Failure>> {
         let mut exec = Exec::capturing(self.seed, self.canaries.clone())?;
+        let mut cache = VerdictCache::new(self.options.recheck_every);
         let mut ops = self.ops.iter();
         loop {
             for fork in exec.take_forks() {
@@ -294,8 +315,9 @@ impl Sweeper<'_> {
                     if !self.options.judges(point, kind) {
                         continue;
                     }
-                    let judged = exec
-                        .judge_fork(image, &fork.judging, kind)
+                    let (reused, rechecked) = (cache.reused, cache.rechecked);
+                    let judged = cache
+                        .judge(&exec, image, &fork.judging, kind)
                         .map_err(|fast| self.confirm(point, kind, fast));
                     let (side, outcome) = match judged {
                         Ok((side, model)) => (Some(side), Ok(model)),
@@ -305,6 +327,8 @@ impl Sweeper<'_> {
                         point,
                         kind,
                         hit: true,
+                        reused: cache.reused > reused,
+                        rechecked: cache.rechecked > rechecked,
                         side,
                         outcome,
                     };

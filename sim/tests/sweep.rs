@@ -230,3 +230,31 @@ fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once()
     }
     assert_eq!(s.runs, CrashKind::ALL.len() as u64 * s.points);
 }
+
+/// The verdict cache's invariant, checked on every reuse: with
+/// `recheck_every = 1` every reused verdict is also judged afresh, and a
+/// difference is a HARNESS BUG failure. The cache must also reuse a good
+/// share of verdicts (what makes it worth having).
+#[test]
+fn every_reused_verdict_equals_a_fresh_judgement() {
+    let mut cases = vec![(7, tour()[..16].to_vec())];
+    cases.extend(generated(0xcac4e, 2, 12).into_iter().map(|c| (c.seed, c.ops)));
+    for (seed, ops) in cases {
+        let options = SweepOptions {
+            kinds: vec![CrashKind::Process, CrashKind::PowerStrict, CrashKind::PowerEager],
+            recheck_every: 1,
+            ..SweepOptions::default()
+        };
+        let s = sweep(seed, &ops, &Canaries::none(), &options);
+        if let Some(f) = s.failures.first() {
+            panic!("seed {seed}:\n{}", f.report());
+        }
+        assert_eq!(s.reused, s.rechecked, "every reuse re-judged");
+        assert!(
+            s.reused * 4 > s.runs,
+            "seed {seed}: only {} of {} verdicts reused",
+            s.reused,
+            s.runs
+        );
+    }
+}

@@ -21,7 +21,7 @@ use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError, Started,
 use durable_agent::store::activities::ActivityStatus;
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
-use durable_agent::system::{Deps, System, SystemConfig, SystemError};
+use durable_agent::system::{Deps, Resolution, System, SystemConfig, SystemError};
 use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
@@ -140,8 +140,9 @@ pub struct Driver {
     answer_violations: Vec<String>,
     /// The id first answered for each emitted trigger's dedup key.
     trigger_ids: BTreeMap<String, String>,
-    /// The key the last op's turn stopped at (`NeedsConfirmation`).
-    blocked: Option<String>,
+    /// The key the last op's turn stopped at (`NeedsConfirmation`), with
+    /// the effect the ledger's row names.
+    blocked: Option<(String, Option<String>)>,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -227,6 +228,16 @@ impl Driver {
         driver
     }
 
+    /// How many deliveries the world saw, and how many asks the model
+    /// answered, before I/O point `point` (what [`Driver::fork`] keeps).
+    pub fn prefix_at(&self, point: u64) -> (usize, usize) {
+        let sent = {
+            let sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
+            sent_at.iter().take_while(|p| **p < point).count()
+        };
+        (sent, self.asks.count_before(point))
+    }
+
     /// The logical time of op number `step` (ms).
     pub fn set_step(&self, step: u64) {
         self.clock.set(step * OP_MS);
@@ -243,6 +254,7 @@ impl Driver {
         self.close();
         let mut config = SystemConfig::new(ROOT, self.seed);
         config.canaries = self.canaries.clone();
+        config.trigger_policy.max_attempts = crate::model::MAX_ATTEMPTS;
         let deps = Deps {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),
@@ -451,15 +463,25 @@ impl Driver {
     /// The idempotency key the last op's turn stopped at, needing a
     /// human's confirmation (the op then returned `Err`): the model decides
     /// whether that turn may block ([`crate::model::Model::blocked`]).
-    pub fn take_blocked(&mut self) -> Option<String> {
+    pub fn take_blocked(&mut self) -> Option<(String, Option<String>)> {
         self.blocked.take()
     }
 
-    /// Note a turn that stopped at a key needing confirmation.
+    /// Note a turn that stopped at a key needing confirmation, and the
+    /// effect its ledger row names (what a human looks up in the world).
     fn note_blocked(&mut self, e: &RuntimeError) {
         if let RuntimeError::NeedsConfirmation { idem_key, .. } = e {
-            self.blocked = Some(idem_key.clone());
+            let effect = self.effect_of(idem_key);
+            self.blocked = Some((idem_key.clone(), effect));
         }
+    }
+
+    /// The effect (the world's key, `payload.key`) of the NEEDS_CONFIRMATION
+    /// row `idem_key`, as an operator listing them sees it.
+    fn effect_of(&self, idem_key: &str) -> Option<String> {
+        let rows = self.system().ok()?.needs_confirmation().ok()?;
+        let row = rows.iter().find(|r| r.idem_key == idem_key)?;
+        Some(row.payload.get("key")?.as_str()?.to_string())
     }
 
     /// A clean stop: close everything (SQLite checkpoints on close), then
@@ -509,6 +531,8 @@ impl Driver {
                 | Action::LoopRound { .. }
                 | Action::Fire { .. }
                 | Action::StaleAck { .. }
+                | Action::Retry { .. }
+                | Action::Confirm { .. }
         ) {
             self.store_cache = None;
         }
@@ -685,6 +709,33 @@ impl Driver {
                     }
                     Err(e) => return Err(e.to_string()),
                 }
+            }
+            Action::Retry { key } => {
+                // The operator's path (`durable-agent retry`, the API's
+                // `POST /triggers/{id}/retry`): by id, as listed.
+                let system = self.system()?;
+                let all = system
+                    .triggers()
+                    .all(system.db().conn(), now)
+                    .map_err(|e| e.to_string())?;
+                let id = all
+                    .iter()
+                    .find(|t| &self.model_key(t.dedup_key.as_deref(), &t.id) == key)
+                    .map(|t| t.id.clone())
+                    .ok_or_else(|| format!("no trigger {key} to retry"))?;
+                system.retry_trigger(&id).map_err(|e| e.to_string())?;
+            }
+            Action::Confirm { idem, delivered, .. } => {
+                let resolution = if *delivered {
+                    Resolution::Delivered {
+                        provider_ref: format!("seen in the world: {idem}"),
+                    }
+                } else {
+                    Resolution::NotDelivered
+                };
+                self.system()?
+                    .confirm(idem, &resolution)
+                    .map_err(|e| e.to_string())?;
             }
             Action::StaleAck { key } => {
                 // A zombie's ack: the system must refuse it (the lease is

@@ -13,9 +13,11 @@
 //! saved around the fork's boot so the live run goes on unchanged.
 //! `sim/tests/sweep.rs` checks the equivalence point by point.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use durable_agent::fs::CrashImage;
+use durable_agent::fs::{CrashImage, SimFs};
 use durable_agent::sqlite::with_saved_prng;
 
 use super::{Exec, GlobalCrash};
@@ -135,10 +137,36 @@ impl Exec {
     ) -> Result<(Side, Model), Box<Failure>> {
         let point = image.point();
         let floor = (kind == CrashKind::PowerRot).then(|| image.durable_image_where(crate::rot::is_target));
-        let mut driver = self
-            .driver
-            .fork(image.reboot(kind.mode()), point, j.names.clone());
-        driver.rot_fork(kind, floor.as_ref(), point);
+        let disk = image.reboot(kind.mode());
+        self.judge_disk(disk, floor.as_ref(), point, j, kind)
+    }
+
+    /// What the recovery of a fork killed at `point` can observe, beside
+    /// its phase and mode: the rebooted `disk`'s content, and how many
+    /// deliveries and model asks the world had seen before the point.
+    /// Two forks of one phase and mode with equal keys are judged alike
+    /// (the verdict cache's invariant, see [`crate::verdicts`]).
+    pub fn observed(&self, disk: &SimFs, point: u64) -> Observed {
+        let (sent, asks) = self.driver.prefix_at(point);
+        Observed {
+            disk: disk_key(disk),
+            sent,
+            asks,
+        }
+    }
+
+    /// [`Exec::judge_fork`] of a disk already rebooted from its image
+    /// (`floor`: the image's durable floor, for `PowerRot`).
+    pub fn judge_disk(
+        &self,
+        disk: SimFs,
+        floor: Option<&BTreeMap<PathBuf, Vec<u8>>>,
+        point: u64,
+        j: &Judging,
+        kind: CrashKind,
+    ) -> Result<(Side, Model), Box<Failure>> {
+        let mut driver = self.driver.fork(disk, point, j.names.clone());
+        driver.rot_fork(kind, floor, point);
         let mut exec = Exec {
             seed: self.seed,
             canaries: self.canaries.clone(),
@@ -167,5 +195,80 @@ impl Exec {
         // A fork is one crash, judged once: its side is always known.
         let side = exec.crash_side.unwrap_or(Side::After);
         Ok((side, exec.model))
+    }
+}
+
+/// A 64-bit hash of what recovery reads of `disk`: every path, directory
+/// and file, a SQLite WAL only as far as its last commit frame
+/// ([`crate::wal::committed_len_upper`]: without checking the frames'
+/// checksums, which would cost a pass over every page). ahash with fixed seeds: in-process and deterministic
+/// (the cache never outlives a sweep, so no stability across builds is
+/// needed); two distinct states of one phase collide with odds of about
+/// n²/2⁶⁵ for n states.
+fn disk_key(disk: &SimFs) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::os::unix::ffi::OsStrExt;
+
+    let mut h = ahash::RandomState::with_seeds(0xda, 0x5e, 0xed, 0x5).build_hasher();
+    disk.visit_image(|path, bytes| {
+        let spelled = path.as_os_str().as_bytes();
+        h.write_usize(spelled.len());
+        h.write(spelled);
+        match bytes {
+            None => h.write_u8(b'd'),
+            Some(b) => {
+                let n = if spelled.ends_with(b"-wal") {
+                    crate::wal::committed_len_upper(b)
+                } else {
+                    b.len()
+                };
+                h.write_u8(b'f');
+                h.write_usize(n);
+                h.write(&b[..n]);
+            }
+        }
+    });
+    h.finish()
+}
+
+/// The part of a verdict cache key a fork's disk and world give (see
+/// [`Exec::observed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Observed {
+    /// FNV-1a of the rebooted disk's paths, directories and bytes, a
+    /// SQLite WAL's as far as its last commit frame ([`crate::wal`]).
+    pub disk: u64,
+    /// Deliveries the world saw before the crash point.
+    pub sent: usize,
+    /// Model asks answered before the crash point.
+    pub asks: usize,
+}
+
+impl Exec {
+    /// A failure naming a fork of phase `j` killed at (`point`, `kind`),
+    /// for a harness self-check that found two judgements disagreeing.
+    pub fn harness_bug(
+        &self,
+        j: &Judging,
+        point: u64,
+        kind: CrashKind,
+        what: String,
+        detail: String,
+    ) -> Box<Failure> {
+        Box::new(Failure {
+            case: super::Case {
+                seed: self.seed,
+                ops: self.history[..j.history_len.min(self.history.len())].to_vec(),
+                canaries: self.canaries.clone(),
+                crash_at: Some(GlobalCrash { point, kind }),
+            },
+            step: j.history_len.saturating_sub(1),
+            what,
+            detail,
+            crash: None,
+            expected: None,
+            recovered: None,
+            earlier_restarts: Vec::new(),
+        })
     }
 }

@@ -21,7 +21,7 @@ use crate::report::Failure;
 mod fork;
 mod restart;
 
-pub use fork::{Fork, Judging};
+pub use fork::{Fork, Judging, Observed};
 
 /// A sweep crash: the `point`-th I/O point of the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -325,8 +325,13 @@ impl Exec {
             (Ok(()), _) => after,
             // The turn stopped at a key needing confirmation: a definite
             // answer, judged against the model's blocked state.
-            (Err(e), Some(key)) => match before.blocked(&action) {
-                Some(blocked) => blocked,
+            (Err(e), Some((key, effect))) => match before.blocked(&action) {
+                Some(mut blocked) => {
+                    if let Err(why) = blocked.note_needs_human(&action, &key, effect.as_deref()) {
+                        return Err(self.fail("a turn blocked on a confirmed call", why, None));
+                    }
+                    blocked
+                }
                 None => {
                     return Err(self.fail(
                         "a turn blocked on a confirmation it cannot need (it was never lost in a crash)",

@@ -196,6 +196,11 @@ impl Exec {
                         }
                     }
                 }
+                // A crash inside a human's answer: applied or not, the
+                // model cannot tell (see `Model::forget_answer`).
+                if let Some(Action::Confirm { idem, effect, .. }) = action {
+                    self.model.forget_answer(idem, effect);
+                }
                 // Names, prompts and effect keys stay unique across the run
                 // even when the interrupted op is rolled back.
                 if let Some(after) = after {

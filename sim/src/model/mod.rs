@@ -160,6 +160,17 @@ pub enum Action {
     StaleAck {
         key: String,
     },
+    /// An operator's retry of DEAD or FAILED trigger `key`.
+    Retry {
+        key: String,
+    },
+    /// A human's answer for the call with idempotency key `idem` (the
+    /// effect `effect`): `delivered` when the world has it.
+    Confirm {
+        idem: String,
+        effect: String,
+        delivered: bool,
+    },
     /// Loop round `round` with `tools` tool messages.
     LoopRound {
         round: u64,
@@ -257,6 +268,20 @@ pub struct Model {
     /// Completed works, by [`work_key`], with their agent. Bookkeeping.
     #[serde(default)]
     pub works_done: BTreeMap<String, String>,
+    /// Calls a turn stopped at, waiting for a human (NEEDS_CONFIRMATION
+    /// in the ledger): idempotency key -> effect key. Only keys a turn
+    /// reported: the ledger may hold others no re-run has met yet.
+    /// Bookkeeping.
+    #[serde(default)]
+    pub needs_human: BTreeMap<String, String>,
+    /// FAILED triggers whose fire stopped at a call, with its idempotency
+    /// key (`None`: unknown, a crash candidate's). Bookkeeping.
+    #[serde(default)]
+    pub blocked_on: BTreeMap<String, Option<String>>,
+    /// Keys a human answered since the last restart: no turn may stop at
+    /// one again until a crash makes its fate unknown anew. Bookkeeping.
+    #[serde(default)]
+    pub confirmed: BTreeSet<String>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -481,7 +506,24 @@ impl Model {
             | Op::ClaimTrigger
             | Op::AckTrigger { .. }
             | Op::FireTrigger { .. }
-            | Op::StaleAck { .. } => return self.resolve_trigger(op),
+            | Op::StaleAck { .. }
+            | Op::RetryTrigger { .. } => return self.resolve_trigger(op),
+            Op::Confirm { pick } => {
+                // A trigger blocked on a key the model does not know might
+                // be re-pended by this answer: not predictable, skipped.
+                if self.blocked_on.values().any(Option::is_none) || self.needs_human.is_empty() {
+                    return None;
+                }
+                let (idem, effect) = self
+                    .needs_human
+                    .iter()
+                    .nth(*pick as usize % self.needs_human.len())?;
+                Action::Confirm {
+                    idem: idem.clone(),
+                    effect: effect.clone(),
+                    delivered: self.state.outbox.contains(effect),
+                }
+            }
             Op::LoopRound { tools } => Action::LoopRound {
                 round: n,
                 tools: tools % 3,
@@ -593,13 +635,101 @@ impl Model {
                 self.lru.retain(|a| a != agent);
                 self.state.agents.remove(agent);
             }
-            Action::Emit { .. } | Action::Claim { .. } | Action::Ack { .. } | Action::StaleAck { .. } => {
-                self.apply_trigger(action)
-            }
+            Action::Emit { .. }
+            | Action::Claim { .. }
+            | Action::Ack { .. }
+            | Action::StaleAck { .. }
+            | Action::Retry { .. } => self.apply_trigger(action),
             Action::LoopRound { round, tools } => {
                 self.state.loop_messages.extend(round_messages(*round, *tools))
             }
+            Action::Confirm {
+                idem,
+                effect,
+                delivered,
+            } => {
+                self.needs_human.remove(idem);
+                self.confirmed.insert(idem.clone());
+                if !*delivered {
+                    // Released: the turn's re-run sends it, once.
+                    self.maybe_effects.remove(effect);
+                }
+                // Every FAILED trigger blocked on it runs again
+                // (`System::confirm` retries each: attempts reset).
+                let unblocked: Vec<String> = self
+                    .blocked_on
+                    .iter()
+                    .filter(|(_, k)| k.as_deref() == Some(idem.as_str()))
+                    .map(|(t, _)| t.clone())
+                    .collect();
+                for key in unblocked {
+                    self.blocked_on.remove(&key);
+                    if let Some(t) = self
+                        .state
+                        .triggers
+                        .iter_mut()
+                        .find(|t| t.key == key && t.status == TriggerStatus::Failed)
+                    {
+                        t.status = TriggerStatus::Pending;
+                        t.attempts = 0;
+                    }
+                }
+            }
         }
+    }
+
+    /// A turn (`action`) stopped at the call `idem` (effect `effect`, when
+    /// the ledger named it): it waits for a human, and a fire's trigger is
+    /// blocked on it. `Err` when a human already answered for that key
+    /// since the last restart (the ledger must then answer the call).
+    pub fn note_needs_human(
+        &mut self,
+        action: &Action,
+        idem: &str,
+        effect: Option<&str>,
+    ) -> Result<(), String> {
+        if self.confirmed.contains(idem) {
+            return Err(format!(
+                "{idem}: a turn stopped at a call a human already confirmed (no crash since)"
+            ));
+        }
+        if let Some(effect) = effect {
+            self.needs_human.insert(idem.to_string(), effect.to_string());
+        }
+        if let Action::Fire { key, .. } = action {
+            self.blocked_on
+                .insert(key.clone(), effect.map(|_| idem.to_string()));
+        }
+        Ok(())
+    }
+
+    /// A crash inside a human's answer for `idem`: it may or may not have
+    /// been applied (the ledger row, then each blocked trigger, each in its
+    /// own transaction), so the model forgets the key — never answered
+    /// again, its effect of unknown fate as before — and a trigger still
+    /// FAILED on it waits for an operator's retry.
+    pub fn forget_answer(&mut self, idem: &str, effect: &str) {
+        self.needs_human.remove(idem);
+        self.confirmed.remove(idem);
+        if !self.state.outbox.iter().any(|k| k == effect) {
+            self.maybe_effects.insert(effect.to_string());
+        }
+        for (t, k) in self.blocked_on.iter_mut() {
+            let failed = self
+                .state
+                .triggers
+                .iter()
+                .any(|r| &r.key == t && r.status == TriggerStatus::Failed);
+            if failed && k.as_deref() == Some(idem) {
+                *k = None;
+            }
+        }
+        self.blocked_on.retain(|t, _| {
+            self.state
+                .triggers
+                .iter()
+                .any(|r| &r.key == t && r.status == TriggerStatus::Failed)
+        });
     }
 
     /// The state after `action`'s turn stopped at an irreversible call that
@@ -625,6 +755,8 @@ impl Model {
                 let t = m.state.triggers.iter_mut().find(|t| &t.key == key)?;
                 t.status = TriggerStatus::Failed;
                 t.attempts += 1;
+                // Blocked on a key the ledger names ([`Model::note_needs_human`]).
+                m.blocked_on.insert(key.clone(), None);
             }
             _ => return None,
         }
@@ -640,6 +772,8 @@ impl Model {
             a.status = Status::Suspended;
         }
         m.lru.clear();
+        // A crash may leave a released call's fate unknown again.
+        m.confirmed.clear();
         // Boot reclaims every lease (the root lock proves their holders
         // dead); a zombie holder may still try to ack.
         for t in &mut m.state.triggers {

@@ -1,7 +1,8 @@
 //! The durable-trigger part of the model (seed 001): one row per dedup key,
 //! `PENDING -claim-> CLAIMED -ack ok-> DONE`, `-ack fail-> PENDING | DEAD`,
-//! and a fire whose turn blocked on a confirmation `-> FAILED`
-//! ([`Model::blocked`]).
+//! a fire whose turn blocked on a confirmation `-> FAILED`
+//! ([`Model::blocked`]), and an operator's retry `DEAD | FAILED -> PENDING`
+//! with its attempts reset.
 //!
 //! Invariant: a dedup key has at most one row, whatever is emitted; claim
 //! takes the oldest PENDING row (all triggers are due: `fire_at` 0, equal
@@ -14,9 +15,11 @@ use serde::{Deserialize, Serialize};
 use super::{Action, Model};
 use crate::op::Op;
 
-/// Claims before a failing trigger is dead-lettered (the store's default
-/// policy).
-pub const MAX_ATTEMPTS: u32 = 5;
+/// Claims before a failing trigger is dead-lettered: the harness's
+/// `TriggerPolicy::max_attempts` (the store's default is 5). Low, so a
+/// 30-op sequence reaches the dead-letter threshold and an operator's
+/// retry of a DEAD trigger.
+pub const MAX_ATTEMPTS: u32 = 2;
 
 /// Distinct dedup keys the generator uses: few, so re-emits collide.
 pub const KEYS: u8 = 4;
@@ -130,6 +133,14 @@ impl Model {
                     response: format!("r{n}"),
                 })
             }
+            Op::RetryTrigger { trigger } => {
+                let given_up: Vec<&TriggerRow> = rows
+                    .iter()
+                    .filter(|t| matches!(t.status, TriggerStatus::Dead | TriggerStatus::Failed))
+                    .collect();
+                let t = given_up.get(*trigger as usize % given_up.len().max(1))?;
+                Some(Action::Retry { key: t.key.clone() })
+            }
             Op::StaleAck { trigger } => {
                 let stale: Vec<&String> = self.stale_claims.iter().collect();
                 if stale.is_empty() {
@@ -163,6 +174,14 @@ impl Model {
                 if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
                     t.status = TriggerStatus::Done;
                     t.attempts += 1;
+                }
+            }
+            Action::Retry { key } => {
+                self.blocked_on.remove(key);
+                // One transaction (`TriggerStore::retry`): all or nothing.
+                if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
+                    t.status = TriggerStatus::Pending;
+                    t.attempts = 0;
                 }
             }
             Action::StaleAck { key } => {

@@ -436,6 +436,35 @@ impl SimFs {
         hash::image_hash(&s.image.ns, |ino| inodes.get(&ino).map(|i| i.visible.as_slice()))
     }
 
+    /// Visit the visible image in path order: `f(path, Some(bytes))` for
+    /// a file, `f(path, None)` for a directory. For a checker that hashes
+    /// the disk its own way (the harness's verdict cache hashes a SQLite
+    /// WAL only as far as its last commit frame).
+    pub fn visit_image(&self, mut f: impl FnMut(&Path, Option<&[u8]>)) {
+        let s = self.lock();
+        let mut spelled = Vec::new();
+        for (key, node) in &s.image.ns {
+            spelled.clear();
+            key.as_ref().spell_into(&mut spelled);
+            let path = Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
+                &spelled,
+            ));
+            match node {
+                state::Node::Dir => f(path, None),
+                state::Node::File(ino) => f(
+                    path,
+                    Some(
+                        s.image
+                            .inodes
+                            .get(ino)
+                            .map(|i| i.visible.as_slice())
+                            .unwrap_or_default(),
+                    ),
+                ),
+            }
+        }
+    }
+
     /// Stable hash (FNV-1a) of the trace: point, op, outcome, path, label.
     pub fn trace_hash(&self) -> u64 {
         hash::trace_hash(&self.lock().trace)

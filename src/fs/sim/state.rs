@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub(super) use super::inode::{DataOp, Durability, Ino, Inode};
 use super::key::{Arg, Key, KeyRef};
@@ -110,7 +111,10 @@ pub(super) struct Image {
     pub ns: BTreeMap<Key, Node>,
     pub ns_base: BTreeMap<Key, Node>,
     pub dir_log: Vec<DirOp>,
-    pub inodes: BTreeMap<Ino, Inode>,
+    /// Shared, copied on write: a crash image (one per I/O point in
+    /// capture mode) clones the map, not the files, and a later write
+    /// copies only the file it changes.
+    pub inodes: BTreeMap<Ino, Arc<Inode>>,
     next_ino: Ino,
 }
 
@@ -164,7 +168,10 @@ impl Image {
 
     pub(super) fn inode(&self, arg: &Arg<'_>) -> io::Result<&Inode> {
         let ino = self.file(arg)?;
-        self.inodes.get(&ino).ok_or_else(|| not_found(arg.path))
+        self.inodes
+            .get(&ino)
+            .map(|i| &**i)
+            .ok_or_else(|| not_found(arg.path))
     }
 
     pub(super) fn inode_mut(&mut self, arg: &Arg<'_>) -> io::Result<&mut Inode> {
@@ -174,7 +181,10 @@ impl Image {
 
     /// Inode `ino`, which [`Image::file`] found at `path`.
     pub(super) fn ino_mut(&mut self, ino: Ino, path: &Path) -> io::Result<&mut Inode> {
-        self.inodes.get_mut(&ino).ok_or_else(|| not_found(path))
+        self.inodes
+            .get_mut(&ino)
+            .map(Arc::make_mut)
+            .ok_or_else(|| not_found(path))
     }
 
     /// Record a namespace change: visible now, durable once synced.
@@ -190,7 +200,7 @@ impl Image {
     pub(super) fn create_file(&mut self, path: Key) -> Ino {
         let ino = self.next_ino;
         self.next_ino += 1;
-        self.inodes.insert(ino, Inode::default());
+        self.inodes.insert(ino, Arc::default());
         self.dir_op(DirOpKind::Create { path, ino });
         ino
     }
@@ -323,7 +333,7 @@ impl Image {
                     base: bytes,
                     log: Vec::new(),
                 };
-                (ino, inode)
+                (ino, Arc::new(inode))
             })
             .collect();
         self.ns_base = ns.clone();
