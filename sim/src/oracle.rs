@@ -39,6 +39,12 @@
 //!   step, blocked on a human's confirmation ([`Model::blocked`]: only such
 //!   a re-run may block; nothing of it is kept, and a fire's trigger is
 //!   FAILED one attempt more — a candidate after a crash inside the op too).
+//!   The key it stopped at waits for the `confirm` op (a human answering
+//!   truthfully, [`Model::note_needs_human`]): after the answer no turn
+//!   may stop at that key again until a crash, a `NotDelivered` answer
+//!   makes the re-run's send expected, and the triggers blocked on it are
+//!   PENDING again; a crash inside an answer leaves its key of unknown
+//!   fate, never answered again ([`Model::forget_answer`]).
 //!
 //! - **R5 A fire's inner states.** A fire (claim → the trigger's turn →
 //!   ack) commits three times; a crash between them leaves the trigger
