@@ -211,6 +211,27 @@ pub struct Rejected {
     pub reason: String,
 }
 
+/// [`against`] after a clean restart: also no delivered message may come
+/// back as pending (R3 does not apply).
+fn against_strict(candidate: &Model, recovered: &State) -> Result<Model, String> {
+    let adopted = against(candidate, recovered, &BTreeSet::new())?;
+    for (name, a) in &adopted.state.agents {
+        let want = candidate
+            .state
+            .agents
+            .get(name)
+            .map(|w| w.delivered.len())
+            .unwrap_or(0);
+        if a.delivered.len() != want {
+            return Err(format!(
+                "agent {name}: {} delivered messages came back as pending after a clean restart (re-delivery is allowed after a crash only)",
+                want - a.delivered.len().min(want)
+            ));
+        }
+    }
+    Ok(adopted)
+}
+
 /// Check `recovered` against one candidate; `Ok` gives the adopted model.
 fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
@@ -319,7 +340,24 @@ pub fn judge(
     after: Option<&Model>,
     action: Option<&Action>,
     recovered: &State,
+    clean: bool,
 ) -> Result<Accepted, Box<Rejected>> {
+    if clean {
+        // A clean stop and start: nothing was cut short, so the one
+        // candidate is the model, and no message comes back (R3 is for
+        // crashes and I/O errors only).
+        return match against_strict(before, recovered) {
+            Ok(adopted) => Ok(Accepted {
+                side: Side::After,
+                adopted,
+            }),
+            Err(reason) => Err(Box::new(Rejected {
+                expected: before.restarted().state,
+                side: Side::After,
+                reason,
+            })),
+        };
+    }
     let none = BTreeSet::new();
     let after_err = match after {
         Some(after) => match against(after, recovered, &none) {

@@ -4,14 +4,18 @@
 //! Invariant: the verdict of a fork (the oracle's side and the model the
 //! run would go on from) is a function of what its recovery can observe —
 //! its phase ([`Judging`]: the models before and after the op in flight,
-//! the names and the op history), its crash mode, the rebooted disk's
-//! content, and the deliveries and model asks the world saw before the
-//! point ([`Observed`]). Two forks of one phase with equal keys therefore
+//! the names and the op history), the rebooted disk's content, and the
+//! deliveries and model asks the world saw before the point
+//! ([`Observed`]). Two forks of one phase with equal keys therefore
 //! get the same verdict, and the second reuses the first's. Many do: a
 //! read, a `len`, an `exists`, or a write whose page a power loss drops
 //! leaves the rebooted disk as the point before it left it.
 //!
 //! What the key leaves out, and why that is sound:
+//! - the crash mode: it makes the rebooted disk (which is in the key) and
+//!   nothing else — the oracle's candidates and relaxations do not depend
+//!   on it, and a fork is never crashed again; so a kill -9 and a power
+//!   loss that leave the same disk share a verdict;
 //! - the point number: it reaches a recovery only through SimFs's short
 //!   reads (a pure function of the point), which every reader loops over
 //!   (the `NonLoopingReader` canary is caught by the search, which never
@@ -43,11 +47,11 @@ use crate::report::Failure;
 /// How many reuses pass between two fresh re-judgements.
 pub const DEFAULT_RECHECK_EVERY: u64 = 16;
 
-/// Verdicts of the current phase, keyed by mode and what recovery sees.
+/// Verdicts of the current phase, keyed by what recovery sees.
 #[derive(Debug)]
 pub struct VerdictCache {
     phase: Option<Arc<Judging>>,
-    seen: HashMap<(CrashKind, Observed), (Side, Model)>,
+    seen: HashMap<Observed, (Side, Model)>,
     recheck_every: u64,
     /// Forks judged by a recovery (cache misses, rot forks and rechecks).
     pub judged: u64,
@@ -93,15 +97,7 @@ impl VerdictCache {
         }
         let point = image.point();
         let disk = image.reboot(kind.mode());
-        let key = (kind, exec.observed(&disk, point));
-        if std::env::var_os("DA_VERDICT_DEBUG").is_some() {
-            eprintln!(
-                "VK {point} {kind:?} {:p} {:?} hit={}",
-                Arc::as_ptr(judging),
-                key.1,
-                self.seen.contains_key(&key)
-            );
-        }
+        let key = exec.observed(&disk, point);
         let Some(cached) = self.seen.get(&key).cloned() else {
             self.judged += 1;
             let verdict = exec.judge_disk(disk, None, point, judging, kind)?;

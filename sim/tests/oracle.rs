@@ -45,7 +45,7 @@ const IRREV: ToolStep = ToolStep {
 fn exact_recovered_state_is_accepted_with_sessions_suspended() {
     let m = model(&[root("a"), send("a", "a", "m1")]);
     let recovered = m.restarted().state;
-    let ok = judge(&m, None, None, &recovered).unwrap();
+    let ok = judge(&m, None, None, &recovered, false).unwrap();
     assert_eq!(ok.side, Side::After);
     assert!(ok
         .adopted
@@ -66,7 +66,7 @@ fn interrupted_spawn_may_vanish_but_not_half_exist() {
     after.apply(&action);
     let vanished = before.restarted().state;
     assert_eq!(
-        judge(&before, Some(&after), Some(&action), &vanished)
+        judge(&before, Some(&after), Some(&action), &vanished, false)
             .unwrap()
             .side,
         Side::Before
@@ -74,7 +74,7 @@ fn interrupted_spawn_may_vanish_but_not_half_exist() {
     // The child present with the wrong parent is neither candidate.
     let mut wrong = after.restarted().state;
     wrong.agents.get_mut("b").unwrap().parent = None;
-    assert!(judge(&before, Some(&after), Some(&action), &wrong).is_err());
+    assert!(judge(&before, Some(&after), Some(&action), &wrong, false).is_err());
 }
 
 #[test]
@@ -82,7 +82,7 @@ fn acknowledged_message_lost_is_rejected() {
     let m = model(&[root("a"), send("a", "a", "m1")]);
     let mut recovered = m.restarted().state;
     recovered.agents.get_mut("a").unwrap().pending.clear();
-    let err = judge(&m, None, None, &recovered).unwrap_err();
+    let err = judge(&m, None, None, &recovered, false).unwrap_err();
     assert!(err.reason.contains("messages lost"), "{}", err.reason);
 }
 
@@ -100,14 +100,18 @@ fn delivered_message_may_come_back_as_pending_in_order() {
     let a = recovered.agents.get_mut("a").unwrap();
     let m2 = a.delivered.pop().unwrap();
     a.pending.insert(0, m2.clone());
-    let ok = judge(&m, None, None, &recovered).unwrap();
+    let ok = judge(&m, None, None, &recovered, false).unwrap();
     assert_eq!(ok.adopted.state.agents["a"].pending[0], m2);
     // Out of order (behind m3) is not re-delivery, it is reordering.
     let mut reordered = m.restarted().state;
     let a = reordered.agents.get_mut("a").unwrap();
     let m2 = a.delivered.pop().unwrap();
     a.pending.push(m2);
-    assert!(judge(&m, None, None, &reordered).is_err());
+    assert!(judge(&m, None, None, &reordered, false).is_err());
+    // After a clean stop and start nothing comes back: R3 is for crashes.
+    let err = judge(&m, None, None, &recovered, true).unwrap_err();
+    assert!(err.reason.contains("clean restart"), "{}", err.reason);
+    assert!(judge(&m, None, None, &m.restarted().state, true).is_ok());
 }
 
 #[test]
@@ -118,15 +122,15 @@ fn lost_turn_may_leave_its_side_effect_once_but_no_other() {
     after.apply(&action);
     let mut recovered = before.restarted().state;
     recovered.outbox.push("p1:I#0".into());
-    let ok = judge(&before, Some(&after), Some(&action), &recovered).unwrap();
+    let ok = judge(&before, Some(&after), Some(&action), &recovered, false).unwrap();
     assert_eq!(ok.side, Side::Before);
     assert_eq!(ok.adopted.state.outbox, vec!["p1:I#0".to_string()]);
     // An effect of no in-flight turn is rejected.
     let mut stray = before.restarted().state;
     stray.outbox.push("p9:I#0".into());
-    assert!(judge(&before, Some(&after), Some(&action), &stray).is_err());
+    assert!(judge(&before, Some(&after), Some(&action), &stray, false).is_err());
     // Between ops there is no in-flight turn: any extra effect is rejected.
-    assert!(judge(&before, None, None, &recovered).is_err());
+    assert!(judge(&before, None, None, &recovered, false).is_err());
 }
 
 #[test]
@@ -155,11 +159,18 @@ fn partial_loop_round_and_lost_trigger_are_rejected() {
     after.apply(&action);
     let mut partial = before.restarted().state;
     partial.loop_messages = vec!["a1".into(), "t1.0".into()];
-    assert!(judge(&before, Some(&after), Some(&action), &partial).is_err());
+    assert!(judge(&before, Some(&after), Some(&action), &partial, false).is_err());
     let mut lost = after.restarted().state;
     lost.triggers.clear();
-    assert!(judge(&before, Some(&after), Some(&action), &lost).is_err());
-    assert!(judge(&before, Some(&after), Some(&action), &after.restarted().state).is_ok());
+    assert!(judge(&before, Some(&after), Some(&action), &lost, false).is_err());
+    assert!(judge(
+        &before,
+        Some(&after),
+        Some(&action),
+        &after.restarted().state,
+        false
+    )
+    .is_ok());
 }
 
 #[test]

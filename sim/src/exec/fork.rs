@@ -184,6 +184,7 @@ impl Exec {
             restart_notes: self.restart_notes.clone(),
             forks: None,
             crash_side: None,
+            clean_restart: false,
         };
         with_saved_prng(|| {
             let judged = exec.reopen_and_judge(kind, &j.before, j.after.as_ref(), j.action.as_ref());

@@ -86,6 +86,9 @@ pub struct Exec {
     /// The side the oracle accepted at the first restart after an
     /// injected crash was hit (what a sweep's picture colours a cell by).
     crash_side: Option<oracle::Side>,
+    /// The next judged restart is a clean stop and start (no crash point
+    /// hit, no fault armed): the oracle's strict candidate, no R3.
+    clean_restart: bool,
 }
 
 impl Exec {
@@ -127,6 +130,7 @@ impl Exec {
             restart_notes: Vec::new(),
             forks: None,
             crash_side: None,
+            clean_restart: false,
         };
         let install = match installed_disk(&canaries) {
             Ok(disk) => disk,
@@ -241,9 +245,11 @@ impl Exec {
                     None
                 };
                 let sweep_kind = self.global.map(|g| g.kind).unwrap_or(CrashKind::Process);
-                if self.driver.shutdown(sweep_kind) {
+                let hit = self.driver.shutdown(sweep_kind);
+                if hit {
                     self.crashes += 1;
                 }
+                self.clean_restart = !hit && armed.is_none() && fault.is_none();
                 self.disarm();
                 if let Some((offset, _)) = armed {
                     self.driver.fs.set_fault(Some(Fault::CrashAt(

@@ -118,6 +118,7 @@ impl Exec {
         action: Option<&Action>,
     ) -> Result<(), Box<Failure>> {
         self.restarts += 1;
+        let clean = std::mem::take(&mut self.clean_restart);
         let mut attempts = 0;
         let (state, mut violations) = loop {
             attempts += 1;
@@ -178,7 +179,10 @@ impl Exec {
         if !violations.is_empty() {
             return Err(self.fail("an invariant broke after recovery", violations.join("\n"), None));
         }
-        match oracle::judge(before, after, action, &state) {
+        // Clean only if this boot was the first and only one (no crash or
+        // fault inside the recovery either).
+        let clean = clean && attempts == 1 && !self.driver.fs.crashed();
+        match oracle::judge(before, after, action, &state, clean) {
             Ok(accepted) => {
                 if self.crashes > 0 && self.crash_side.is_none() {
                     self.crash_side = Some(accepted.side);
