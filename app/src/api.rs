@@ -14,6 +14,7 @@
 //! | POST   | `/confirm`            | `{idem_key, delivered, provider_ref?}`           |
 //! | POST   | `/schedules`          | `{id, agent, prompt, period_ms}`                 |
 //! | DELETE | `/schedules/{id}`     |                                                  |
+//! | POST   | `/gc`                 | `{ttl_ms, payload_ttl_ms}` → counts per table    |
 //!
 //! The read-only views ([`crate::inspect`]; lists take `?limit=&offset=`,
 //! newest first, and answer `{items, total, limit, offset, next_offset}`):
@@ -88,6 +89,7 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
         ("POST", ["confirm"]) => parse(body).map(Request::Confirm),
         ("POST", ["schedules"]) => parse(body).map(Request::AddSchedule),
         ("DELETE", ["schedules", id]) => Ok(Request::DeleteSchedule(decode(id)?)),
+        ("POST", ["gc"]) => parse(body).map(Request::Gc),
         (
             _,
             ["agents"]
@@ -101,6 +103,7 @@ pub fn route(method: &str, path: &str, body: &str) -> Result<Request, Refused> {
             | ["confirm"]
             | ["schedules"]
             | ["schedules", _]
+            | ["gc"]
             | ["runs" | "usage" | "errors" | "confirmations"]
             | ["runs" | "transcripts" | "work", _],
         ) => Err(refused(405, format!("{method} is not allowed on {path}"))),
@@ -283,5 +286,11 @@ mod tests {
         assert_eq!(bad.status, 400);
         assert!(bad.message.contains("missing field"), "{}", bad.message);
         assert_eq!(encode("my bot/1"), "my%20bot%2F1");
+        assert!(matches!(
+            route("POST", "/gc", r#"{"ttl_ms":1000,"payload_ttl_ms":500}"#),
+            Ok(Request::Gc(r)) if r.ttl_ms == 1_000 && r.payload_ttl_ms == 500
+        ));
+        assert_eq!(route("GET", "/gc", "").map(|_| ()).unwrap_err().status, 405);
+        assert_eq!(route("POST", "/gc", "{}").map(|_| ()).unwrap_err().status, 400);
     }
 }

@@ -164,6 +164,7 @@ pub fn boot_with(
     let mut system_config = SystemConfig::new(config.runtime.root.clone(), SYSTEM_SEED);
     system_config.slots = config.runtime.slots;
     system_config.max_tool_rounds = config.runtime.max_tool_rounds;
+    system_config.context_budget = config.context.budget();
     system_config.canaries = canaries()?;
     system_config.hooks = Arc::new(crate::hooks::ConfigHooks::from_config(&config.hooks));
     system_config.tool_retries = Arc::new(crate::hooks::ConfigRetries::from_config(

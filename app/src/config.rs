@@ -1,6 +1,7 @@
 //! The product's TOML config: `[provider]`, `[runtime]`, `[api]`,
 //! `[telemetry]`, `[[tools]]`, `[[hooks]]` and `[retries]` (the last two
-//! in `config/hooks.rs`).
+//! in `config/hooks.rs`), `[gc]` (`config/gc.rs`), `[context]`
+//! (`config/context.rs`).
 //!
 //! Invariant: a [`Config`] returned by [`Config::load`] / [`Config::parse`]
 //! is valid as a whole — every check in [`Config::validate`] passed — and
@@ -73,6 +74,12 @@ pub struct Config {
     /// How each tool's hard failures are retried.
     #[serde(default)]
     pub retries: RetriesConfig,
+    /// How `serve` keeps the root tidy.
+    #[serde(default)]
+    pub gc: GcConfig,
+    /// The context budget of every provider request (default: none).
+    #[serde(default)]
+    pub context: ContextConfig,
 }
 
 /// An OpenAI-compatible chat-completions endpoint.
@@ -472,6 +479,8 @@ impl Config {
         }
         hooks::validate_hooks(&self.hooks)?;
         hooks::validate_retries(&self.retries, &self.tools)?;
+        gc::validate_gc(&self.gc)?;
+        context::validate_context(&self.context)?;
         Ok(())
     }
 
@@ -533,6 +542,15 @@ impl Config {
             let matcher = hook.matcher.as_deref().unwrap_or("*");
             s.push_str(&format!("  - {} {matcher}: {:?}\n", hook.event, hook.action));
         }
+        let gc = &self.gc;
+        s.push_str(&match gc.enabled {
+            true => format!(
+                "gc: every {} ms, rows after {} ms, bodies after {} ms\n",
+                gc.period_ms, gc.ttl_ms, gc.payload_ttl_ms
+            ),
+            false => "gc: off in serve (`durable-agent gc` runs it by hand)\n".to_string(),
+        });
+        s.push_str(&self.context.summary());
         s
     }
 }
@@ -584,11 +602,15 @@ fn is_tool_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+mod context;
+mod gc;
 mod hooks;
 mod locate;
 #[cfg(test)]
 mod tests;
 
+pub use context::{ContextConfig, MIN_CONTEXT_MESSAGES, MIN_CONTEXT_TOKENS};
+pub use gc::{GcConfig, DEFAULT_GC_PERIOD_MS, DEFAULT_PAYLOAD_TTL_MS, MIN_GC_PERIOD_MS};
 pub use hooks::{
     default_max_retries, HookAction, HookConfig, RetriesConfig, ToolRetryConfig, MAX_HOOKS,
     MAX_HOOK_TIMEOUT_MS,

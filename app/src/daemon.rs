@@ -22,6 +22,16 @@
 //! ticked before each scheduler pass: each due bucket becomes a trigger
 //! (dedup key `scheduled:{id}:{bucket}`) that this same pass fires.
 //!
+//! GC ([`crate::gc`], config `[gc]`): soon after boot and then every
+//! `period_ms`, the worker runs one GC pass between requests — settled
+//! rows collected after `ttl_ms`, settled bodies stripped after
+//! `payload_ttl_ms` — so no runtime step interleaves with it; what a turn
+//! still in flight may read back is kept by the system (its agent has an
+//! open turn), and its calls' ledger writes wait on the connection lock
+//! each pass transaction holds. A pass that fails with an unknown outcome
+//! stops the daemon like any other step; another failure is logged and
+//! the next period tries again.
+//!
 //! Invariant: the system is used by the worker thread only, one step at a
 //! time; an operation with an unknown outcome stops the daemon (fail-stop,
 //! exit 1) — restarting `serve` boots, and boot recovers. Shutdown on
@@ -41,6 +51,7 @@ use crate::access::{self, Gate, Token};
 use crate::api::{self, Refused};
 use crate::boot::{boot, BootError};
 use crate::config::Config;
+use crate::gc::Ticker;
 use crate::interrupt::Stop;
 use crate::ops::{self, Begun, OpError, Request};
 use crate::schedule::Schedules;
@@ -333,12 +344,23 @@ fn worker(
     });
     let mut turns = Turns::new(&system, config.runtime.slots, back);
     let poll = Duration::from_millis(settings.poll_ms);
+    let mut gc = Ticker::new(&config.gc, std::time::Instant::now());
     while !stop.requested() {
         for key in schedules.tick(&system)? {
             tracing::debug!(key, "schedule");
         }
         turns.fire_due(&mut system, &lifecycle, settings.lease_ms, stop)?;
-        match rx.recv_timeout(poll) {
+        if let Some(request) = gc.due(std::time::Instant::now()) {
+            match crate::gc::collect(&system, request) {
+                Ok(_) => {}
+                Err(e) if e.is_fatal() => return Err(e),
+                Err(e) => tracing::warn!(error = %e, "gc pass failed; the next period tries again"),
+            }
+        }
+        let wait = gc
+            .until_next(std::time::Instant::now())
+            .map_or(poll, |next| next.min(poll));
+        match rx.recv_timeout(wait) {
             Ok(Msg::Request(envelope)) => {
                 match ops::begin(&mut system, &mut schedules, &lifecycle, envelope.request) {
                     Begun::Turn(begun) => {

@@ -15,6 +15,7 @@ pub mod boot;
 pub mod config;
 pub mod daemon;
 pub mod effects;
+pub mod gc;
 pub mod hooks;
 mod http;
 pub mod inspect;

@@ -16,6 +16,7 @@ use durable_agent_cli::api::{self, Client, ClientError};
 use durable_agent_cli::boot::{boot, boot_with, real_fs, ApiKey};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::daemon::{Daemon, ServeSettings};
+use durable_agent_cli::gc;
 use durable_agent_cli::inspect::{self, cli::InspectCommand, View};
 use durable_agent_cli::interrupt::Stop;
 use durable_agent_cli::mock_llm::{MockLlm, Reword, Script};
@@ -214,6 +215,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Collect settled rows past the TTL (DONE/FAILED/DEAD triggers,
+    /// DONE/FAILED ledger rows) and strip the bodies of settled ledger
+    /// rows past [gc] payload_ttl_ms; never what recovery or a human still
+    /// needs. Through the daemon when one holds the root. Prints the
+    /// counts per table.
+    Gc {
+        #[arg(long)]
+        config: PathBuf,
+        /// Collect rows settled longer ago than this (ms, or with a unit:
+        /// 90s, 30m, 24h, 7d); default [gc] ttl_ms. Bodies are stripped
+        /// after [gc] payload_ttl_ms, capped at this.
+        #[arg(long, value_parser = gc::parse_duration_ms)]
+        ttl: Option<u64>,
+        /// The API's JSON answer instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Tell the ledger whether an irreversible call that needs confirmation
     /// happened (look it up with `status`, at the receiving service). The
     /// work blocked on it (a trigger's turn) then runs again and resumes
@@ -288,6 +306,7 @@ fn main() -> ExitCode {
             agent_or_run,
             json,
         } => view_cmd(&config, &View::Transcript(agent_or_run), json),
+        Command::Gc { config, ttl, json } => gc_cmd(&config, ttl, json),
         Command::Status { config } => control(&config, "GET", "/status", None),
         Command::Release { config, run_id } => control(
             &config,
@@ -522,8 +541,22 @@ fn view_cmd(config: &std::path::Path, view: &View, json: bool) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-/// One API operation: directly under the root lock when no daemon holds
-/// the root, else through the daemon's API (the lock says which).
+/// `gc`: one pass with the config's TTLs (`--ttl` overriding), as a
+/// table of counts per table or the API's JSON.
+fn gc_cmd(config_path: &std::path::Path, ttl: Option<u64>, json: bool) -> Result<ExitCode, String> {
+    let config = Config::load(config_path).map_err(|e| e.to_string())?;
+    let request = gc::GcRequest::from_config(&config.gc, ttl);
+    let body = serde_json::to_value(request).map_err(|e| e.to_string())?;
+    let answer = call_root(&config, "POST", "/gc", Some(body))?;
+    if json {
+        print_out(&serde_json::to_string_pretty(&answer).map_err(|e| e.to_string())?);
+    } else {
+        print_out(gc::table(&answer).trim_end());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One API operation (see [`call_root`]), its answer printed as JSON.
 fn control(
     config: &std::path::Path,
     method: &str,
@@ -531,8 +564,22 @@ fn control(
     body: Option<serde_json::Value>,
 ) -> Result<ExitCode, String> {
     let config = Config::load(config).map_err(|e| e.to_string())?;
+    let value = call_root(&config, method, path, body)?;
+    let json = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+    print_out(&json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One API operation: directly under the root lock when no daemon holds
+/// the root, else through the daemon's API (the lock says which).
+fn call_root(
+    config: &Config,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Result<serde_json::Value, String> {
     let text = body.as_ref().map_or(String::new(), ToString::to_string);
-    let value = match boot_with(&config, &Stop::new(), ApiKey::Optional) {
+    let value = match boot_with(config, &Stop::new(), ApiKey::Optional) {
         Ok((mut system, _report, lifecycle)) => {
             let request = api::route(method, path, &text).map_err(|r| r.message)?;
             let mut schedules = Schedules::load(
@@ -544,7 +591,7 @@ fn control(
         }
         Err(e) if e.is_locked() => {
             tracing::info!(addr = %config.api.listen, "the root is held (a daemon?): asking its API");
-            let token = Token::for_client(&config).map_err(|t| format!("{e}\nand its API token: {t}"))?;
+            let token = Token::for_client(config).map_err(|t| format!("{e}\nand its API token: {t}"))?;
             Client::new(config.api.listen, std::time::Duration::from_secs(60))
                 .with_token(token)
                 .call(method, path, body.as_ref())
@@ -557,9 +604,7 @@ fn control(
         }
         Err(e) => return Err(e.to_string()),
     };
-    let json = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-    print_out(&json);
-    Ok(ExitCode::SUCCESS)
+    Ok(value)
 }
 
 /// Print a command's result to stdout. A closed pipe (`| head`) is the

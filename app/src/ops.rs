@@ -1,6 +1,6 @@
 //! The operations of the control API, on a booted [`System`]: one
 //! implementation, called by the `serve` worker for HTTP requests and by
-//! `status`/`emit`/`confirm` directly when no daemon holds the root.
+//! `status`/`emit`/`confirm`/`gc` directly when no daemon holds the root.
 //!
 //! Invariant: every operation is a sequence of acknowledged runtime/store
 //! calls on the caller's thread (the root's one writer); an error that
@@ -112,6 +112,8 @@ pub enum Request {
     DeleteSchedule(String),
     /// A read-only view ([`crate::inspect`]).
     View(crate::inspect::View),
+    /// One GC pass with these TTLs ([`crate::gc`]).
+    Gc(crate::gc::GcRequest),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +261,7 @@ pub fn apply(
         Request::Confirm(r) => confirm(system, r),
         Request::RetryTrigger(id) => retry_trigger(system, &id),
         Request::ReleaseRun(id) => release_run(system, &id),
+        Request::Gc(r) => crate::gc::collect(system, r).map(|o| o.answer()),
         Request::View(view) => {
             // Read-only: the runtime's memory and SELECTs under the
             // connection's lock, no runtime call while it is held.

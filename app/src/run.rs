@@ -315,6 +315,15 @@ fn execute(
         let now = system.now_ms();
         ToolCallStore::default().set_run_status(system.db().conn(), &run.run_id, status, now)?;
     }
+    if status == Some(RunStatus::Succeeded) {
+        // The work is done: the RESUME trigger a boot emitted for it (a
+        // run interrupted before) must not stay PENDING as if it were not.
+        // After the status: a crash in between leaves the trigger, whose
+        // firing finds the work done and only acks.
+        if let Some(t) = system.settle_resume(agent, &work)? {
+            tracing::info!(run_id = %run.run_id, trigger = %t.id, "the run's RESUME trigger settled");
+        }
+    }
     // Every effect: the outcome's calls, and what the ledgers hold of a
     // turn that stopped before it completed.
     summary.tool_calls = turn_calls(system, agent, Some(&work), outcome.as_ref())?;

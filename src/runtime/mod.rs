@@ -24,6 +24,7 @@
 //!   and the node leaves the tree.
 
 mod agent;
+pub mod context;
 #[cfg(feature = "fakes")]
 mod fake;
 pub mod hooks;
@@ -87,6 +88,9 @@ pub struct RuntimeConfig {
     /// Asked before each round's calls are decided, told about the rest
     /// of a turn (see [`hooks`]).
     pub hooks: Arc<dyn Hooks>,
+    /// What one provider request may carry ([`context`]); the default,
+    /// no budget, sends the whole conversation.
+    pub context_budget: context::ContextBudget,
 }
 
 /// Where a provider call happened.
@@ -148,6 +152,7 @@ impl RuntimeConfig {
             tools: Arc::new(PureTools),
             calls: Arc::new(NoCallLog),
             hooks: Arc::new(NoHooks),
+            context_budget: context::ContextBudget::default(),
         }
     }
 

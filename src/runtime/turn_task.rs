@@ -10,6 +10,10 @@
 //! stalls no other agent, timer or API request, while every persistence
 //! step still happens one at a time under the caller's lock.
 //!
+//! A completion's request carries the conversation cut to the context
+//! budget ([`super::context`]): the instructions and the whole turn in
+//! flight always, older turns as they fit.
+//!
 //! A completion that asks for tools is shown to the `PreToolUse` hooks
 //! where it is performed ([`Outside::perform`], outside any lock), and
 //! their verdicts enter the round's decision (`round.decided`) with the
@@ -37,6 +41,7 @@ use crate::canary::Canary;
 use crate::log::{DecidedCall, Event};
 
 use super::agent::StartedWork;
+use super::context;
 use super::hooks::{review, HookEvent, Hooks, Reviewed};
 use super::ids::{AgentId, MessageId, SessionId};
 use super::provider::{Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
@@ -113,6 +118,10 @@ pub enum CallResult {
 pub struct ProviderCall {
     pub agent: AgentId,
     pub instructions: String,
+    /// The conversation as the context budget cuts it
+    /// ([`context::fit`]): under a budget, a marker item in place of the
+    /// oldest turns; without one, every completed turn. The open turn is
+    /// always whole.
     pub history: Vec<ConversationItem>,
     pub round: u32,
 }
@@ -203,6 +212,9 @@ pub struct TurnTask {
     turn_no: usize,
     /// The conversation so far, this turn's prompt and items included.
     working: Vec<ConversationItem>,
+    /// Where this turn's prompt is in `working`: what the context budget
+    /// never cuts starts here.
+    turn_start: usize,
     round: u32,
     /// Every call of the turn that has its result, in order.
     tool_calls: Vec<(String, ToolRequest, ToolOutput)>,
@@ -396,6 +408,7 @@ impl Runtime {
             .filter(|i| matches!(i, ConversationItem::Prompt { text } if text == prompt))
             .count();
         let identity = turn_identity(prompt, same_prompt);
+        let turn_start = working.len();
         working.push(ConversationItem::Prompt {
             text: prompt.to_string(),
         });
@@ -497,6 +510,7 @@ impl Runtime {
             identity,
             turn_no,
             working,
+            turn_start,
             round,
             tool_calls: done_calls,
             batch: pending,
@@ -519,12 +533,55 @@ impl Runtime {
             agent: task.agent.clone(),
             turn: task.round,
         });
+        let instructions = self.slot(&task.agent)?.instructions.clone();
+        let history = self.request_history(task, &instructions);
         Ok(TurnStep::Call(OutsideCall::Provider(ProviderCall {
             agent: task.agent.clone(),
-            instructions: self.slot(&task.agent)?.instructions.clone(),
-            history: task.working.clone(),
+            instructions,
+            history,
             round: task.round,
         })))
+    }
+
+    /// The history `task`'s next completion is sent: the whole
+    /// conversation, or its cut to the configured budget — a pure
+    /// function of the conversation (rebuilt from the log after a crash)
+    /// and the budget, so a resumed turn asks what the interrupted one
+    /// asked. The cut is reported here, never logged: it is no part of the
+    /// round's decision (see [`context`]).
+    fn request_history(&self, task: &TurnTask, instructions: &str) -> Vec<ConversationItem> {
+        let budget = &self.config.context_budget;
+        if budget.is_unlimited() {
+            return task.working.clone();
+        }
+        let cut = context::fit(budget, instructions, &task.working, task.turn_start);
+        if cut.omitted_turns > 0 {
+            tracing::info!(
+                agent = %task.agent,
+                turn = task.turn_no,
+                round = task.round,
+                omitted_turns = cut.omitted_turns,
+                omitted_messages = cut.omitted_messages,
+                kept_turns = cut.kept_turns,
+                messages = cut.size.messages,
+                estimated_tokens = cut.size.tokens,
+                "context budget: older turns left out of the request"
+            );
+        }
+        if cut.over_budget {
+            // Never a failure: the model gets the turn it must answer.
+            tracing::warn!(
+                agent = %task.agent,
+                turn = task.turn_no,
+                round = task.round,
+                messages = cut.size.messages,
+                estimated_tokens = cut.size.tokens,
+                max_messages = budget.max_messages,
+                max_context_tokens = budget.max_context_tokens,
+                "context budget: the current turn alone is over the budget; sent anyway"
+            );
+        }
+        cut.history
     }
 
     fn provider_replied(

@@ -7,6 +7,20 @@
 //! rolls the messages table back to that boundary (deleting the partial
 //! round a crash left behind) before reloading, and refuses a checkpoint
 //! from a newer schema ([`LoopCheckpoint::ensure_loadable`]).
+//!
+//! Who writes these tables — one checkpoint story: the product's agent
+//! loop does not. Its per-tool-round checkpoint is `round.complete` in the
+//! agent's own event log (the round's decision, `round.decided`, opens it),
+//! so a turn's rounds and their checkpoint commit in one store and resume
+//! from one place (docs/GUARANTEES.md #5, docs/STORES.md). The
+//! `messages` and `loop_checkpoints` tables are written only through this
+//! store by the harness's `LoopRound` op (`sim/src/driver/project.rs`),
+//! which keeps seed 003's SQLite contract proven under the crash sweep;
+//! `System::boot` still resumes whatever they hold ([`CheckpointStore::resume_all`]),
+//! which in a root written by the product is nothing. They stay in the
+//! schema because the harness writes them: dropping them is a schema
+//! migration the harness must learn first (its `LoopRound` op and the
+//! oracle's checkpointed-loop model would go with them).
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::{Deserialize, Serialize};

@@ -20,11 +20,26 @@
 //! The TTL must exceed every retry and resume horizon: a row collected
 //! after it no longer deduplicates its key (see `store::triggers` and
 //! `store::activities` GC docs). [`DEFAULT_GC_TTL_MS`] is seed 001's 24 h.
+//!
+//! [`System::strip_payloads`] (seed 001 §10's privacy note) replaces the
+//! bodies of settled activity and tool-call rows after a shorter TTL,
+//! keeping keys, statuses, times and provider references. It strips only
+//! rows GC could delete — never those of an agent that may still resume —
+//! because a settled call asked again is answered from its stored result.
+//! An agent "may still resume" when it has an open turn or a work it
+//! started and never completed (a superseded work is resumed by its
+//! RESUME trigger or `run --resume`, and re-runs its keys). Not seen
+//! here: a plain turn (no work id) that a newer turn superseded is parked
+//! inside the runtime, which exposes no accessor for it; a caller who
+//! retries that prompt later than the TTLs finds its settled rows gone or
+//! stripped — so the TTLs must also outlive a caller's retry horizon.
 
 use serde::Serialize;
 
+use super::tools::session_run;
 use super::{System, SystemError};
-use crate::store::activities::{ActivityRecord, ActivityStatus};
+use crate::runtime::AgentId;
+use crate::store::activities::{ActivityRecord, ActivityStatus, StripReport};
 use crate::store::tool_calls::{RunRecord, RunStatus, ToolCall, ToolCallStore};
 use crate::store::triggers::{GcReport, Trigger, TriggerStatus};
 
@@ -48,6 +63,13 @@ pub struct WaitingRun {
 pub struct SystemGcReport {
     pub triggers: GcReport,
     pub activities: GcReport,
+}
+
+/// What [`System::strip_payloads`] rewrote in each store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SystemStripReport {
+    pub activities: StripReport,
+    pub tool_calls: StripReport,
 }
 
 /// What [`System::confirm`] did.
@@ -163,14 +185,15 @@ impl System {
     /// Collect settled rows older than `ttl_ms` (use [`DEFAULT_GC_TTL_MS`]
     /// unless you know every retry and resume horizon is shorter): DONE,
     /// FAILED and DEAD triggers, then DONE and FAILED ledger rows — except
-    /// those of agents with an interrupted turn, which resuming re-runs.
+    /// those of agents with an interrupted turn or unfinished work, which
+    /// resuming re-runs.
     ///
     /// Two transactions, triggers first; a crash between them leaves the
     /// ledger uncollected, and running `gc` again finishes (it is
     /// idempotent).
     pub fn gc(&self, ttl_ms: u64) -> Result<SystemGcReport, SystemError> {
         let now = self.now_ms();
-        let mid_turn = self.agents_mid_turn()?;
+        let mid_turn = task_ids(&self.agents_resumable()?);
         let blocked = self.blocked_triggers()?;
         let db = self.db();
         let triggers = self.triggers().gc_keeping(db.conn(), now, ttl_ms, &blocked)?;
@@ -193,16 +216,50 @@ impl System {
             .collect())
     }
 
-    /// Agents with an interrupted turn: the ledger's `task_id` of their
+    /// Replace the bodies of settled rows older than `payload_ttl_ms`:
+    /// activity payloads, then tool-call arguments and results (two
+    /// transactions, one per table; a crash between them leaves the
+    /// second for the next run — it is idempotent). Never the rows of an
+    /// agent that may still resume (see the module docs).
+    pub fn strip_payloads(&self, payload_ttl_ms: u64) -> Result<SystemStripReport, SystemError> {
+        let now = self.now_ms();
+        let resumable = self.agents_resumable()?;
+        let agents = task_ids(&resumable);
+        // Their tool-call ledger runs (the run of an agent's calls is its
+        // session's, see `SystemTools`).
+        let runs: Vec<String> = resumable
+            .iter()
+            .filter_map(|a| self.runtime().session_id(a))
+            .map(|s| session_run(s.as_str()))
+            .collect();
+        let db = self.db();
+        let activities = self
+            .gate()
+            .store()
+            .strip_payloads(db.conn(), now, payload_ttl_ms, &agents)?;
+        let tool_calls = ToolCallStore::default().strip_payloads(db.conn(), now, payload_ttl_ms, &runs)?;
+        Ok(SystemStripReport {
+            activities,
+            tool_calls,
+        })
+    }
+
+    /// Agents that may still resume — an interrupted turn, or a work
+    /// started and never completed: the ledger's `task_id` of their
     /// irreversible calls (see `SystemTools`).
-    fn agents_mid_turn(&self) -> Result<Vec<String>, SystemError> {
+    fn agents_resumable(&self) -> Result<Vec<AgentId>, SystemError> {
         let runtime = self.runtime();
         let mut ids = Vec::new();
         for agent in runtime.state().agents.keys() {
-            if runtime.open_turn(agent)?.is_some() {
-                ids.push(agent.as_str().to_string());
+            if runtime.open_turn(agent)?.is_some() || !runtime.unfinished_work(agent)?.is_empty() {
+                ids.push(agent.clone());
             }
         }
         Ok(ids)
     }
+}
+
+/// The activity ledger's `task_id` of each agent's irreversible calls.
+fn task_ids(agents: &[AgentId]) -> Vec<String> {
+    agents.iter().map(|a| a.as_str().to_string()).collect()
 }

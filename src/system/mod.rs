@@ -48,6 +48,7 @@ use crate::fs::{Fs, FsLock};
 use crate::recovery::{
     preflight, recover_stores, DamageError, RecoveryReport, StoreRecovery, StoreRecoveryError,
 };
+use crate::runtime::context::ContextBudget;
 use crate::runtime::{
     AgentId, Hooks, NoHooks, NoRetries, Provider, Runtime, RuntimeConfig, RuntimeError, Started,
     ToolExecutor, ToolRetries, TurnKind,
@@ -62,7 +63,7 @@ use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore
 use crate::store::StoreError;
 use crate::world::Outbox;
 
-pub use admin::{Confirmed, Resolution, SystemGcReport, WaitingRun, DEFAULT_GC_TTL_MS};
+pub use admin::{Confirmed, Resolution, SystemGcReport, SystemStripReport, WaitingRun, DEFAULT_GC_TTL_MS};
 pub use calls::StoreCallLog;
 pub use outbox::OutboxRoutes;
 pub use resume::{resume_key, resume_key_parts};
@@ -100,6 +101,9 @@ pub struct SystemConfig {
     pub hooks: Arc<dyn Hooks>,
     /// How tools' hard failures are retried ([`ToolRetries`]).
     pub tool_retries: Arc<dyn ToolRetries>,
+    /// What one provider request may carry ([`crate::runtime::context`]);
+    /// default: no budget.
+    pub context_budget: ContextBudget,
 }
 
 impl SystemConfig {
@@ -115,6 +119,7 @@ impl SystemConfig {
             canaries: Canaries::none(),
             hooks: Arc::new(NoHooks),
             tool_retries: Arc::new(NoRetries),
+            context_budget: ContextBudget::default(),
         }
     }
 
@@ -298,6 +303,7 @@ impl System {
             retries: config.tool_retries.clone(),
         });
         rc.hooks = config.hooks.clone();
+        rc.context_budget = config.context_budget;
         rc.calls = Arc::new(StoreCallLog {
             db: db.clone(),
             clock: deps.clock.clone(),

@@ -14,6 +14,11 @@
 //! are not resumed behind the caller's back — the caller that retries the
 //! same prompt resumes them, and a second, automatic resume could run the
 //! prompt twice.
+//!
+//! A work finished by hand (`run --resume`) settles its own RESUME trigger
+//! ([`super::System::settle_resume`]: PENDING → DONE only), so no trigger
+//! is left PENDING for a work that is done; had it stayed, its firing would
+//! only have found the work done and acked.
 
 use std::sync::Mutex;
 
@@ -24,7 +29,7 @@ use crate::sqlite::Db;
 use crate::store::triggers::{EmitOutcome, Trigger, TriggerSource, TriggerSpec, TriggerStore};
 use crate::store::StoreError;
 
-use super::lock_db;
+use super::{lock_db, System};
 
 /// The dedup key of the RESUME trigger of `agent`'s `work`. Work ids are
 /// scoped to their agent (the API's `work_id` is the caller's), so the
@@ -84,4 +89,17 @@ pub(super) fn emit_resumes(
         }
     }
     Ok(emitted)
+}
+
+impl System {
+    /// The work `work` of `agent` completed outside its RESUME trigger
+    /// (`run --resume` finished it): settle that trigger DONE if it is
+    /// still PENDING (one guarded transaction; a CLAIMED or settled one is
+    /// left alone). Returns the settled trigger, `None` if there was none.
+    pub fn settle_resume(&self, agent: &AgentId, work: &str) -> Result<Option<Trigger>, StoreError> {
+        let key = resume_key(agent, work);
+        let now = self.now_ms();
+        let db = self.db();
+        self.triggers().settle_pending(db.conn(), &key, now)
+    }
 }

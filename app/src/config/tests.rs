@@ -353,3 +353,98 @@ fn a_bad_hook_or_retry_names_its_key() {
     assert!(e.contains("never retried"), "{e}");
     assert!(parse(&format!("{text}\n[retries.tools.send_email]\nmax_retries = 0\n")).is_ok());
 }
+
+#[test]
+fn gc_defaults_to_on_with_the_library_ttl_and_parses_overrides() {
+    let c = parse(GOOD).unwrap();
+    assert!(c.gc.enabled);
+    assert_eq!(c.gc.ttl_ms, durable_agent::system::DEFAULT_GC_TTL_MS);
+    assert_eq!(c.gc.payload_ttl_ms, DEFAULT_PAYLOAD_TTL_MS);
+    assert_eq!(c.gc.period_ms, DEFAULT_GC_PERIOD_MS);
+    assert!(c.summary().contains("gc: every 600000 ms"), "{}", c.summary());
+    let c = parse(&format!(
+        "{GOOD}\n[gc]\nttl_ms = 5000\npayload_ttl_ms = 1000\nperiod_ms = 200\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        (c.gc.ttl_ms, c.gc.payload_ttl_ms, c.gc.period_ms),
+        (5_000, 1_000, 200)
+    );
+    let off = parse(&format!("{GOOD}\n[gc]\nenabled = false\n")).unwrap();
+    assert!(!off.gc.enabled && off.summary().contains("gc: off"));
+}
+
+/// A bad `[gc]` value: the message names the key.
+#[test]
+fn a_bad_gc_value_names_its_key() {
+    let gc = |body: &str| err(&format!("{GOOD}\n[gc]\n{body}\n"));
+    for (body, key, says) in [
+        ("ttl_ms = 0", "`gc.ttl_ms`", "must be > 0"),
+        ("payload_ttl_ms = 0", "`gc.payload_ttl_ms`", "must be > 0"),
+        (
+            "ttl_ms = 1000\npayload_ttl_ms = 2000\nperiod_ms = 100",
+            "`gc.payload_ttl_ms`",
+            "exceeds ttl_ms",
+        ),
+        ("period_ms = 1", "`gc.period_ms`", "must be >="),
+        (
+            "ttl_ms = 1000\npayload_ttl_ms = 500\nperiod_ms = 5000",
+            "`gc.period_ms`",
+            "exceeds ttl_ms",
+        ),
+        ("ttl = \"1h\"", "gc", "unknown field"),
+        ("ttl_ms = \"1h\"", "gc.ttl_ms", "invalid type"),
+    ] {
+        let e = gc(body);
+        assert!(e.contains(key) && e.contains(says), "{body}: {e}");
+    }
+}
+
+#[test]
+fn context_defaults_to_no_budget_and_parses_both_limits() {
+    let c = parse(GOOD).unwrap();
+    assert!(c.context.budget().is_unlimited());
+    assert!(c.summary().contains("context: no budget"), "{}", c.summary());
+    let c = parse(&format!(
+        "{GOOD}\n[context]\nmax_context_tokens = 16000\nmax_messages = 200\n"
+    ))
+    .unwrap();
+    assert_eq!(c.context.budget().max_context_tokens, Some(16_000));
+    assert_eq!(c.context.budget().max_messages, Some(200));
+    assert!(
+        c.summary()
+            .contains("at most 16000 estimated tokens, 200 messages"),
+        "{}",
+        c.summary()
+    );
+    let tokens_only = parse(&format!("{GOOD}\n[context]\nmax_context_tokens = 8000\n")).unwrap();
+    assert_eq!(tokens_only.context.budget().max_messages, None);
+}
+
+/// A bad `[context]` value: the message names the key.
+#[test]
+fn a_bad_context_value_names_its_key() {
+    let context = |body: &str| err(&format!("{GOOD}\n[context]\n{body}\n"));
+    for (body, key, says) in [
+        (
+            "max_context_tokens = 10",
+            "`context.max_context_tokens`",
+            "below the minimum of 64",
+        ),
+        (
+            "max_messages = 1",
+            "`context.max_messages`",
+            "below the minimum of 3",
+        ),
+        ("max_tokens = 100", "context", "unknown field"),
+        ("max_messages = \"many\"", "context.max_messages", "invalid type"),
+        (
+            "max_context_tokens = -1",
+            "context.max_context_tokens",
+            "invalid value",
+        ),
+    ] {
+        let e = context(body);
+        assert!(e.contains(key) && e.contains(says), "{body}: {e}");
+    }
+}

@@ -12,7 +12,8 @@
 //! A human answers NEEDS_CONFIRMATION with [`ActivityStore::confirm`]
 //! (`confirm.rs`: delivered, not delivered, abandon); settled rows are
 //! collected after a TTL by [`ActivityStore::gc`] (`gc.rs`: never INTENT or
-//! NEEDS_CONFIRMATION).
+//! NEEDS_CONFIRMATION), their payloads stripped after a shorter one by
+//! [`ActivityStore::strip_payloads`] (same rows, same rules).
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -26,7 +27,7 @@ mod gc;
 
 pub use confirm::{Resolution, ABANDONED};
 pub use gate::ActivityGate;
-pub use gc::GcReport;
+pub use gc::{GcReport, StripReport, STRIPPED_JSON};
 
 str_enum! {
     /// Ledger state of one irreversible action.

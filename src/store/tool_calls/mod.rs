@@ -13,12 +13,18 @@
 //! call a hook parked for a human is `running` with a NEEDS_CONFIRMATION
 //! row in the activity ledger, both written in one transaction, so
 //! `System::confirm` answers it like any unknown-fate call.
+//!
+//! Settled calls' bodies are stripped after a TTL (`strip.rs`), never
+//! those of a run that may still resume.
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::store::schema::{sql, StoreError};
 
 mod model;
+mod strip;
+
+pub use strip::{STRIPPED_JSON, STRIPPED_TEXT};
 
 pub use model::{
     FailedAttempt, NewToolCall, Parked, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus,

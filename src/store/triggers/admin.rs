@@ -1,11 +1,15 @@
-//! Operator actions on triggers: list them by status (the dead-letter view)
-//! and send a DEAD or FAILED trigger back to PENDING.
+//! Operator actions on triggers: list them by status (the dead-letter view),
+//! send a DEAD or FAILED trigger back to PENDING, and settle a PENDING
+//! trigger whose work was done another way.
 //!
 //! Invariant: [`TriggerStore::retry`] is one transaction guarded by the
 //! status — only a DEAD or FAILED row moves, to PENDING with its attempts
 //! reset, and anything else is a typed error with nothing changed. A
 //! PENDING or CLAIMED trigger is never touched (a retry must not steal a
 //! live lease or reset a backoff in progress).
+//! [`TriggerStore::settle_pending`] is one statement guarded by the
+//! status: only a PENDING row moves, to DONE; a CLAIMED one (someone's
+//! lease) and a settled one are left as they are.
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -84,5 +88,42 @@ impl TriggerStore {
         tx.commit().map_err(sql("trigger retry commit"))?;
         tracing::info!(id, "trigger retried by an operator");
         Ok(trigger)
+    }
+
+    /// Settle the PENDING trigger with `dedup_key` as DONE without firing
+    /// it: its work completed another way (e.g. `run --resume` finished
+    /// the run a RESUME trigger stands for). One guarded statement: only
+    /// PENDING → DONE. Returns the row as it now is if it moved; `None` if
+    /// there is no such key or the row is in another state (unchanged).
+    pub fn settle_pending(
+        &self,
+        conn: &Connection,
+        dedup_key: &str,
+        now_ms: u64,
+    ) -> Result<Option<Trigger>, StoreError> {
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+            .map_err(sql("trigger settle begin"))?;
+        let moved = tx
+            .execute(
+                "UPDATE triggers SET status = 'DONE', not_before = NULL, lease_until = NULL, \
+                 updated_at = ?2 WHERE dedup_key = ?1 AND status = 'PENDING'",
+                params![dedup_key, now_ms],
+            )
+            .map_err(sql("trigger settle update"))?;
+        if moved == 0 {
+            // Dropping `tx` rolls back; nothing was written anyway.
+            return Ok(None);
+        }
+        let raw = tx
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM triggers WHERE dedup_key = ?1"),
+                [dedup_key],
+                raw_row,
+            )
+            .map_err(sql("trigger settle read"))?;
+        let trigger = decode(raw, &self.policy, now_ms)?;
+        tx.commit().map_err(sql("trigger settle commit"))?;
+        tracing::info!(id = %trigger.id, dedup_key, "pending trigger settled: its work is done");
+        Ok(Some(trigger))
     }
 }
