@@ -162,6 +162,11 @@ pub enum Op {
     /// if the world has it, else not delivered. The `pick`-th key a turn
     /// blocked on.
     Confirm { pick: u8 },
+    /// The daemon's garbage collection (`System::gc` with a TTL of 0:
+    /// every settled row before now): settled triggers, then settled
+    /// ledger rows, two transactions. What recovery, a resume or a
+    /// blocked trigger needs must stay.
+    Gc,
     /// One tool round of a checkpointed agent loop (seed 003): an assistant
     /// message and `tools % 3` tool messages, then the loop checkpoint.
     LoopRound { tools: u8 },
@@ -251,6 +256,7 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         1 => any::<u8>().prop_map(|trigger| Op::StaleAck { trigger }),
         1 => any::<u8>().prop_map(|trigger| Op::RetryTrigger { trigger }),
         1 => any::<u8>().prop_map(|pick| Op::Confirm { pick }),
+        1 => Just(Op::Gc),
     ]
     .boxed()
 }
@@ -312,5 +318,6 @@ pub fn render(op: &Op) -> String {
         Op::StaleAck { trigger } => format!("stale_ack(#{trigger})"),
         Op::RetryTrigger { trigger } => format!("retry_trigger(#{trigger})"),
         Op::Confirm { pick } => format!("confirm(#{pick}, truthfully)"),
+        Op::Gc => "gc(ttl=0)".into(),
     }
 }

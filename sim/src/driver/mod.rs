@@ -533,6 +533,7 @@ impl Driver {
                 | Action::StaleAck { .. }
                 | Action::Retry { .. }
                 | Action::Confirm { .. }
+                | Action::Gc
         ) {
             self.store_cache = None;
         }
@@ -725,6 +726,12 @@ impl Driver {
                     .ok_or_else(|| format!("no trigger {key} to retry"))?;
                 system.retry_trigger(&id).map_err(|e| e.to_string())?;
             }
+            Action::Gc => {
+                let report = self.system()?.gc(0).map_err(|e| e.to_string())?;
+                // A collected key may be emitted again, as a new row.
+                let gone = &report.triggers.deleted;
+                self.trigger_ids.retain(|_, id| !gone.contains(id));
+            }
             Action::Confirm { idem, delivered, .. } => {
                 let resolution = if *delivered {
                     Resolution::Delivered {
@@ -745,7 +752,8 @@ impl Driver {
                     let system = self.system()?;
                     let r = system.triggers().ack_done(system.db().conn(), &claim, now);
                     match r {
-                        Ok(()) | Err(StoreError::LeaseLost { .. }) => {}
+                        // A collected row is refused as missing.
+                        Ok(()) | Err(StoreError::LeaseLost { .. } | StoreError::NotFound { .. }) => {}
                         Err(e) => return Err(e.to_string()),
                     }
                 }

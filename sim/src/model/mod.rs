@@ -164,6 +164,8 @@ pub enum Action {
     Retry {
         key: String,
     },
+    /// Garbage collection of every settled row (see [`Model::collect`]).
+    Gc,
     /// A human's answer for the call with idempotency key `idem` (the
     /// effect `effect`): `delivered` when the world has it.
     Confirm {
@@ -508,6 +510,10 @@ impl Model {
             | Op::FireTrigger { .. }
             | Op::StaleAck { .. }
             | Op::RetryTrigger { .. } => return self.resolve_trigger(op),
+            // A FAILED trigger whose blocking key the model does not know
+            // may or may not still be blocked (kept or collected).
+            Op::Gc if self.blocked_on.values().any(Option::is_none) => return None,
+            Op::Gc => Action::Gc,
             Op::Confirm { pick } => {
                 // A trigger blocked on a key the model does not know might
                 // be re-pended by this answer: not predictable, skipped.
@@ -643,6 +649,7 @@ impl Model {
             Action::LoopRound { round, tools } => {
                 self.state.loop_messages.extend(round_messages(*round, *tools))
             }
+            Action::Gc => self.collect(),
             Action::Confirm {
                 idem,
                 effect,
@@ -676,6 +683,23 @@ impl Model {
                 }
             }
         }
+    }
+
+    /// What `System::gc` with a TTL of 0 leaves of the triggers: DONE and
+    /// DEAD rows go, except the newest row (its rowid stays the maximum,
+    /// so a later emit never reuses it); FAILED rows are all blocked on a
+    /// call waiting for a human here, so they stay ([`Model::blocked_on`]
+    /// has no unknown key when this is resolved); live rows stay. The
+    /// ledger's settled rows go too, which the state does not show: a
+    /// resumed turn must still never repeat an effect (I4).
+    fn collect(&mut self) {
+        let last = self.state.triggers.len().saturating_sub(1);
+        let mut i = 0;
+        self.state.triggers.retain(|t| {
+            let keep = i == last || !matches!(t.status, TriggerStatus::Done | TriggerStatus::Dead);
+            i += 1;
+            keep
+        });
     }
 
     /// A turn (`action`) stopped at the call `idem` (effect `effect`, when
