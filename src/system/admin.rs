@@ -184,9 +184,10 @@ impl System {
 
     /// Collect settled rows older than `ttl_ms` (use [`DEFAULT_GC_TTL_MS`]
     /// unless you know every retry and resume horizon is shorter): DONE,
-    /// FAILED and DEAD triggers, then DONE and FAILED ledger rows — except
-    /// those of agents with an interrupted turn or unfinished work, which
-    /// resuming re-runs.
+    /// FAILED and DEAD triggers — except those blocked on a confirmation
+    /// and the given-up RESUME triggers of unfinished work — then DONE and
+    /// FAILED ledger rows — except those of agents with an interrupted
+    /// turn or unfinished work, which resuming re-runs.
     ///
     /// Two transactions, triggers first; a crash between them leaves the
     /// ledger uncollected, and running `gc` again finishes (it is
@@ -194,9 +195,10 @@ impl System {
     pub fn gc(&self, ttl_ms: u64) -> Result<SystemGcReport, SystemError> {
         let now = self.now_ms();
         let mid_turn = task_ids(&self.agents_resumable()?);
-        let blocked = self.blocked_triggers()?;
+        let mut kept = self.blocked_triggers()?;
+        kept.extend(self.given_up_resumes()?);
         let db = self.db();
-        let triggers = self.triggers().gc_keeping(db.conn(), now, ttl_ms, &blocked)?;
+        let triggers = self.triggers().gc_keeping(db.conn(), now, ttl_ms, &kept)?;
         let activities = self
             .gate()
             .store()
@@ -214,6 +216,32 @@ impl System {
             .filter(|t| keys.iter().any(|k| blocked_on(t, &k.idem_key)))
             .map(|t| t.id)
             .collect())
+    }
+
+    /// DEAD or FAILED RESUME triggers of a work still unfinished: the
+    /// record that the work was given up. Collected, the next boot would
+    /// emit the work's RESUME trigger afresh (PENDING, attempts 0: its
+    /// dedup key is free again) and run the work again, silently undoing
+    /// the dead-letter (found by the fuzzer's `gc` op). Kept until the
+    /// work completes, its agent is deleted, or an operator retries it.
+    fn given_up_resumes(&self) -> Result<Vec<String>, SystemError> {
+        let runtime = self.runtime();
+        let mut keys = std::collections::BTreeSet::new();
+        for agent in runtime.state().agents.keys() {
+            for (work, _) in runtime.unfinished_work(agent)? {
+                keys.insert(super::resume::resume_key(agent, work));
+            }
+        }
+        let mut ids = Vec::new();
+        for status in [TriggerStatus::Dead, TriggerStatus::Failed] {
+            ids.extend(
+                self.triggers_with(status)?
+                    .into_iter()
+                    .filter(|t| t.dedup_key.as_ref().is_some_and(|k| keys.contains(k)))
+                    .map(|t| t.id),
+            );
+        }
+        Ok(ids)
     }
 
     /// Replace the bodies of settled rows older than `payload_ttl_ms`:

@@ -692,14 +692,29 @@ impl Model {
     /// has no unknown key when this is resolved); live rows stay. The
     /// ledger's settled rows go too, which the state does not show: a
     /// resumed turn must still never repeat an effect (I4).
+    ///
+    /// A DEAD RESUME row of a work still unfinished stays too: it records
+    /// that the work was given up (collected, the next boot would emit it
+    /// afresh and run the work again).
     fn collect(&mut self) {
         let last = self.state.triggers.len().saturating_sub(1);
-        let mut i = 0;
-        self.state.triggers.retain(|t| {
-            let keep = i == last || !matches!(t.status, TriggerStatus::Done | TriggerStatus::Dead);
-            i += 1;
-            keep
-        });
+        let given_up = |key: &str| match self.works.get(key) {
+            Some(Action::WorkTurn { agent, .. }) => self.state.agents.contains_key(agent),
+            _ => false,
+        };
+        let keep: Vec<bool> = self
+            .state
+            .triggers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t.status {
+                TriggerStatus::Done => i == last,
+                TriggerStatus::Dead => i == last || given_up(&t.key),
+                _ => true,
+            })
+            .collect();
+        let mut keep = keep.into_iter();
+        self.state.triggers.retain(|_| keep.next().unwrap_or(true));
     }
 
     /// A turn (`action`) stopped at the call `idem` (effect `effect`, when
