@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use durable_agent::fs::RealFs;
+use durable_agent::runtime::Hooks;
 use durable_agent::system::{
     BootReport, Deps, LogicalClock, OutboxRoutes, System, SystemConfig, SystemError,
 };
@@ -22,6 +23,7 @@ use crate::interrupt::{InterruptibleProvider, Stop};
 use crate::lifecycle::{Lifecycle, ObservedOutbox, ObservedTools};
 use crate::observe::{CallObserver, NoopObserver};
 use crate::openai::{OpenAiError, OpenAiProvider};
+use crate::progress::Progress;
 use crate::telemetry::{JsonlExporter, TelemetryError};
 use crate::tools::ToolSet;
 
@@ -142,6 +144,18 @@ pub fn boot_with(
     stop: &Stop,
     key: ApiKey,
 ) -> Result<(System, BootReport, Lifecycle), BootError> {
+    boot_watched(config, stop, key, None)
+}
+
+/// [`boot_with`], `progress` (`run`'s live progress) watching the runtime's
+/// hook events after the configured hooks and the provider's attempts
+/// after telemetry.
+pub fn boot_watched(
+    config: &Config,
+    stop: &Stop,
+    key: ApiKey,
+    progress: Option<&Arc<Progress>>,
+) -> Result<(System, BootReport, Lifecycle), BootError> {
     let exporter = match &config.telemetry.events_jsonl {
         Some(path) => Some(Arc::new(JsonlExporter::open(path)?)),
         None => None,
@@ -149,6 +163,10 @@ pub fn boot_with(
     let observer: Arc<dyn CallObserver> = match &exporter {
         Some(exporter) => exporter.clone(),
         None => Arc::new(NoopObserver),
+    };
+    let observer = match progress {
+        Some(p) => p.observer(observer),
+        None => observer,
     };
     let lifecycle = Lifecycle::new(exporter);
     let provider = match (OpenAiProvider::from_config(config), key) {
@@ -166,7 +184,11 @@ pub fn boot_with(
     system_config.max_tool_rounds = config.runtime.max_tool_rounds;
     system_config.context_budget = config.context.budget();
     system_config.canaries = canaries()?;
-    system_config.hooks = Arc::new(crate::hooks::ConfigHooks::from_config(&config.hooks));
+    let hooks: Arc<dyn Hooks> = Arc::new(crate::hooks::ConfigHooks::from_config(&config.hooks));
+    system_config.hooks = match progress {
+        Some(p) => p.hooks(hooks),
+        None => hooks,
+    };
     system_config.tool_retries = Arc::new(crate::hooks::ConfigRetries::from_config(
         config,
         Arc::new(crate::retry::ThreadSleeper),

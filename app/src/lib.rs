@@ -26,6 +26,7 @@ pub mod mock_llm;
 pub mod observe;
 pub mod openai;
 pub mod ops;
+pub mod progress;
 pub mod retry;
 pub mod run;
 pub mod schedule;

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use durable_agent::store::inspect::{Page, DEFAULT_LIMIT, MAX_LIMIT};
 use durable_agent_cli::access::Token;
 use durable_agent_cli::api::{self, Client, ClientError};
-use durable_agent_cli::boot::{boot, boot_with, real_fs, ApiKey};
+use durable_agent_cli::boot::{boot_watched, boot_with, real_fs, ApiKey};
 use durable_agent_cli::config::Config;
 use durable_agent_cli::daemon::{Daemon, ServeSettings};
 use durable_agent_cli::gc;
@@ -22,6 +22,7 @@ use durable_agent_cli::interrupt::Stop;
 use durable_agent_cli::mock_llm::{MockLlm, Reword, Script};
 use durable_agent_cli::openai::OpenAiProvider;
 use durable_agent_cli::ops;
+use durable_agent_cli::progress::{Progress, Style as ProgressStyle};
 use durable_agent_cli::run::{run, RunMode};
 use durable_agent_cli::schedule::Schedules;
 use durable_agent_cli::telemetry;
@@ -94,6 +95,10 @@ enum Command {
         /// Start a new run with this run's job and conversation.
         #[arg(long, value_name = "RUN")]
         fork: Option<String>,
+        /// No progress lines on stderr (rounds, tool calls, retries, the
+        /// end): only the summary, on stdout.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// The daemon: boot the root, serve the control API on [api] listen,
     /// fire due triggers; SIGINT/SIGTERM stop it gracefully.
@@ -274,6 +279,7 @@ fn main() -> ExitCode {
             config,
             resume,
             fork,
+            quiet,
         } => {
             let mode = match (&job, &resume, &fork) {
                 (Some(job_file), _, _) => RunMode::New { job_file },
@@ -282,7 +288,7 @@ fn main() -> ExitCode {
                 // clap's required group makes this unreachable.
                 (None, None, None) => return ExitCode::from(2),
             };
-            run_command(&config, mode)
+            run_command(&config, mode, quiet)
         }
         Command::Serve { config } => serve(&config).map(|()| ExitCode::SUCCESS),
         Command::Verify { root, config, json } => verify_cmd(root, config, json),
@@ -448,16 +454,23 @@ fn check_config(file: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-fn run_command(config: &std::path::Path, mode: RunMode<'_>) -> Result<ExitCode, String> {
+/// `run`: progress on stderr as it happens (none with `quiet`), the
+/// summary alone on stdout.
+fn run_command(config: &std::path::Path, mode: RunMode<'_>, quiet: bool) -> Result<ExitCode, String> {
     let config = Config::load(config).map_err(|e| e.to_string())?;
     let stop = Stop::new();
     stop.on_signals("the run")
         .map_err(|e| format!("cannot install the signal handler: {e}"))?;
-    let (mut system, _report, lifecycle) = boot(&config, &stop).map_err(|e| e.to_string())?;
-    let summary = run(&mut system, &lifecycle, mode, &stop).map_err(|e| e.to_string())?;
+    let progress = Progress::new(ProgressStyle::detect(quiet));
+    let (mut system, _report, lifecycle) =
+        boot_watched(&config, &stop, ApiKey::Required, Some(&progress)).map_err(|e| e.to_string())?;
+    let summary = run(&mut system, &lifecycle, mode, &stop, &progress).map_err(|e| {
+        progress.finish();
+        e.to_string()
+    })?;
     let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
     print_out(&json);
-    if let Some(error) = &summary.error {
+    if let (Some(error), false) = (&summary.error, quiet) {
         eprintln!("run {}: {error}", summary.run_id);
     }
     Ok(if summary.is_failure() {

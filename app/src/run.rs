@@ -37,6 +37,7 @@ use crate::effects::{needs_confirmation, turn_calls};
 use crate::interrupt::{Stop, INTERRUPTED};
 use crate::job::{next_run_id, Job, JobError};
 use crate::lifecycle::Lifecycle;
+use crate::progress::Progress;
 
 /// Largest rendering of a parent run's conversation handed to a fork.
 const MAX_FORK_CONTEXT_BYTES: usize = 16 * 1024;
@@ -125,12 +126,15 @@ impl RunSummary {
 }
 
 /// Run `mode` on a booted system.
-/// `lifecycle` exports the telemetry of the agent created and the turn.
+/// `lifecycle` exports the telemetry of the agent created and the turn;
+/// `progress` shows the run's start and end (its rounds, calls and
+/// retries it sees through the system it watches, see [`crate::boot::boot_watched`]).
 pub fn run(
     system: &mut System,
     lifecycle: &Lifecycle,
     mode: RunMode<'_>,
     stop: &Stop,
+    progress: &Progress,
 ) -> Result<RunSummary, RunError> {
     let store = ToolCallStore::default();
     let (run, job, agent) = match mode {
@@ -147,7 +151,7 @@ pub fn run(
                 }
             };
             let instructions = job.instructions.clone();
-            start(system, lifecycle, run_id, job, None, &instructions)?
+            start(system, lifecycle, progress, run_id, job, None, &instructions)?
         }
         RunMode::Resume { run_id } => {
             let run = stored_run(system, run_id)?;
@@ -158,6 +162,11 @@ pub fn run(
                 store.set_run_status(system.db().conn(), run_id, RunStatus::Running, now)?;
             }
             tracing::info!(run_id, agent = %agent, was = run.status.as_str(), "resuming run");
+            progress.line(&format!(
+                "run {run_id}: resuming (agent {} ({agent}), was {})",
+                job.agent,
+                run.status.as_str()
+            ));
             (run, job, agent)
         }
         RunMode::Fork { run_id: parent } => {
@@ -178,6 +187,7 @@ pub fn run(
             start(
                 system,
                 lifecycle,
+                progress,
                 run_id,
                 job,
                 Some(parent.to_string()),
@@ -185,13 +195,16 @@ pub fn run(
             )?
         }
     };
-    execute(system, lifecycle, &run, &job, &agent, stop)
+    let summary = execute(system, lifecycle, &run, &job, &agent, stop, progress)?;
+    progress.end(&summary);
+    Ok(summary)
 }
 
 /// Create the run's root agent, then record the run.
 fn start(
     system: &mut System,
     lifecycle: &Lifecycle,
+    progress: &Progress,
     run_id: String,
     job: Job,
     parent_run_id: Option<String>,
@@ -222,14 +235,14 @@ fn start(
     };
     let now = system.now_ms();
     store.create_job_run(system.db().conn(), &run, now)?;
-    eprintln!(
+    progress.line(&format!(
         "run {}: agent {} ({agent}){}",
         run.run_id,
         job.agent,
         run.parent_run_id
             .as_ref()
             .map_or(String::new(), |p| format!(", forked from {p}"))
-    );
+    ));
     Ok((run, job, agent))
 }
 
@@ -241,6 +254,7 @@ fn execute(
     job: &Job,
     agent: &AgentId,
     stop: &Stop,
+    progress: &Progress,
 ) -> Result<RunSummary, RunError> {
     let mut summary = RunSummary {
         run_id: run.run_id.clone(),
@@ -254,6 +268,7 @@ fn execute(
         needs_confirmation: Vec::new(),
     };
     let work = format!("run:{}", run.run_id);
+    progress.watch(agent, system.runtime().session_id(agent), &work);
     let result = lifecycle.turn(
         system,
         agent,

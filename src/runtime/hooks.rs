@@ -85,7 +85,13 @@ pub struct PreToolUse<'a> {
 #[serde(tag = "hook_event_name")]
 pub enum HookEvent {
     /// A turn of an agent begins (or resumes) with its task.
-    AgentStart { agent: AgentId, task: String },
+    AgentStart {
+        agent: AgentId,
+        task: String,
+        /// Where a turn found open in the log resumes (None: a new turn).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        resumed: Option<Resumed>,
+    },
     /// A provider round of the turn begins.
     TurnStart { agent: AgentId, turn: u32 },
     /// A provider round's calls all have their results (its checkpoint).
@@ -108,6 +114,15 @@ pub enum HookEvent {
     },
     /// The turn completed with this response.
     AgentStop { agent: AgentId, result: String },
+}
+
+/// Where an interrupted turn resumes: its provider round, and whether
+/// that round's decision is logged (its calls run from the log, the model
+/// is not asked again) or the model is asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Resumed {
+    pub round: u32,
+    pub decided: bool,
 }
 
 impl HookEvent {

@@ -45,7 +45,7 @@ use std::sync::Arc;
 pub(crate) use agent::AgentSlot;
 #[cfg(feature = "fakes")]
 pub use fake::FakeProvider;
-pub use hooks::{HookDecision, HookEvent, HookEventKind, Hooks, NoHooks, PreToolUse};
+pub use hooks::{HookDecision, HookEvent, HookEventKind, Hooks, NoHooks, PreToolUse, Resumed};
 pub use ids::{AgentId, MessageId, SessionId};
 pub use inbox::Message;
 pub use orchestrator::Runtime;

@@ -42,7 +42,7 @@ use crate::log::{DecidedCall, Event};
 
 use super::agent::StartedWork;
 use super::context;
-use super::hooks::{review, HookEvent, Hooks, Reviewed};
+use super::hooks::{review, HookEvent, Hooks, Resumed, Reviewed};
 use super::ids::{AgentId, MessageId, SessionId};
 use super::provider::{Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest};
 use super::tools::{
@@ -469,6 +469,7 @@ impl Runtime {
                 None
             }
         };
+        let was_open = resumed.is_some();
         let open = match resumed {
             Some(mut open) => {
                 // Canary: ask the model again for a round it already
@@ -488,9 +489,14 @@ impl Runtime {
                 decided: None,
             },
         };
+        let resumed_at = was_open.then(|| Resumed {
+            round: open.round,
+            decided: open.decided.is_some(),
+        });
         self.config.hooks.observe(&HookEvent::AgentStart {
             agent: agent.clone(),
             task: prompt.to_string(),
+            resumed: resumed_at,
         });
         // Completed rounds' calls, and the decided round's completed ones,
         // come from the log: neither the provider nor the tools again.
