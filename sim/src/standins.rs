@@ -105,8 +105,9 @@ impl Rewording {
 
     /// The record as a run forked at `point` has it.
     pub fn fork(&self, fs: SimFs, point: u64) -> Rewording {
+        let n = self.count_before(point);
         let asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
-        let kept = asks.iter().copied().take_while(|(_, p)| *p < point).collect();
+        let kept = asks[..n].to_vec();
         Rewording {
             seed: self.seed,
             fs,

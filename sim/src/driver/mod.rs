@@ -213,9 +213,10 @@ impl Driver {
     /// with the bookkeeping `names` and this driver's clock: what a run
     /// killed at `point` has when it reopens. The live run is untouched.
     pub fn fork(&self, fs: SimFs, point: u64, names: Names) -> Driver {
+        let (n_sent, _) = self.prefix_at(point);
         let sent: Vec<u64> = {
             let sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
-            sent_at.iter().copied().take_while(|p| *p < point).collect()
+            sent_at[..n_sent].to_vec()
         };
         let mut driver = Driver::with_fs(self.seed, self.canaries.clone(), fs);
         driver.world = self.world.fork_prefix(sent.len());

@@ -5,10 +5,6 @@
 //! 64 written out here (a dozen lines; std's hashers are seeded per process
 //! and not stable across Rust versions, so they cannot be used).
 
-use std::collections::BTreeMap;
-
-use super::key::Key;
-use super::state::{Ino, Node};
 use super::types::TraceEntry;
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -42,22 +38,32 @@ impl Fnv1a {
 }
 
 /// Hash of a namespace with file contents (directories included, so an
-/// empty directory that vanished changes the hash). Paths are hashed as
-/// spelled by [`Key`]; a file whose inode `bytes` does not know hashes as
-/// empty.
-pub(super) fn image_hash<'a>(ns: &BTreeMap<Key, Node>, bytes: impl Fn(Ino) -> Option<&'a [u8]>) -> u64 {
-    let mut h = Fnv1a::new();
-    let mut spelled = Vec::new();
-    for (path, node) in ns {
-        spelled.clear();
-        path.as_ref().spell_into(&mut spelled);
-        h.field(&spelled);
-        match node {
-            Node::Dir => h.bytes(b"d"),
-            Node::File(ino) => h.bytes(b"f").field(bytes(*ino).unwrap_or_default()),
+/// empty directory that vanished changes the hash), fed entry by entry in
+/// path order ([`super::SimFs::visit_image`]). Paths are hashed as spelled
+/// by [`super::key::Key`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ImageHasher(Fnv1a);
+
+impl Default for ImageHasher {
+    fn default() -> Self {
+        ImageHasher(Fnv1a::new())
+    }
+}
+
+impl ImageHasher {
+    /// One entry: a file's bytes, or `None` for a directory.
+    pub(super) fn entry(&mut self, path: &std::path::Path, bytes: Option<&[u8]>) {
+        use std::os::unix::ffi::OsStrExt;
+        self.0.field(path.as_os_str().as_bytes());
+        match bytes {
+            None => self.0.bytes(b"d"),
+            Some(b) => self.0.bytes(b"f").field(b),
         };
     }
-    h.finish()
+
+    pub(super) fn finish(&self) -> u64 {
+        self.0.finish()
+    }
 }
 
 pub(super) fn trace_hash(trace: &[TraceEntry]) -> u64 {

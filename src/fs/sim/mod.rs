@@ -431,9 +431,9 @@ impl SimFs {
     /// Stable hash (FNV-1a) of the visible image: paths, directories and
     /// file bytes.
     pub fn image_hash(&self) -> u64 {
-        let s = self.lock();
-        let inodes = &s.image.inodes;
-        hash::image_hash(&s.image.ns, |ino| inodes.get(&ino).map(|i| i.visible.as_slice()))
+        let mut h = hash::ImageHasher::default();
+        self.visit_image(|path, bytes| h.entry(path, bytes));
+        h.finish()
     }
 
     /// Visit the visible image in path order: `f(path, Some(bytes))` for
