@@ -7,7 +7,7 @@
 //! |--------|-----------------------|--------------------------------------------------|
 //! | POST   | `/agents`             | `{name, instructions?, parent?}`                 |
 //! | DELETE | `/agents/{name}`      |                                                  |
-//! | POST   | `/agents/{name}/turn` | `{prompt, work_id?}`                             |
+//! | POST   | `/agents/{name}/turn` | `{prompt, work_id?}` (streamed: see below)       |
 //! | POST   | `/messages`           | `{from, to, payload}`                            |
 //! | POST   | `/triggers`           | `{dedup_key, fire_at_ms? \| delay_ms?, agent, prompt}` |
 //! | GET    | `/status`             |                                                  |
@@ -36,10 +36,15 @@
 //!
 //! Answers are JSON: the result with 200, or `{"error": "..."}` with the
 //! status of [`OpError::http_status`](crate::ops::OpError::http_status).
+//! A turn asked with `Accept: text/event-stream` (or `?stream=1`) is
+//! answered as server-sent events while it runs, the same JSON last
+//! ([`stream`]).
 //!
 //! Invariant: routing is total — any method, path and body give a
 //! `Request` or a 4xx with a message naming what is wrong; nothing here
 //! touches the system.
+
+pub mod stream;
 
 use std::net::SocketAddr;
 use std::time::Duration;

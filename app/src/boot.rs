@@ -23,8 +23,9 @@ use crate::interrupt::{InterruptibleProvider, Stop};
 use crate::lifecycle::{Lifecycle, ObservedOutbox, ObservedTools};
 use crate::observe::{CallObserver, NoopObserver};
 use crate::openai::{OpenAiError, OpenAiProvider};
+use crate::otel::{Otel, OtelError};
 use crate::progress::Progress;
-use crate::telemetry::{JsonlExporter, TelemetryError};
+use crate::telemetry::{Telemetry, TelemetryError};
 use crate::tools::ToolSet;
 
 /// Seed of the runtime's id prefix and SQLite's PRNG. Fixed: ids stay in
@@ -108,6 +109,8 @@ pub enum BootError {
     Provider(#[from] OpenAiError),
     #[error("telemetry: {0}")]
     Telemetry(#[from] TelemetryError),
+    #[error("telemetry.otlp: {0}")]
+    Otel(#[from] OtelError),
     #[error("{0}")]
     System(#[from] SystemError),
 }
@@ -156,19 +159,25 @@ pub fn boot_watched(
     key: ApiKey,
     progress: Option<&Arc<Progress>>,
 ) -> Result<(System, BootReport, Lifecycle), BootError> {
-    let exporter = match &config.telemetry.events_jsonl {
-        Some(path) => Some(Arc::new(JsonlExporter::open(path)?)),
+    let exporter = Telemetry::open(&config.telemetry)?.map(Arc::new);
+    let otel = match &config.telemetry.otlp {
+        Some(otlp) => Some(Otel::start(otlp, &config.provider.model, stop)?),
         None => None,
     };
+    let lifecycle = Lifecycle::new(exporter.clone(), otel.clone());
+    // Telemetry's events, then the tracer's spans, then the progress line.
     let observer: Arc<dyn CallObserver> = match &exporter {
-        Some(exporter) => exporter.clone(),
+        Some(_) => Arc::new(lifecycle.clone()),
         None => Arc::new(NoopObserver),
+    };
+    let observer = match &otel {
+        Some(o) => o.observer(observer),
+        None => observer,
     };
     let observer = match progress {
         Some(p) => p.observer(observer),
         None => observer,
     };
-    let lifecycle = Lifecycle::new(exporter);
     let provider = match (OpenAiProvider::from_config(config), key) {
         (Ok(provider), _) => provider,
         (Err(OpenAiError::MissingApiKey { var }), ApiKey::Optional) => {
@@ -183,8 +192,13 @@ pub fn boot_watched(
     system_config.slots = config.runtime.slots;
     system_config.max_tool_rounds = config.runtime.max_tool_rounds;
     system_config.context_budget = config.context.budget();
+    system_config.orchestration = config.orchestration_policy();
     system_config.canaries = canaries()?;
     let hooks: Arc<dyn Hooks> = Arc::new(crate::hooks::ConfigHooks::from_config(&config.hooks));
+    let hooks = match &otel {
+        Some(o) => o.hooks(hooks),
+        None => hooks,
+    };
     system_config.hooks = match progress {
         Some(p) => p.hooks(hooks),
         None => hooks,

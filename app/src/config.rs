@@ -1,7 +1,8 @@
 //! The product's TOML config: `[provider]`, `[runtime]`, `[api]`,
-//! `[telemetry]`, `[[tools]]`, `[[hooks]]` and `[retries]` (the last two
-//! in `config/hooks.rs`), `[gc]` (`config/gc.rs`), `[context]`
-//! (`config/context.rs`).
+//! `[telemetry]` (`config/telemetry.rs`), `[[tools]]`, `[[hooks]]` and
+//! `[retries]` (the last two in `config/hooks.rs`), `[gc]` (`config/gc.rs`),
+//! `[context]` (`config/context.rs`), `[orchestration]`
+//! (`config/orchestration.rs`).
 //!
 //! Invariant: a [`Config`] returned by [`Config::load`] / [`Config::parse`]
 //! is valid as a whole — every check in [`Config::validate`] passed — and
@@ -14,6 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use durable_agent::runtime::orchestration::{LIST_AGENTS, SEND_MESSAGE, SPAWN_AGENT};
+use durable_agent::runtime::{Orchestration, OrchestrationTool};
 use serde::Deserialize;
 
 use locate::{key_at, line_col, line_of_key};
@@ -80,6 +83,10 @@ pub struct Config {
     /// The context budget of every provider request (default: none).
     #[serde(default)]
     pub context: ContextConfig,
+    /// Who may call the orchestration tools, the spawning limits, and
+    /// `serve`'s wake-ups (`config/orchestration.rs`).
+    #[serde(default)]
+    pub orchestration: Option<OrchestrationConfig>,
 }
 
 /// An OpenAI-compatible chat-completions endpoint.
@@ -103,6 +110,11 @@ pub struct ProviderConfig {
     /// Also caps a server's `Retry-After`.
     #[serde(default = "defaults::backoff_max_ms")]
     pub backoff_max_ms: u64,
+    /// Ask for the reply as server-sent events (`stream: true`) and show
+    /// its text as it arrives; only the complete reply is logged. Off by
+    /// default: some OpenAI-compatible servers refuse `stream_options`.
+    #[serde(default)]
+    pub stream: bool,
 }
 
 /// Where and how the runtime keeps its state.
@@ -158,14 +170,6 @@ impl Default for ApiConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TelemetryConfig {
-    /// Append one JSON event per line here (see `telemetry`).
-    #[serde(default)]
-    pub events_jsonl: Option<PathBuf>,
-}
-
 /// One tool the agent may call.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -173,6 +177,19 @@ pub enum ToolConfig {
     Http(HttpToolConfig),
     ReadFile(ReadFileToolConfig),
     HttpGet(HttpGetToolConfig),
+    /// Orchestration tools: performed by the runtime itself (see
+    /// `config/orchestration.rs`); their names are fixed.
+    SpawnAgent(RuntimeToolConfig),
+    SendMessage(RuntimeToolConfig),
+    ListAgents(RuntimeToolConfig),
+}
+
+/// An orchestration tool: only its description can be changed.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeToolConfig {
+    #[serde(default)]
+    pub description: Option<String>,
 }
 
 /// An HTTP endpoint called with the tool's JSON arguments as its body.
@@ -244,6 +261,9 @@ impl ToolConfig {
             ToolConfig::Http(t) => &t.name,
             ToolConfig::ReadFile(t) => &t.name,
             ToolConfig::HttpGet(t) => &t.name,
+            ToolConfig::SpawnAgent(_) => SPAWN_AGENT,
+            ToolConfig::SendMessage(_) => SEND_MESSAGE,
+            ToolConfig::ListAgents(_) => LIST_AGENTS,
         }
     }
 
@@ -252,6 +272,26 @@ impl ToolConfig {
             ToolConfig::Http(t) => &t.description,
             ToolConfig::ReadFile(t) => &t.description,
             ToolConfig::HttpGet(t) => &t.description,
+            ToolConfig::SpawnAgent(t) => t.description.as_deref().unwrap_or(
+                "Spawn a child agent with a name and instructions (its system prompt). It is created when your turn ends; messages you send it meanwhile are delivered then.",
+            ),
+            ToolConfig::SendMessage(t) => t.description.as_deref().unwrap_or(
+                "Send a message to another agent: `to` is a name (your children first, then your parent, siblings, anyone), an agent id, or \"parent\". The recipient is woken to read it.",
+            ),
+            ToolConfig::ListAgents(t) => t
+                .description
+                .as_deref()
+                .unwrap_or("List the agents of the tree: ids, names, parents, depths, pending messages."),
+        }
+    }
+
+    /// The orchestration tool this is, if it is one.
+    pub fn orchestration(&self) -> Option<OrchestrationTool> {
+        match self {
+            ToolConfig::SpawnAgent(_) => Some(OrchestrationTool::SpawnAgent),
+            ToolConfig::SendMessage(_) => Some(OrchestrationTool::SendMessage),
+            ToolConfig::ListAgents(_) => Some(OrchestrationTool::ListAgents),
+            _ => None,
         }
     }
 
@@ -274,6 +314,23 @@ impl ToolConfig {
                 "properties": {"url": {"type": "string", "description": "http or https URL"}},
                 "required": ["url"],
             }),
+            ToolConfig::SpawnAgent(_) => serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "description": "the child's name, unique among your children"},
+                    "instructions": {"type": "string", "description": "the child's system prompt"},
+                },
+                "required": ["name", "instructions"],
+            }),
+            ToolConfig::SendMessage(_) => serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "to": {"type": "string", "description": "a name, an agent id, or \"parent\""},
+                    "payload": {"type": "string", "description": "the message"},
+                },
+                "required": ["to", "payload"],
+            }),
+            ToolConfig::ListAgents(_) => serde_json::json!({"type": "object", "properties": {}}),
         }
     }
 }
@@ -481,6 +538,8 @@ impl Config {
         hooks::validate_retries(&self.retries, &self.tools)?;
         gc::validate_gc(&self.gc)?;
         context::validate_context(&self.context)?;
+        orchestration::validate_orchestration(self.orchestration.as_ref(), &self.tools)?;
+        telemetry::validate_telemetry(&self.telemetry)?;
         Ok(())
     }
 
@@ -501,23 +560,32 @@ impl Config {
         }
     }
 
+    /// The runtime's orchestration policy (`None`: no orchestration tool
+    /// configured).
+    pub fn orchestration_policy(&self) -> Option<Orchestration> {
+        orchestration::policy(self.orchestration.as_ref(), &self.tools)
+    }
+
+    /// Whether `serve` wakes an agent that has a pending message.
+    pub fn wakes_agents(&self) -> bool {
+        orchestration::wakes(self.orchestration.as_ref(), &self.tools)
+    }
+
     /// A few lines for `check-config`.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "provider: {} model {} (key from {}; timeout {} ms, {} retries)\nruntime: root {}, {} slots, {} tool rounds\napi: {}\ntelemetry: {}\ntools: {}\n",
+            "provider: {} model {} (key from {}; timeout {} ms, {} retries{})\nruntime: root {}, {} slots, {} tool rounds\napi: {}\ntelemetry: {}\ntools: {}\n",
             self.provider.base_url,
             self.provider.model,
             self.provider.api_key_env.as_deref().unwrap_or("<none>"),
             self.provider.timeout_ms,
             self.provider.max_retries,
+            if self.provider.stream { ", streamed" } else { "" },
             self.runtime.root.display(),
             self.runtime.slots,
             self.runtime.max_tool_rounds,
             self.api.listen,
-            self.telemetry
-                .events_jsonl
-                .as_ref()
-                .map_or("off".to_string(), |p| p.display().to_string()),
+            self.telemetry.summary(),
             self.tools.len(),
         );
         for tool in &self.tools {
@@ -534,6 +602,9 @@ impl Config {
                 ),
                 ToolConfig::ReadFile(t) => format!("read_file {}", t.workspace.display()),
                 ToolConfig::HttpGet(_) => "http_get".to_string(),
+                ToolConfig::SpawnAgent(_) | ToolConfig::SendMessage(_) | ToolConfig::ListAgents(_) => {
+                    "orchestration (performed by the runtime)".to_string()
+                }
             };
             s.push_str(&format!("  - {}: {kind}\n", tool.name()));
         }
@@ -606,6 +677,8 @@ mod context;
 mod gc;
 mod hooks;
 mod locate;
+mod orchestration;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -615,3 +688,5 @@ pub use hooks::{
     default_max_retries, HookAction, HookConfig, RetriesConfig, ToolRetryConfig, MAX_HOOKS,
     MAX_HOOK_TIMEOUT_MS,
 };
+pub use orchestration::{OrchestrationConfig, MAX_AGENTS_LIMIT, MAX_CHILDREN_LIMIT, MAX_DEPTH_LIMIT};
+pub use telemetry::{OtlpConfig, TelemetryConfig, MAX_HTTP_QUEUE_EVENTS, MAX_OTLP_QUEUE_SPANS};

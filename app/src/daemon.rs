@@ -18,6 +18,14 @@
 //! completed turn is not run again, and the activity ledger decides every
 //! irreversible call it repeats.
 //!
+//! Wake-ups (config `[orchestration] wake`, on whenever the model can
+//! `send_message`): before each pass, every pending message the worker
+//! has not yet emitted one for gets a MESSAGE trigger keyed by the
+//! message id (`wake:{id}`), whose turn reads that message
+//! ([`System::emit_wakeups`]): a crash neither loses a wake-up (the
+//! message stays pending and the next boot's first pass emits again) nor
+//! doubles one (the key deduplicates, the work runs once).
+//!
 //! Recurring schedules ([`crate::schedule`]) are loaded after boot and
 //! ticked before each scheduler pass: each due bucket becomes a trigger
 //! (dedup key `scheduled:{id}:{bucket}`) that this same pass fires.
@@ -44,16 +52,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
-use durable_agent::system::{BootReport, System};
+use durable_agent::system::{BootReport, System, WakeUps};
 use serde_json::{json, Value};
 
 use crate::access::{self, Gate, Token};
 use crate::api::{self, Refused};
-use crate::boot::{boot, BootError};
+use crate::boot::{boot_watched, ApiKey, BootError};
 use crate::config::Config;
 use crate::gc::Ticker;
 use crate::interrupt::Stop;
 use crate::ops::{self, Begun, OpError, Request};
+use crate::progress::Progress;
 use crate::schedule::Schedules;
 use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
 use crate::turns::{End, Finished, Turns};
@@ -126,11 +135,14 @@ impl Daemon {
     pub fn start(config: &Config, stop: &Stop, settings: ServeSettings) -> Result<Daemon, ServeError> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let (boot_tx, boot_rx) = mpsc::sync_channel(1);
+        // Watches the turns for the API's streamed turns (prints nothing).
+        let progress = Progress::quiet();
         let worker = {
             let (config, stop, back) = (config.clone(), stop.clone(), tx.clone());
+            let progress = progress.clone();
             std::thread::Builder::new()
                 .name("worker".into())
-                .spawn(move || worker(&config, &stop, settings, (&rx, back), boot_tx))
+                .spawn(move || worker(&config, &stop, settings, (&rx, back), boot_tx, &progress))
                 .map_err(ServeError::Thread)?
         };
         let report = match boot_rx.recv() {
@@ -176,10 +188,11 @@ impl Daemon {
                     return;
                 }
                 let (tx, left, gate) = (tx.clone(), waiting.clone(), Arc::clone(&gate));
+                let progress = progress.clone();
                 let spawned = std::thread::Builder::new()
                     .name("api-request".into())
                     .spawn(move || {
-                        serve_request(&tx, gate.get(), request);
+                        serve_request(&tx, gate.get(), request, &progress);
                         left.fetch_sub(1, Ordering::AcqRel);
                     });
                 if let Err(e) = spawned {
@@ -238,7 +251,12 @@ impl Daemon {
 
 /// Check `request`'s head at the gate (before its body is read), read the
 /// body within the limit, and answer it.
-fn serve_request(tx: &mpsc::Sender<Msg>, gate: Option<&Gate>, mut request: tiny_http::Request) {
+fn serve_request(
+    tx: &mpsc::Sender<Msg>,
+    gate: Option<&Gate>,
+    mut request: tiny_http::Request,
+    progress: &Arc<Progress>,
+) {
     let refuse = |request: tiny_http::Request, refused: Refused| {
         let response = json_response(refused.status, &json!({"error": refused.message}).to_string());
         // A refused client's connection is not kept: what it sends next
@@ -270,6 +288,9 @@ fn serve_request(tx: &mpsc::Sender<Msg>, gate: Option<&Gate>, mut request: tiny_
         Ok(recorded) => recorded,
         Err(_) => return refuse(request, access::too_large(gate.max_body_bytes())),
     };
+    if let Some(agent) = api::stream::requested(&recorded) {
+        return api::stream::serve(request, &recorded, &agent, progress, &|r| answer(tx, r));
+    }
     let (status, body) = answer(tx, &recorded);
     respond(request, json_response(status, &body.to_string()));
 }
@@ -294,6 +315,20 @@ fn answer(tx: &mpsc::Sender<Msg>, recorded: &Recorded) -> (u16, Value) {
     }
 }
 
+/// Wake-ups ([`System::emit_wakeups`]): a trigger per pending message,
+/// keyed by its id, which this same pass fires. A failed emit has an
+/// unknown outcome: the daemon stops (the next boot emits them again,
+/// deduplicated by key).
+fn wake(system: &System, wakeups: &mut WakeUps) -> Result<(), OpError> {
+    let emitted = system
+        .emit_wakeups(wakeups)
+        .map_err(|e| OpError::UnknownOutcome(format!("emitting wake-up triggers: {e}")))?;
+    for key in emitted {
+        tracing::debug!(key, "wake-up");
+    }
+    Ok(())
+}
+
 /// Requests waiting for their answer at once; more get 503.
 const MAX_WAITING_REQUESTS: usize = 64;
 
@@ -310,18 +345,20 @@ fn worker(
     settings: ServeSettings,
     (rx, back): (&mpsc::Receiver<Msg>, mpsc::Sender<Msg>),
     boot_tx: mpsc::SyncSender<Result<BootReport, BootError>>,
+    progress: &Arc<Progress>,
 ) -> Result<(), OpError> {
-    let (mut system, lifecycle): (System, _) = match boot(config, stop) {
-        Ok((system, report, lifecycle)) => {
-            // The receiver waits for exactly this message.
-            let _ = boot_tx.send(Ok(report));
-            (system, lifecycle)
-        }
-        Err(e) => {
-            let _ = boot_tx.send(Err(e));
-            return Ok(());
-        }
-    };
+    let (mut system, lifecycle): (System, _) =
+        match boot_watched(config, stop, ApiKey::Required, Some(progress)) {
+            Ok((system, report, lifecycle)) => {
+                // The receiver waits for exactly this message.
+                let _ = boot_tx.send(Ok(report));
+                (system, lifecycle)
+            }
+            Err(e) => {
+                let _ = boot_tx.send(Err(e));
+                return Ok(());
+            }
+        };
     let fs = match crate::boot::real_fs() {
         Ok(fs) => fs,
         Err(e) => return Err(OpError::UnknownOutcome(e.to_string())),
@@ -343,11 +380,15 @@ fn worker(
             .send(Msg::Called(done));
     });
     let mut turns = Turns::new(&system, config.runtime.slots, back);
+    let mut wakeups = config.wakes_agents().then(WakeUps::default);
     let poll = Duration::from_millis(settings.poll_ms);
     let mut gc = Ticker::new(&config.gc, std::time::Instant::now());
     while !stop.requested() {
         for key in schedules.tick(&system)? {
             tracing::debug!(key, "schedule");
+        }
+        if let Some(wakeups) = wakeups.as_mut() {
+            wake(&system, wakeups)?;
         }
         turns.fire_due(&mut system, &lifecycle, settings.lease_ms, stop)?;
         if let Some(request) = gc.due(std::time::Instant::now()) {

@@ -1,6 +1,7 @@
 //! durable-agent-cli: the network-facing pieces of the durable-agent
 //! product — config, an OpenAI-compatible provider, HTTP tools and their
-//! outbox, a scripted mock LLM, a webhook sink, telemetry — and the
+//! outbox, a scripted mock LLM, a webhook sink, telemetry (JSONL, HTTP POST,
+//! OpenTelemetry traces) — and the
 //! `durable-agent` binary.
 //!
 //! Invariant: everything here is synchronous (blocking I/O on plain
@@ -26,6 +27,7 @@ pub mod mock_llm;
 pub mod observe;
 pub mod openai;
 pub mod ops;
+pub mod otel;
 pub mod progress;
 pub mod retry;
 pub mod run;

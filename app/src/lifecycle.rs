@@ -18,6 +18,13 @@
 //! turn, the call's own thread in `serve`, where several turns are in
 //! flight at once), so the scope of the calling thread names the agent and
 //! session of every irreversible call made inside it.
+//!
+//! The same calls feed the OpenTelemetry tracer when one is configured
+//! ([`crate::otel`]: the turn's root span, its tool calls' spans), and
+//! every event of a turn carries the turn's trace id, so the JSONL and
+//! POSTed envelopes join the traces. The provider's attempts become
+//! `provider_call` events (and `retry` ones) through
+//! [`Lifecycle`]'s [`CallObserver`].
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -27,7 +34,9 @@ use durable_agent::system::System;
 use durable_agent::world::{DeliveryError, Outbox};
 use serde_json::{json, Value};
 
-use crate::telemetry::{EventType, JsonlExporter};
+use crate::observe::{Attempt, AttemptOutcome, CallObserver};
+use crate::otel::Otel;
+use crate::telemetry::{now_ms, Envelope, EventType, Telemetry};
 
 /// The agent, session and work of a turn in progress: what its
 /// `turn_end` and its calls' events are attributed to.
@@ -43,15 +52,31 @@ thread_local! {
     static SCOPE: RefCell<Option<TurnScope>> = const { RefCell::new(None) };
 }
 
-/// The lifecycle event sink: a no-op without `[telemetry] events_jsonl`.
+impl TurnScope {
+    /// The turn's trace id, hex (see [`crate::otel::trace_id`]).
+    fn trace_id(&self) -> String {
+        crate::otel::trace_id(self.session.as_deref(), &self.work).to_string()
+    }
+}
+
+/// The lifecycle event sink: a no-op without `[telemetry]` sinks or
+/// `[telemetry.otlp]`.
 #[derive(Debug, Clone, Default)]
 pub struct Lifecycle {
-    exporter: Option<Arc<JsonlExporter>>,
+    exporter: Option<Arc<Telemetry>>,
+    otel: Option<Arc<Otel>>,
+    /// The turns in progress by agent: a provider attempt is reported on
+    /// whatever thread the provider runs it (not the turn's scope).
+    turns: Arc<std::sync::Mutex<std::collections::HashMap<String, TurnScope>>>,
 }
 
 impl Lifecycle {
-    pub fn new(exporter: Option<Arc<JsonlExporter>>) -> Lifecycle {
-        Lifecycle { exporter }
+    pub fn new(exporter: Option<Arc<Telemetry>>, otel: Option<Arc<Otel>>) -> Lifecycle {
+        Lifecycle {
+            exporter,
+            otel,
+            turns: Arc::default(),
+        }
     }
 
     /// Nothing is exported.
@@ -60,9 +85,29 @@ impl Lifecycle {
     }
 
     fn emit(&self, event: EventType, session: Option<&str>, agent: &str, payload: Value) {
+        let trace_id = SCOPE.with(|s| s.borrow().as_ref().map(TurnScope::trace_id));
+        self.emit_traced(event, session, agent, trace_id, payload);
+    }
+
+    fn emit_traced(
+        &self,
+        event_type: EventType,
+        session_id: Option<&str>,
+        agent_id: &str,
+        trace_id: Option<String>,
+        payload: Value,
+    ) {
         let Some(exporter) = &self.exporter else { return };
-        if let Err(e) = exporter.emit(event, session, agent, payload) {
-            tracing::warn!(error = %e, ?event, "telemetry event lost");
+        let envelope = Envelope {
+            event_type,
+            timestamp_ms: now_ms(),
+            session_id,
+            agent_id,
+            trace_id,
+            payload,
+        };
+        if let Err(e) = exporter.write(&envelope) {
+            tracing::warn!(error = %e, event = ?event_type, "telemetry event lost");
         }
     }
 
@@ -107,25 +152,41 @@ impl Lifecycle {
             session: Self::session_of(system, agent),
             work: work.to_string(),
         };
-        self.emit(
+        self.emit_traced(
             EventType::TurnStart,
             scope.session.as_deref(),
             &scope.agent,
+            Some(scope.trace_id()),
             json!({"work": work}),
         );
+        if let Some(otel) = &self.otel {
+            otel.turn_started(&scope.agent, scope.session.as_deref(), work);
+        }
+        self.turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(scope.agent.clone(), scope.clone());
         scope
     }
 
     /// The turn of `scope` ended: `turn_end` with its result.
     pub fn turn_ended(&self, scope: &TurnScope, result: Result<Value, String>) {
+        self.turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&scope.agent);
+        if let Some(otel) = &self.otel {
+            otel.turn_ended(&scope.agent, result.as_ref().map(|_| ()).map_err(Clone::clone));
+        }
         let payload = match result {
             Ok(value) => json!({"work": scope.work, "ok": true, "result": value}),
             Err(e) => json!({"work": scope.work, "ok": false, "error": e}),
         };
-        self.emit(
+        self.emit_traced(
             EventType::TurnEnd,
             scope.session.as_deref(),
             &scope.agent,
+            Some(scope.trace_id()),
             payload,
         );
     }
@@ -173,7 +234,10 @@ pub struct ObservedTools {
 impl ToolExecutor for ObservedTools {
     fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
         let (agent, session) = (ctx.agent.as_str(), ctx.session.as_str());
-        let tool = json!({"name": call.tool, "call_id": ctx.call_id, "irreversible": false});
+        let tool = json!({"name": call.tool, "call_id": ctx.call_id, "idempotency_key": ctx.idempotency_key, "irreversible": false});
+        if let Some(otel) = &self.lifecycle.otel {
+            otel.tool_started(agent, &call.tool, ctx.idempotency_key, false);
+        }
         self.lifecycle.emit(
             EventType::PreToolUse,
             Some(session),
@@ -209,7 +273,11 @@ impl Outbox for ObservedOutbox {
         let (agent, session) = scope
             .as_ref()
             .map_or(("", None), |s| (s.agent.as_str(), s.session.as_deref()));
-        let tool = json!({"name": action, "idem_key": idem_key, "irreversible": true});
+        let tool =
+            json!({"name": action, "idem_key": idem_key, "idempotency_key": idem_key, "irreversible": true});
+        if let Some(otel) = &self.lifecycle.otel {
+            otel.tool_started(agent, action, idem_key, true);
+        }
         self.lifecycle.emit(
             EventType::PreToolUse,
             session,
@@ -223,5 +291,49 @@ impl Outbox for ObservedOutbox {
         };
         self.lifecycle.tool_events(agent, session, tool, seen);
         result
+    }
+}
+
+/// Every provider attempt is a `provider_call` event (GenAI's fields:
+/// model, tokens); one that will be retried is also a `retry` event.
+impl CallObserver for Lifecycle {
+    fn on_attempt(&self, attempt: &Attempt) {
+        if self.exporter.is_none() {
+            return;
+        }
+        let scope = (self.turns.lock().unwrap_or_else(|e| e.into_inner()))
+            .get(&attempt.agent)
+            .cloned();
+        let session = scope.as_ref().and_then(|s| s.session.as_deref());
+        let trace_id = scope.as_ref().map(TurnScope::trace_id);
+        let mut call = json!({
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": attempt.model,
+            "attempt": attempt.number,
+            "elapsed_ms": attempt.elapsed_ms,
+        });
+        match &attempt.outcome {
+            AttemptOutcome::Success { usage } => {
+                call["ok"] = json!(true);
+                if let Some(u) = usage {
+                    call["gen_ai.usage.input_tokens"] = json!(u.prompt_tokens);
+                    call["gen_ai.usage.output_tokens"] = json!(u.completion_tokens);
+                }
+            }
+            AttemptOutcome::Failure { error, retry_in_ms } => {
+                call["ok"] = json!(false);
+                call["error"] = json!(error.to_string());
+                if let Some(retry_in_ms) = retry_in_ms {
+                    let retry = json!({
+                        "model": attempt.model,
+                        "attempt": attempt.number,
+                        "error": error.to_string(),
+                        "retry_in_ms": retry_in_ms,
+                    });
+                    self.emit_traced(EventType::Retry, session, &attempt.agent, trace_id.clone(), retry);
+                }
+            }
+        }
+        self.emit_traced(EventType::ProviderCall, session, &attempt.agent, trace_id, call);
     }
 }

@@ -14,6 +14,11 @@
 //! real model asked again does (see [`reword`]). Without it the answers
 //! are exactly the plain ones.
 //!
+//! A request with `stream: true` is answered as server-sent events
+//! ([`stream`]): the same completion, in chunks; a script can cut such a
+//! stream short (`cut_after_chunks`) or send a raw event stream (`sse`).
+//! Requests without it get the whole JSON body, byte for byte as before.
+//!
 //! Invariant: requests are answered in arrival order of the script — the
 //! n-th request to `/chat/completions` gets `replies[n]` (a delayed reply
 //! is answered on its own thread, so it does not hold up the next one) —
@@ -22,6 +27,7 @@
 
 pub mod reword;
 mod script;
+mod stream;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +38,7 @@ use serde_json::{json, Value};
 pub use reword::{Reword, Variant};
 pub use script::{Reply, Script, ScriptError, ScriptedCall, MAX_DELAY_MS};
 
-use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
+use crate::server::{json_response, respond, Chunked, LoopbackServer, Recorded, ServerError};
 
 #[derive(Debug, Default)]
 struct State {
@@ -122,6 +128,16 @@ struct Answer {
     body: String,
     retry_after: Option<u64>,
     delay_ms: u64,
+    /// Some: send these `data:` payloads as an event stream instead of
+    /// `body`, the first `cut_after` of them only if that is set.
+    events: Option<Events>,
+}
+
+struct Events {
+    data: Vec<String>,
+    cut_after: Option<usize>,
+    /// A scripted raw stream, sent as it is.
+    raw: Option<String>,
 }
 
 fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
@@ -139,7 +155,8 @@ fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
             let body: Value = serde_json::from_str(&recorded.body).unwrap_or(Value::Null);
             let reword = s.reword;
             match &s.script {
-                None => Answer::now(200, completion(n, &body, answer(reword, n, &body, echo(&body)))),
+                None => Answer::now(200, completion(n, &body, answer(reword, n, &body, echo(&body))))
+                    .streamed_if_asked(&body, None),
                 Some(script) => match script.replies.get(n) {
                     Some(reply) => scripted(n, &body, reply, reword),
                     None => Answer::now(
@@ -169,6 +186,9 @@ fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
 }
 
 fn send(request: tiny_http::Request, answer: Answer) {
+    if let Some(events) = answer.events {
+        return send_events(request, events);
+    }
     let mut response = json_response(answer.status, &answer.body);
     if let Some(secs) = answer.retry_after {
         if let Ok(h) = tiny_http::Header::from_bytes("Retry-After", secs.to_string()) {
@@ -178,6 +198,26 @@ fn send(request: tiny_http::Request, answer: Answer) {
     respond(request, response);
 }
 
+/// An event stream; a write failing means the client went away.
+fn send_events(request: tiny_http::Request, events: Events) {
+    let sent = Chunked::start(request, 200, "text/event-stream").and_then(|mut body| {
+        if let Some(raw) = &events.raw {
+            body.send(raw.as_bytes())?;
+        } else {
+            let count = events.cut_after.unwrap_or(events.data.len());
+            for data in events.data.iter().take(count) {
+                body.send(stream::event(data).as_bytes())?;
+            }
+        }
+        // A cut ends the body cleanly, short of `[DONE]`: what a proxy
+        // that dropped its upstream sends.
+        body.finish()
+    });
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "client went away during the stream");
+    }
+}
+
 impl Answer {
     fn now(status: u16, body: Value) -> Answer {
         Answer {
@@ -185,7 +225,21 @@ impl Answer {
             body: body.to_string(),
             retry_after: None,
             delay_ms: 0,
+            events: None,
         }
+    }
+
+    /// A 200 completion, as events if `request` asked for a stream.
+    fn streamed_if_asked(mut self, request: &Value, cut_after: Option<usize>) -> Answer {
+        if self.status == 200 && stream::wants_stream(request) {
+            let completion: Value = serde_json::from_str(&self.body).unwrap_or(Value::Null);
+            self.events = Some(Events {
+                data: stream::chunks(request, &completion),
+                cut_after,
+                raw: None,
+            });
+        }
+        self
     }
 }
 
@@ -198,6 +252,20 @@ fn answer(reword: Option<Reword>, n: usize, request: &Value, plain: Message) -> 
 }
 
 fn scripted(n: usize, request: &Value, reply: &Reply, reword: Option<Reword>) -> Answer {
+    if let Some(raw) = &reply.sse {
+        return Answer {
+            status: 200,
+            body: String::new(),
+            retry_after: None,
+            delay_ms: reply.delay_ms,
+            events: Some(Events {
+                data: Vec::new(),
+                cut_after: None,
+                raw: Some(raw.clone()),
+            }),
+        };
+    }
+    let is_completion = reply.text.is_some() || !reply.tool_calls.is_empty();
     let (status, body) = if let Some(status) = reply.status {
         let body = reply.body.clone().unwrap_or_else(|| {
             json!({"error": {"message": format!("scripted status {status}"), "type": "mock"}}).to_string()
@@ -227,11 +295,17 @@ fn scripted(n: usize, request: &Value, reply: &Reply, reword: Option<Reword>) ->
             completion(n, request, answer(reword, n, request, message)).to_string(),
         )
     };
-    Answer {
+    let answer = Answer {
         status,
         body,
         retry_after: reply.retry_after,
         delay_ms: reply.delay_ms,
+        events: None,
+    };
+    if is_completion {
+        answer.streamed_if_asked(request, reply.cut_after_chunks)
+    } else {
+        answer
     }
 }
 

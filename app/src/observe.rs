@@ -5,7 +5,10 @@
 //! Invariant: every HTTP attempt the provider makes produces exactly one
 //! [`Attempt`], in order, numbered from 1 within its call — successes with
 //! their token usage, failures with their typed error and the wait before
-//! the next attempt (None when it was the last).
+//! the next attempt (None when it was the last). A streamed attempt's text
+//! arrives first as [`TextDelta`]s, each before its attempt's [`Attempt`];
+//! deltas are for watching only — a failed attempt's deltas are not part
+//! of any reply, and what the runtime logs is the complete reply alone.
 
 use std::sync::Mutex;
 
@@ -43,10 +46,25 @@ pub enum AttemptOutcome {
     },
 }
 
+/// A piece of a streamed reply's text, as it arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextDelta<'a> {
+    /// The agent whose turn asked for the completion.
+    pub agent: &'a str,
+    /// 1-based attempt the delta belongs to (a retried attempt streams
+    /// its text again from the start).
+    pub attempt: u32,
+    pub text: &'a str,
+}
+
 /// Receives every attempt as it finishes. Called on the provider's thread:
 /// keep it quick and do not panic.
 pub trait CallObserver: Send + Sync + std::fmt::Debug {
     fn on_attempt(&self, attempt: &Attempt);
+
+    /// A streamed reply's text as it arrives (`[provider] stream = true`).
+    /// Observers that only count attempts ignore it.
+    fn on_text_delta(&self, _delta: &TextDelta<'_>) {}
 }
 
 /// Discards attempts.

@@ -8,7 +8,15 @@
 //! returned at once, since sending the same bytes again cannot fix it.
 //! Every attempt is reported to the [`CallObserver`]. Provider calls have
 //! no side effect outside the model, so retrying them is always safe.
+//!
+//! With `[provider] stream = true` each attempt asks for server-sent
+//! events and hands the text to the observer as it arrives
+//! ([`CallObserver::on_text_delta`]); the reply it returns is the complete
+//! one, assembled and checked like a whole body ([`stream`]), so what the
+//! runtime logs — and so durability — does not depend on the setting. A
+//! server that answers a whole JSON body anyway is taken at its word.
 
+mod stream;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -19,9 +27,10 @@ use durable_agent::runtime::{Provider, ProviderError, ProviderReply, ProviderReq
 
 use crate::config::{Config, ProviderConfig, ToolConfig};
 use crate::http::{self, TransportFailure};
-use crate::observe::{Attempt, AttemptOutcome, CallObserver, NoopObserver, Usage};
+use crate::observe::{Attempt, AttemptOutcome, CallObserver, NoopObserver, TextDelta, Usage};
 use crate::retry::{RetryPolicy, Sleeper, ThreadSleeper};
-pub use wire::{messages, parse_reply, request_body, ToolSpec};
+pub use stream::{Assembly, SseDecoder};
+pub use wire::{messages, parse_reply, request_body, Delivery, ToolSpec};
 
 /// Why a completion failed. Clone + Eq so observers can keep them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +53,10 @@ pub enum OpenAiError {
     },
     #[error("malformed reply: {detail} (body: {body_excerpt})")]
     MalformedResponse { detail: String, body_excerpt: String },
+    /// A streamed reply that stopped before it said it was complete: none
+    /// of it is used (the text already shown was shown, nothing more).
+    #[error("{url}: the streamed reply was cut short: {detail}")]
+    StreamCut { url: String, detail: String },
     #[error("unknown finish_reason {reason:?}")]
     UnknownFinish { reason: String },
     #[error("the provider refused: {detail}")]
@@ -56,7 +69,10 @@ impl OpenAiError {
     /// Whether the same request may succeed if sent again.
     pub fn is_transient(&self) -> bool {
         match self {
-            OpenAiError::Timeout { .. } | OpenAiError::Connection { .. } => true,
+            // A cut stream is a dropped connection by another name.
+            OpenAiError::Timeout { .. } | OpenAiError::Connection { .. } | OpenAiError::StreamCut { .. } => {
+                true
+            }
             OpenAiError::Status { status, .. } => matches!(status, 408 | 429) || (500..=599).contains(status),
             _ => false,
         }
@@ -94,6 +110,7 @@ pub struct OpenAiProvider {
     tools: Vec<ToolSpec>,
     irreversible: BTreeMap<String, bool>,
     timeout_ms: u64,
+    delivery: Delivery,
     policy: RetryPolicy,
     sleeper: Arc<dyn Sleeper>,
     observer: Arc<dyn CallObserver>,
@@ -108,6 +125,7 @@ impl std::fmt::Debug for OpenAiProvider {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("tools", &self.tools.len())
             .field("timeout_ms", &self.timeout_ms)
+            .field("delivery", &self.delivery)
             .field("policy", &self.policy)
             .finish()
     }
@@ -149,6 +167,11 @@ impl OpenAiProvider {
             tools,
             irreversible,
             timeout_ms: settings.timeout_ms,
+            delivery: if settings.stream {
+                Delivery::Streamed
+            } else {
+                Delivery::Whole
+            },
             policy: RetryPolicy {
                 max_retries: settings.max_retries,
                 base_ms: settings.backoff_base_ms,
@@ -176,13 +199,13 @@ impl OpenAiProvider {
 
     /// One completion, with retries; the typed form of `Provider::complete`.
     pub fn complete_detailed(&self, request: &ProviderRequest<'_>) -> Result<Completion, OpenAiError> {
-        let body = wire::request_body(&self.model, &self.tools, request).to_string();
+        let body = wire::request_body(&self.model, &self.tools, request, self.delivery).to_string();
         let max_attempts = self.policy.max_attempts();
         let mut number = 1;
         loop {
             debug_assert!(number <= max_attempts, "retry loop overran its bound");
             let started = Instant::now();
-            let result = self.attempt(&body);
+            let result = self.attempt(&body, request.agent.as_str(), number);
             let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             let report = |outcome| {
                 self.observer.on_attempt(&Attempt {
@@ -232,8 +255,13 @@ impl OpenAiProvider {
         }
     }
 
-    /// One HTTP exchange.
-    fn attempt(&self, body: &str) -> Result<(ProviderReply, Option<Usage>), OpenAiError> {
+    /// One HTTP exchange: attempt `number` of `agent`'s completion.
+    fn attempt(
+        &self,
+        body: &str,
+        agent: &str,
+        number: u32,
+    ) -> Result<(ProviderReply, Option<Usage>), OpenAiError> {
         let mut request = self
             .agent
             .post(&self.url)
@@ -260,6 +288,31 @@ impl OpenAiProvider {
             .map_err(|e| transport(http::classify(&e)))?;
         let status = response.status().as_u16();
         let retry_after_ms = retry_after_ms(response.headers());
+        let event_stream = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if (200..300).contains(&status) && event_stream {
+            let mut reader = std::io::BufReader::new(response.body_mut().as_reader());
+            let mut on_text = |text: &str| {
+                self.observer.on_text_delta(&TextDelta {
+                    agent,
+                    attempt: number,
+                    text,
+                })
+            };
+            return stream::read(
+                &mut reader,
+                http::MAX_BODY_BYTES,
+                &self.url,
+                &self.irreversible,
+                &transport,
+                &mut on_text,
+            );
+        }
+        // A whole body: an error status, a non-streaming config, or a
+        // server that ignored `stream: true` (some do).
         let text = http::read_body(&mut response, http::MAX_BODY_BYTES).map_err(transport)?;
         if !(200..300).contains(&status) {
             return Err(OpenAiError::Status {

@@ -1,7 +1,8 @@
-//! `durable-agent run`'s live progress on stderr: a line per provider
-//! round, per tool call (its name, its idempotency key shortened, its
-//! outcome), per provider retry ("retry in N s, attempt k"), per resumed
-//! round, and one at the end.
+//! `durable-agent run`'s live progress on stderr, and the same events for
+//! the API's streamed turns: a step per provider round, per piece of
+//! streamed reply text, per tool call (its name, its idempotency key
+//! shortened, its outcome), per provider retry ("retry in N s, attempt
+//! k"), per resumed round, and (for `run`) one line at the end.
 //!
 //! Invariant: stdout carries only the run's JSON summary (scripts parse
 //! it); every progress line goes to stderr, and `--quiet` prints none.
@@ -12,15 +13,23 @@
 //! No event mechanism of its own: [`Progress`] watches what the product
 //! already observes — the runtime's hook events ([`Hooks::observe`], after
 //! the configured hooks, through [`Progress::hooks`]) and the provider's
-//! attempts ([`CallObserver`], after telemetry, through
-//! [`Progress::observer`]). Watching never changes behaviour: the wrapped
-//! hooks answer `pre_tool_use` unchanged and see every event first, and a
-//! progress line that cannot be written is dropped.
+//! attempts and streamed text ([`CallObserver`], after telemetry, through
+//! [`Progress::observer`]) — and turns each into one [`Step`], the one
+//! vocabulary both `run`'s lines and the API's event stream
+//! ([`crate::api::stream`], through [`Progress::subscribe`]) are made of.
+//! Watching never changes behaviour: the wrapped hooks answer
+//! `pre_tool_use` unchanged and see every event first, a progress line that
+//! cannot be written is dropped, and a subscriber that went away is
+//! skipped. Streamed text is shown, never kept: what the run logs is the
+//! complete reply.
 //!
 //! On a terminal the lines are printed above an `indicatif` spinner that
-//! says what the run is waiting for; elsewhere (a pipe, a file) each event
-//! is one plain line.
+//! says what the run is waiting for (streamed text shows in it as it
+//! arrives, and is printed line by line); elsewhere (a pipe, a file) each
+//! event is one plain line, and streamed text is written as it arrives on
+//! a line of its own.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,18 +38,22 @@ use durable_agent::runtime::{
     work_idempotency_key, AgentId, HookDecision, HookEvent, Hooks, PreToolUse, SessionId, ToolRequest,
 };
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 use serde_json::Value;
 
-use crate::observe::{Attempt, AttemptOutcome, CallObserver};
+use crate::observe::{Attempt, AttemptOutcome, CallObserver, TextDelta};
 use crate::run::RunSummary;
 
 /// Longest tool error or provider error shown on a line.
 const MAX_DETAIL_CHARS: usize = 120;
 
+/// Longest tail of streamed text the spinner shows.
+const MAX_SPINNER_TEXT_CHARS: usize = 60;
+
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Style {
-    /// Nothing (`--quiet`).
+    /// Nothing (`--quiet`; `serve`, whose watchers are its API streams).
     Quiet,
     /// One plain line per event.
     Plain,
@@ -59,27 +72,134 @@ impl Style {
     }
 }
 
-/// The turn whose calls are described: keys are derived for its agent.
+/// One thing that happened in a watched turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Step {
+    /// A provider round begins: the model is asked.
+    Round { round: u32 },
+    /// A turn found open resumes at `round`: from its logged decision
+    /// (`decided`, the model is not asked again) or by asking the model.
+    Resumed { round: u32, decided: bool },
+    /// A piece of the reply's text as it streams in (`[provider] stream
+    /// = true`). A retried attempt streams its text again.
+    Text {
+        round: Option<u32>,
+        attempt: u32,
+        delta: String,
+    },
+    /// A call's result is logged: `key` is its idempotency key shortened
+    /// (`r{round}-c{index}-{hash:8}`, see [`shorten`]).
+    Tool {
+        round: Option<u32>,
+        tool: String,
+        key: String,
+        ok: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A provider attempt failed and attempt `attempt` follows after
+    /// `retry_in_ms`.
+    Retry {
+        round: Option<u32>,
+        error: String,
+        retry_in_ms: u64,
+        attempt: u32,
+    },
+    /// A provider attempt failed and none follows (not retryable, or the
+    /// retries are spent): the turn fails.
+    ProviderFailed {
+        round: Option<u32>,
+        error: String,
+        attempt: u32,
+    },
+}
+
+impl Step {
+    /// Its name (the `event` tag; the SSE event name).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::Round { .. } => "round",
+            Step::Resumed { .. } => "resumed",
+            Step::Text { .. } => "text",
+            Step::Tool { .. } => "tool",
+            Step::Retry { .. } => "retry",
+            Step::ProviderFailed { .. } => "provider_failed",
+        }
+    }
+}
+
+/// Whose calls' keys are derived how: a turn's session, and its work id
+/// (None: a consuming turn, whose key's short form has no work in it).
 #[derive(Debug, Clone)]
 struct Watched {
     agent: AgentId,
     session: SessionId,
-    work: String,
+    work: Option<String>,
 }
 
-#[derive(Debug, Default)]
+/// Where a subscriber's steps go (quick, never blocking: a channel send).
+pub type Sink = Arc<dyn Fn(&Step) + Send + Sync>;
+
+struct Subscriber {
+    id: u64,
+    watched: Watched,
+    sink: Sink,
+}
+
+#[derive(Default)]
 struct State {
+    /// `run`'s turn.
     watched: Option<Watched>,
-    /// The provider round in progress (from the hook events).
-    round: Option<u32>,
+    /// The provider round in progress per agent (from the hook events);
+    /// an agent's entry goes when its turn completes.
+    rounds: BTreeMap<String, u32>,
+    subscribers: Vec<Subscriber>,
+    next_subscriber: u64,
 }
 
-/// The progress of one `run`, shared by the watchers it hands out.
-#[derive(Debug)]
+/// Streamed text being shown (`run`'s stderr).
+#[derive(Debug, Default)]
+struct Out {
+    /// Some: a text line is open — its prefix, and (terminal) the text
+    /// not printed yet.
+    text: Option<(String, String)>,
+}
+
+/// The progress of one `run` (or the watchers of one `serve`), shared by
+/// the watchers it hands out.
 pub struct Progress {
     style: Style,
     bar: Option<ProgressBar>,
     state: Mutex<State>,
+    out: Mutex<Out>,
+}
+
+// By hand: the subscribers' sinks have no Debug.
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("style", &self.style)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A subscriber's registration; dropping it ends the subscription.
+pub struct Subscription {
+    progress: Arc<Progress>,
+    id: u64,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.progress.lock().subscribers.retain(|s| s.id != self.id);
+    }
 }
 
 impl Progress {
@@ -97,10 +217,11 @@ impl Progress {
             style,
             bar,
             state: Mutex::new(State::default()),
+            out: Mutex::new(Out::default()),
         })
     }
 
-    /// Shows nothing.
+    /// Shows nothing (its subscribers still get every step).
     pub fn quiet() -> Arc<Progress> {
         Progress::new(Style::Quiet)
     }
@@ -131,17 +252,52 @@ impl Progress {
         state.watched = session.map(|session| Watched {
             agent: agent.clone(),
             session: session.clone(),
-            work: work.to_string(),
+            work: Some(work.to_string()),
         });
-        state.round = None;
+        state.rounds.remove(agent.as_str());
+    }
+
+    /// Every step of `agent`'s turns goes to `sink` until the returned
+    /// subscription is dropped. `session` and `work` (None: a consuming
+    /// turn) are the turn's, for its calls' shortened keys. An agent runs
+    /// one turn at a time, so while the subscriber waits for its turn,
+    /// every step of the agent's is that turn's.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        agent: AgentId,
+        session: SessionId,
+        work: Option<String>,
+        sink: Sink,
+    ) -> Subscription {
+        let mut state = self.lock();
+        let id = state.next_subscriber;
+        state.next_subscriber += 1;
+        state.rounds.remove(agent.as_str());
+        state.subscribers.push(Subscriber {
+            id,
+            watched: Watched { agent, session, work },
+            sink,
+        });
+        Subscription {
+            progress: self.clone(),
+            id,
+        }
     }
 
     /// A line of its own (the run's start).
     pub fn line(&self, text: &str) {
-        match (&self.style, &self.bar) {
-            (Style::Quiet, _) => {}
-            (_, Some(bar)) => bar.println(text),
-            (_, None) => {
+        if self.style == Style::Quiet {
+            return;
+        }
+        let mut out = self.out();
+        self.close_text(&mut out);
+        self.print(text);
+    }
+
+    fn print(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => {
                 let mut err = std::io::stderr().lock();
                 // A closed stderr loses the line, never the run.
                 let _ = writeln!(err, "{text}").and_then(|()| err.flush());
@@ -158,6 +314,10 @@ impl Progress {
 
     /// The spinner goes (the run ended, or failed before its summary).
     pub fn finish(&self) {
+        if self.style != Style::Quiet {
+            let mut out = self.out();
+            self.close_text(&mut out);
+        }
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
@@ -179,31 +339,51 @@ impl Progress {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic elsewhere cannot leave two plain fields half-written.
+        // A panic elsewhere cannot leave these plain fields half-written.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn on_event(&self, event: &HookEvent) {
-        if self.style == Style::Quiet {
-            return;
+    fn out(&self) -> std::sync::MutexGuard<'_, Out> {
+        self.out.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sinks of `agent`'s subscribers.
+    fn sinks(state: &State, agent: &str) -> Vec<Sink> {
+        state
+            .subscribers
+            .iter()
+            .filter(|s| s.watched.agent.as_str() == agent)
+            .map(|s| s.sink.clone())
+            .collect()
+    }
+
+    /// Hand `step` to `sinks` and show it.
+    fn publish(&self, step: &Step, sinks: &[Sink]) {
+        for sink in sinks {
+            sink(step);
         }
+        if self.style != Style::Quiet {
+            self.show(step);
+        }
+    }
+
+    fn on_event(&self, event: &HookEvent) {
         let mut state = self.lock();
-        let line = match event {
+        let step = match event {
             HookEvent::AgentStart {
-                resumed: Some(at), ..
+                agent,
+                resumed: Some(at),
+                ..
             } => {
-                state.round = Some(at.round);
-                if at.decided {
-                    self.waiting(format!("round {}: running its logged calls", at.round));
-                    format!("resuming round {} from its logged decision", at.round)
-                } else {
-                    format!("resuming round {}: not decided yet, asking the model", at.round)
+                state.rounds.insert(agent.to_string(), at.round);
+                Step::Resumed {
+                    round: at.round,
+                    decided: at.decided,
                 }
             }
-            HookEvent::TurnStart { turn, .. } => {
-                state.round = Some(*turn);
-                self.waiting(format!("round {turn}: waiting for the model"));
-                format!("round {turn}: asking the model")
+            HookEvent::TurnStart { agent, turn } => {
+                state.rounds.insert(agent.to_string(), *turn);
+                Step::Round { round: *turn }
             }
             HookEvent::PostToolUse {
                 agent,
@@ -211,56 +391,205 @@ impl Progress {
                 tool_input,
                 tool_use_id,
                 ..
-            } => {
-                let key = short_key(&state, agent, tool_name, tool_input, tool_use_id);
-                self.waiting(format!("{}running tools", round_prefix(&state)));
-                format!("{}tool {tool_name} [{key}] ok", round_prefix(&state))
-            }
+            } => Step::Tool {
+                round: state.rounds.get(agent.as_str()).copied(),
+                tool: tool_name.clone(),
+                key: short_key(&state, agent, tool_name, tool_input, tool_use_id),
+                ok: true,
+                error: None,
+            },
             HookEvent::PostToolUseFailure {
                 agent,
                 tool_name,
                 tool_input,
                 tool_use_id,
                 error,
-            } => {
-                let key = short_key(&state, agent, tool_name, tool_input, tool_use_id);
-                format!(
-                    "{}tool {tool_name} [{key}] failed: {}",
-                    round_prefix(&state),
-                    detail(error)
-                )
+            } => Step::Tool {
+                round: state.rounds.get(agent.as_str()).copied(),
+                tool: tool_name.clone(),
+                key: short_key(&state, agent, tool_name, tool_input, tool_use_id),
+                ok: false,
+                error: Some(error.clone()),
+            },
+            HookEvent::AgentStop { agent, .. } => {
+                state.rounds.remove(agent.as_str());
+                return;
             }
-            HookEvent::AgentStart { .. } | HookEvent::TurnEnd { .. } | HookEvent::AgentStop { .. } => return,
+            HookEvent::AgentStart { .. } | HookEvent::TurnEnd { .. } => return,
         };
+        let agent = match event {
+            HookEvent::AgentStart { agent, .. }
+            | HookEvent::TurnStart { agent, .. }
+            | HookEvent::TurnEnd { agent, .. }
+            | HookEvent::PostToolUse { agent, .. }
+            | HookEvent::PostToolUseFailure { agent, .. }
+            | HookEvent::AgentStop { agent, .. } => agent,
+        };
+        let sinks = Self::sinks(&state, agent.as_str());
         drop(state);
-        self.line(&line);
+        self.publish(&step, &sinks);
     }
 
     fn on_attempt(&self, attempt: &Attempt) {
-        if self.style == Style::Quiet {
-            return;
-        }
-        let AttemptOutcome::Failure { error, retry_in_ms } = &attempt.outcome else {
-            return;
+        let state = self.lock();
+        let round = state.rounds.get(&attempt.agent).copied();
+        let step = match &attempt.outcome {
+            AttemptOutcome::Success { .. } => {
+                // The streamed text (if any) is complete.
+                drop(state);
+                if self.style != Style::Quiet {
+                    let mut out = self.out();
+                    self.close_text(&mut out);
+                }
+                return;
+            }
+            AttemptOutcome::Failure {
+                error,
+                retry_in_ms: Some(ms),
+            } => Step::Retry {
+                round,
+                error: error.to_string(),
+                retry_in_ms: *ms,
+                attempt: attempt.number.saturating_add(1),
+            },
+            AttemptOutcome::Failure {
+                error,
+                retry_in_ms: None,
+            } => Step::ProviderFailed {
+                round,
+                error: error.to_string(),
+                attempt: attempt.number,
+            },
         };
-        let prefix = round_prefix(&self.lock());
-        let line = match retry_in_ms {
-            Some(ms) => {
-                let secs = seconds(*ms);
-                self.waiting(format!("{prefix}provider retry in {secs} s"));
+        let sinks = Self::sinks(&state, &attempt.agent);
+        drop(state);
+        self.publish(&step, &sinks);
+    }
+
+    fn on_text_delta(&self, delta: &TextDelta<'_>) {
+        let state = self.lock();
+        let step = Step::Text {
+            round: state.rounds.get(delta.agent).copied(),
+            attempt: delta.attempt,
+            delta: delta.text.to_string(),
+        };
+        let sinks = Self::sinks(&state, delta.agent);
+        drop(state);
+        self.publish(&step, &sinks);
+    }
+
+    /// `step` on stderr: a line (and the spinner's message), or streamed
+    /// text.
+    fn show(&self, step: &Step) {
+        let mut out = self.out();
+        let prefix = |round: &Option<u32>| round.map_or(String::new(), |r| format!("round {r}: "));
+        let line = match step {
+            Step::Resumed { round, decided: true } => {
+                self.waiting(format!("round {round}: running its logged calls"));
+                format!("resuming round {round} from its logged decision")
+            }
+            Step::Resumed {
+                round,
+                decided: false,
+            } => format!("resuming round {round}: not decided yet, asking the model"),
+            Step::Round { round } => {
+                self.waiting(format!("round {round}: waiting for the model"));
+                format!("round {round}: asking the model")
+            }
+            Step::Text { round, delta, .. } => return self.show_text(&mut out, &prefix(round), delta),
+            Step::Tool {
+                round,
+                tool,
+                key,
+                ok: true,
+                ..
+            } => {
+                self.waiting(format!("{}running tools", prefix(round)));
+                format!("{}tool {tool} [{key}] ok", prefix(round))
+            }
+            Step::Tool {
+                round,
+                tool,
+                key,
+                error,
+                ..
+            } => format!(
+                "{}tool {tool} [{key}] failed: {}",
+                prefix(round),
+                detail(error.as_deref().unwrap_or_default())
+            ),
+            Step::Retry {
+                round,
+                error,
+                retry_in_ms,
+                attempt,
+            } => {
+                let secs = seconds(*retry_in_ms);
+                self.waiting(format!("{}provider retry in {secs} s", prefix(round)));
                 format!(
-                    "{prefix}provider failed: {}; retry in {secs} s, attempt {}",
-                    detail(&error.to_string()),
-                    attempt.number.saturating_add(1)
+                    "{}provider failed: {}; retry in {secs} s, attempt {attempt}",
+                    prefix(round),
+                    detail(error)
                 )
             }
-            None => format!(
-                "{prefix}provider failed: {}; no retry after attempt {}",
-                detail(&error.to_string()),
-                attempt.number
+            Step::ProviderFailed {
+                round,
+                error,
+                attempt,
+            } => format!(
+                "{}provider failed: {}; no retry after attempt {attempt}",
+                prefix(round),
+                detail(error)
             ),
         };
-        self.line(&line);
+        self.close_text(&mut out);
+        self.print(&line);
+    }
+
+    /// Streamed text: on a terminal, whole lines above the spinner and the
+    /// latest in it; elsewhere written as it arrives.
+    fn show_text(&self, out: &mut Out, prefix: &str, delta: &str) {
+        let label = format!("{prefix}reply: ");
+        let (_, pending) = out.text.get_or_insert_with(|| {
+            if self.bar.is_none() {
+                self.write_raw(&label);
+            }
+            (label.clone(), String::new())
+        });
+        match &self.bar {
+            None => self.write_raw(delta),
+            Some(bar) => {
+                pending.push_str(delta);
+                while let Some(at) = pending.find('\n') {
+                    let whole: String = pending.drain(..=at).collect();
+                    bar.println(format!("{label}{}", whole.trim_end_matches('\n')));
+                }
+                let tail: String = {
+                    let chars: Vec<char> = pending.chars().collect();
+                    let from = chars.len().saturating_sub(MAX_SPINNER_TEXT_CHARS);
+                    chars[from..].iter().collect()
+                };
+                bar.set_message(format!("{label}{tail}"));
+            }
+        }
+    }
+
+    /// End an open text line before anything else is printed.
+    fn close_text(&self, out: &mut Out) {
+        let Some((label, pending)) = out.text.take() else {
+            return;
+        };
+        match &self.bar {
+            None => self.write_raw("\n"),
+            Some(bar) if !pending.is_empty() => bar.println(format!("{label}{pending}")),
+            Some(_) => {}
+        }
+    }
+
+    fn write_raw(&self, text: &str) {
+        let mut err = std::io::stderr().lock();
+        // A closed stderr loses the text, never the run.
+        let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
     }
 }
 
@@ -269,11 +598,6 @@ impl Progress {
 fn seconds(ms: u64) -> String {
     let text = format!("{}.{:03}", ms / 1000, ms % 1000);
     text.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
-/// `round R: `, when the round is known.
-fn round_prefix(state: &State) -> String {
-    state.round.map_or(String::new(), |r| format!("round {r}: "))
 }
 
 /// The first line of `text`, at most [`MAX_DETAIL_CHARS`] characters.
@@ -286,28 +610,34 @@ fn detail(text: &str) -> String {
 }
 
 /// The call's idempotency key as the runtime derived it at the decision
-/// (the watched turn's work, its round, the call's index in it, the
-/// arguments the hooks left), shortened to `r{round}-c{index}-{hash:8}`;
-/// the call id when the call is not the watched turn's.
+/// (the turn's work, its round, the call's index in it, the arguments the
+/// hooks left), shortened to `r{round}-c{index}-{hash:8}` — for `run`'s
+/// turn or a subscriber's; the call id for a turn nobody watches. A
+/// consuming turn's key (`{session}-t{turn}-r…`) ends the same way as a
+/// work's, so its short form is derived with no work.
 fn short_key(state: &State, agent: &AgentId, tool: &str, args: &Value, call_id: &str) -> String {
     let index = call_id
         .rsplit_once('.')
         .and_then(|(_, i)| i.parse::<usize>().ok());
-    let (Some(w), Some(round), Some(index)) = (&state.watched, state.round, index) else {
+    let watched = state
+        .watched
+        .iter()
+        .chain(state.subscribers.iter().map(|s| &s.watched))
+        .find(|w| &w.agent == agent);
+    let round = state.rounds.get(agent.as_str()).copied();
+    let (Some(w), Some(round), Some(index)) = (watched, round, index) else {
         return call_id.to_string();
     };
-    if &w.agent != agent {
-        return call_id.to_string();
-    }
     let request = ToolRequest {
         tool: tool.to_string(),
         args: args.clone(),
         irreversible: false,
         invalid_args: None,
     };
+    let work = w.work.as_deref().unwrap_or_default();
     shorten(
-        &work_idempotency_key(&w.session, &w.work, round, index, &request),
-        &w.work,
+        &work_idempotency_key(&w.session, work, round, index, &request),
+        work,
     )
 }
 
@@ -356,6 +686,11 @@ impl CallObserver for WatchedAttempts {
     fn on_attempt(&self, attempt: &Attempt) {
         self.inner.on_attempt(attempt);
         self.progress.on_attempt(attempt);
+    }
+
+    fn on_text_delta(&self, delta: &TextDelta<'_>) {
+        self.inner.on_text_delta(delta);
+        self.progress.on_text_delta(delta);
     }
 }
 

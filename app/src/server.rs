@@ -8,7 +8,7 @@
 //! `drop` returns no request is accepted any more and the accept thread
 //! has exited.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -202,6 +202,57 @@ pub fn json_response(status: u16, body: &str) -> tiny_http::Response<std::io::Cu
     match tiny_http::Header::from_bytes("Content-Type", "application/json") {
         Ok(h) => response.with_header(h),
         Err(()) => response,
+    }
+}
+
+/// A response whose body is written piece by piece as it is produced
+/// (server-sent events): HTTP/1.1 chunked transfer encoding, each piece
+/// one chunk, flushed at once.
+///
+/// Written by hand on the connection ([`tiny_http::Request::into_writer`])
+/// because tiny_http's own chunked responses buffer up to 8 KB before
+/// sending, which would hold a stream's events back. The body ends only
+/// with [`Chunked::finish`]: dropped without it, the client sees a body
+/// that never ended (its timeout), never a complete one.
+pub struct Chunked {
+    writer: Box<dyn std::io::Write + Send>,
+}
+
+// By hand: the boxed writer has no Debug.
+impl std::fmt::Debug for Chunked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunked").finish_non_exhaustive()
+    }
+}
+
+impl Chunked {
+    /// Answer `request` with `status` and `content_type`, the body to come.
+    pub fn start(request: tiny_http::Request, status: u16, content_type: &str) -> std::io::Result<Chunked> {
+        let reason = tiny_http::StatusCode(status).default_reason_phrase();
+        let mut writer = request.into_writer();
+        write!(
+            writer,
+            "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )?;
+        writer.flush()?;
+        Ok(Chunked { writer })
+    }
+
+    /// One piece of the body, sent now.
+    pub fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if bytes.is_empty() {
+            return Ok(()); // an empty chunk would end the body
+        }
+        write!(self.writer, "{:x}\r\n", bytes.len())?;
+        self.writer.write_all(bytes)?;
+        self.writer.write_all(b"\r\n")?;
+        self.writer.flush()
+    }
+
+    /// End the body (the connection stays open for the next request).
+    pub fn finish(mut self) -> std::io::Result<()> {
+        self.writer.write_all(b"0\r\n\r\n")?;
+        self.writer.flush()
     }
 }
 

@@ -9,6 +9,12 @@
 //! goes through `std::fs`, not the system crate's `Fs` seam, is never
 //! fsynced, and a failure to write it must not stop an agent (callers log
 //! and continue).
+//!
+//! [`Telemetry`] is every configured sink of the envelopes: the JSONL file
+//! and seed 000's HTTP POST ([`HttpSink`]). The POST never holds the
+//! caller: an envelope is queued (bounded, `http_queue_events`) for one
+//! thread that posts it with a total timeout; a full queue drops it and
+//! counts the drop (said at exit).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -20,7 +26,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::observe::{Attempt, AttemptOutcome, CallObserver};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::config::TelemetryConfig;
 
 /// The lifecycle events exported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -34,6 +44,8 @@ pub enum EventType {
     PostToolUse,
     ToolFailure,
     Retry,
+    /// One provider attempt: model, attempt, tokens, elapsed, outcome.
+    ProviderCall,
 }
 
 /// One exported line.
@@ -44,6 +56,10 @@ pub struct Envelope<'a> {
     /// None (`null`) for events outside a session (a provider retry).
     pub session_id: Option<&'a str>,
     pub agent_id: &'a str,
+    /// The turn's OpenTelemetry trace id (hex; `crate::otel::trace_id`),
+    /// the same whether or not traces are exported; absent outside a turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     pub payload: Value,
 }
 
@@ -116,6 +132,7 @@ impl JsonlExporter {
             timestamp_ms: now_ms(),
             session_id,
             agent_id,
+            trace_id: None,
             payload,
         })
     }
@@ -140,29 +157,135 @@ impl JsonlExporter {
     }
 }
 
-/// Provider attempts that will be retried become `retry` events.
-impl CallObserver for JsonlExporter {
-    fn on_attempt(&self, attempt: &Attempt) {
-        let AttemptOutcome::Failure {
-            error,
-            retry_in_ms: Some(retry_in_ms),
-        } = &attempt.outcome
-        else {
-            return;
+/// Every configured sink of the envelopes.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    jsonl: Option<JsonlExporter>,
+    http: Option<HttpSink>,
+}
+
+impl Telemetry {
+    /// The sinks `config` turns on; None when it turns none on.
+    pub fn open(config: &TelemetryConfig) -> Result<Option<Telemetry>, TelemetryError> {
+        let jsonl = match &config.events_jsonl {
+            Some(path) => Some(JsonlExporter::open(path)?),
+            None => None,
         };
-        let payload = serde_json::json!({
-            "model": attempt.model,
-            "attempt": attempt.number,
-            "error": error.to_string(),
-            "retry_in_ms": retry_in_ms,
+        let http = config.http_endpoint.as_ref().map(|url| {
+            HttpSink::start(
+                url,
+                Duration::from_millis(config.http_timeout_ms),
+                config.http_queue_events,
+            )
         });
-        if let Err(e) = self.emit(EventType::Retry, None, &attempt.agent, payload) {
-            tracing::warn!(error = %e, "telemetry event lost");
+        Ok((jsonl.is_some() || http.is_some()).then_some(Telemetry { jsonl, http }))
+    }
+
+    /// Hand `envelope` to every sink (the POST is queued, not awaited).
+    pub fn write(&self, envelope: &Envelope<'_>) -> Result<(), TelemetryError> {
+        if let Some(http) = &self.http {
+            http.post(serde_json::to_vec(envelope)?);
+        }
+        match &self.jsonl {
+            Some(jsonl) => jsonl.write(envelope),
+            None => Ok(()),
         }
     }
 }
 
-fn now_ms() -> u64 {
+/// Seed 000's HTTP POST sink: one thread posts queued envelopes.
+#[derive(Debug)]
+pub struct HttpSink {
+    /// None once dropping: the thread drains what is queued and ends.
+    tx: Option<mpsc::SyncSender<Vec<u8>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    dropped: AtomicU64,
+    timeout: Duration,
+}
+
+impl HttpSink {
+    /// POST each envelope to `url` (JSON), each within `timeout`; at most
+    /// `queue` wait.
+    pub fn start(url: &str, timeout: Duration, queue: usize) -> HttpSink {
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(queue.max(1));
+        let agent = crate::http::agent(url, timeout, 0);
+        let url = url.to_string();
+        let thread = std::thread::Builder::new()
+            .name("telemetry-http".into())
+            .spawn(move || {
+                let mut failed = 0u64;
+                for body in rx {
+                    let sent = agent
+                        .post(&url)
+                        .header("Content-Type", "application/json")
+                        .send(&body[..]);
+                    match sent {
+                        Ok(r) if r.status().is_success() => {}
+                        Ok(r) => {
+                            failed += 1;
+                            tracing::debug!(status = r.status().as_u16(), "telemetry POST refused");
+                        }
+                        Err(e) => {
+                            failed += 1;
+                            tracing::debug!(error = %e, "telemetry POST failed");
+                        }
+                    }
+                }
+                if failed > 0 {
+                    tracing::warn!(failed, url, "telemetry POSTs that did not land");
+                }
+            });
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the telemetry POST thread; events are not posted");
+                None
+            }
+        };
+        HttpSink {
+            tx: thread.as_ref().map(|_| tx),
+            thread,
+            dropped: AtomicU64::new(0),
+            timeout,
+        }
+    }
+
+    /// Queue `body`; a full queue drops it (counted), never waits.
+    pub fn post(&self, body: Vec<u8>) {
+        let queued = self.tx.as_ref().is_some_and(|tx| tx.try_send(body).is_ok());
+        if !queued {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Envelopes dropped so far (queue full, or no thread).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for HttpSink {
+    /// The queue drains, each POST bounded by its timeout; past about two
+    /// timeouts the rest is abandoned (the thread is detached).
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let deadline = std::time::Instant::now() + self.timeout * 2;
+            while !t.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+        let dropped = self.dropped();
+        if dropped > 0 {
+            tracing::warn!(dropped, "telemetry POST queue was full; envelopes dropped");
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -259,6 +382,7 @@ mod tests {
             timestamp_ms: 7,
             session_id: None,
             agent_id: "a1",
+            trace_id: None,
             payload: Value::Null,
         })?;
         drop(exporter);

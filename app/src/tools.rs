@@ -63,6 +63,9 @@ impl ToolSet {
                 ToolConfig::Http(t) => Runner::Http(Endpoint::new(t, daemon)),
                 ToolConfig::ReadFile(t) => Runner::ReadFile(ReadFile::new(t)),
                 ToolConfig::HttpGet(t) => Runner::HttpGet(HttpGet::new(t, daemon)),
+                ToolConfig::SpawnAgent(_) | ToolConfig::SendMessage(_) | ToolConfig::ListAgents(_) => {
+                    Runner::Runtime
+                }
             };
             runners.insert(tool.name().to_string(), runner);
         }
@@ -77,6 +80,9 @@ impl ToolSet {
 enum Runner {
     /// Known, but not ours to run (see the module invariant).
     Irreversible,
+    /// An orchestration tool: the runtime performs it before any executor
+    /// (`durable_agent::runtime::orchestration`).
+    Runtime,
     Http(Endpoint),
     ReadFile(ReadFile),
     HttpGet(HttpGet),
@@ -106,6 +112,11 @@ impl ToolExecutor for ConfigTools {
                 call.invalid_args.as_deref().unwrap_or_default()
             ))),
             (None, false) => Err(Failure::Soft(format!("unknown tool {:?}", call.tool))),
+            // Only reached if the runtime was booted without the policy.
+            (Some(Runner::Runtime), false) => Err(Failure::Soft(format!(
+                "{} is performed by the runtime, and orchestration is not enabled there",
+                call.tool
+            ))),
             (Some(Runner::Http(endpoint)), false) => {
                 run_http(endpoint, ctx.idempotency_key, &call.args)
             }

@@ -53,6 +53,7 @@ fn harness(base_url: String, timeout_ms: u64, max_retries: u32) -> Harness {
         max_retries,
         backoff_base_ms: 10,
         backoff_max_ms: 5_000,
+        stream: false,
     };
     let tools = [http_tool("lookup", false), http_tool("send_email", true)];
     let sleeper = Arc::new(RecordingSleeper::new());

@@ -31,6 +31,18 @@ impl Runtime {
 
     fn send_inner(&mut self, from: &AgentId, to: &AgentId, payload: &str) -> Result<MessageId, RuntimeError> {
         let id = self.ids.message();
+        self.enqueue(id, from, to, payload)
+    }
+
+    /// Enqueue message `id` (fresh, or reserved by an orchestration call's
+    /// logged result): `message.enqueued` in `to`'s log, then the inbox.
+    pub(super) fn enqueue(
+        &mut self,
+        id: MessageId,
+        from: &AgentId,
+        to: &AgentId,
+        payload: &str,
+    ) -> Result<MessageId, RuntimeError> {
         let event = Event::MessageEnqueued {
             message_id: id.clone(),
             sender: from.clone(),

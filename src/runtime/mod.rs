@@ -19,6 +19,11 @@
 //!   log, before the inbox sees it.
 //! - `deliver`: after one `message.delivered` entry naming every collected
 //!   message is fsynced; until then recovery re-injects them (re-delivery).
+//! - an orchestration tool call (`spawn_agent`, `send_message`): its
+//!   result names the ids its effect uses and is durable before the
+//!   effect; a send is enqueued in the same step, a spawn's child created
+//!   after the turn's `turn.complete`, and open completes what a crash
+//!   left missing — each effect exactly once ([`orchestration`]).
 //! - `terminate`: refused while the agent has live children; otherwise
 //!   after `agent.terminated` is fsynced, then the record goes TERMINATED
 //!   and the node leaves the tree.
@@ -31,6 +36,7 @@ pub mod hooks;
 pub mod ids;
 pub mod inbox;
 mod messaging;
+pub mod orchestration;
 mod orchestrator;
 pub mod provider;
 mod slots;
@@ -48,6 +54,7 @@ pub use fake::FakeProvider;
 pub use hooks::{HookDecision, HookEvent, HookEventKind, Hooks, NoHooks, PreToolUse, Resumed};
 pub use ids::{AgentId, MessageId, SessionId};
 pub use inbox::Message;
+pub use orchestration::{Orchestration, OrchestrationTool};
 pub use orchestrator::Runtime;
 pub use provider::{NoProvider, Provider, ProviderError, ProviderReply, ProviderRequest, ToolRequest, Usage};
 pub use state::{AgentView, RuntimeState};
@@ -91,6 +98,10 @@ pub struct RuntimeConfig {
     /// What one provider request may carry ([`context`]); the default,
     /// no budget, sends the whole conversation.
     pub context_budget: context::ContextBudget,
+    /// The orchestration tools the runtime performs itself
+    /// ([`orchestration`]); `None` (the default): none, every call goes
+    /// to `tools`.
+    pub orchestration: Option<Orchestration>,
 }
 
 /// Where a provider call happened.
@@ -153,6 +164,7 @@ impl RuntimeConfig {
             calls: Arc::new(NoCallLog),
             hooks: Arc::new(NoHooks),
             context_budget: context::ContextBudget::default(),
+            orchestration: None,
         }
     }
 

@@ -14,10 +14,31 @@ use crate::log::{Event, EventLog, LogEntry};
 use crate::recovery::{self, RecoveryReport};
 use crate::store::session::{SessionRecord, SessionState, SessionStore, SESSION_SCHEMA_VERSION};
 
-use super::ids::{AgentId, Clock, IdGen};
+use super::ids::{AgentId, Clock, IdGen, SessionId};
 use super::inbox::Inboxes;
 use super::tree::AgentTree;
 use super::{AgentSlot, RuntimeConfig, RuntimeError};
+
+/// An agent to create, with its ids: fresh ones, or the ones a spawn
+/// reserved in its call's logged result (see [`super::orchestration`]).
+#[derive(Debug, Clone)]
+pub(super) struct NewAgent<'a> {
+    pub id: AgentId,
+    pub session_id: SessionId,
+    pub name: &'a str,
+    pub instructions: &'a str,
+    pub parent: Option<AgentId>,
+}
+
+/// Where a new agent's session starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Placement {
+    /// ACTIVE, in a provider slot (evicting the least recently used).
+    Active,
+    /// SUSPENDED: no slot until its first turn restores it (a deferred
+    /// spawn at a turn's end must not fail because every slot is busy).
+    Suspended,
+}
 
 /// The durable agent runtime. See the [module docs](crate::runtime) for
 /// each operation's acknowledgement point.
@@ -50,7 +71,7 @@ impl Runtime {
         ids.observe(recovered.max_id_counter);
         let mut clock = Clock::default();
         clock.observe(recovered.max_ts);
-        let runtime = Runtime {
+        let mut runtime = Runtime {
             fs,
             root: root.to_path_buf(),
             config,
@@ -63,6 +84,11 @@ impl Runtime {
             lru: Vec::new(),
             poisoned: None,
         };
+        // Ids the orchestration tools reserved in logged results are never
+        // handed out again, and the effects those results promise are all
+        // there before anything else runs (see `orchestration`).
+        runtime.observe_reserved_ids();
+        runtime.complete_orchestration()?;
         Ok((runtime, report))
     }
 
@@ -134,20 +160,51 @@ impl Runtime {
         parent: Option<AgentId>,
     ) -> Result<AgentId, RuntimeError> {
         let id = self.ids.agent();
+        let session_id = self.ids.session();
+        let agent = NewAgent {
+            id,
+            session_id,
+            name,
+            instructions,
+            parent,
+        };
+        self.create_with(agent, Placement::Active)
+    }
+
+    /// Create an agent under ids chosen before (see [`NewAgent`]), its
+    /// session ACTIVE (taking a provider slot now, evicting the least
+    /// recently used) or SUSPENDED (taking none until its first turn).
+    pub(super) fn create_with(
+        &mut self,
+        agent: NewAgent<'_>,
+        placement: Placement,
+    ) -> Result<AgentId, RuntimeError> {
+        let NewAgent {
+            id,
+            session_id,
+            name,
+            instructions,
+            parent,
+        } = agent;
         if parent.is_some() {
             // Child: in the tree synchronously; durable only after the
             // deferred spawn below logs agent.created.
             self.tree.add(id.clone(), name.to_string(), parent.clone())?;
         }
-        self.make_room(None)?;
-        let session_id = self.ids.session();
+        let state = match placement {
+            Placement::Active => {
+                self.make_room(None)?;
+                SessionState::Active
+            }
+            Placement::Suspended => SessionState::Suspended,
+        };
         let record = SessionRecord {
             schema_version: SESSION_SCHEMA_VERSION,
             session_id: session_id.clone(),
             agent_id: id.clone(),
             provider: self.config.provider.name().to_string(),
             model: self.config.provider.model().to_string(),
-            state: SessionState::Active,
+            state,
             provider_state: None,
             updated_ts: self.clock.now(),
         };
@@ -178,7 +235,9 @@ impl Runtime {
                 in_turn: None,
             },
         );
-        self.lru.push(id.clone());
+        if placement == Placement::Active {
+            self.lru.push(id.clone());
+        }
         let event = Event::AgentCreated {
             agent_id: id.clone(),
             name: name.to_string(),

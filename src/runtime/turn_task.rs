@@ -223,6 +223,9 @@ pub struct TurnTask {
     batch: VecDeque<DecidedCall>,
     /// The call out now: a provider completion (`None`) or this tool call.
     out: Option<DecidedCall>,
+    /// An orchestration call's effect, applied once its result is durable
+    /// (see [`super::orchestration`]).
+    effect: Option<super::orchestration::Effect>,
 }
 
 impl TurnTask {
@@ -521,6 +524,7 @@ impl Runtime {
             tool_calls: done_calls,
             batch: pending,
             out: None,
+            effect: None,
         };
         let step = match (decided, task.batch.is_empty()) {
             // The decision stands: run what has no result yet.
@@ -717,7 +721,18 @@ impl Runtime {
                 irreversible: call.irreversible,
             },
         )?;
+        task.effect = None;
         let hook = call.hook.clone().unwrap_or_default();
+        if hook.denied.is_none() {
+            if let Some(tool) = self.orchestration_tool(&call.tool) {
+                // The runtime's own operation, in this step: no outside
+                // call; its result is the write-ahead record of its effect.
+                let (output, effect) = self.orchestrate(&agent, tool, &call)?;
+                task.out = Some(call);
+                task.effect = effect;
+                return self.tool_ran(task, Ok(output));
+            }
+        }
         if let Some(reason) = hook.denied {
             // Denied by its logged decision: never handed out; the model
             // reads the reason as the call's failed result.
@@ -797,6 +812,10 @@ impl Runtime {
                 output: output.output.clone(),
             },
         )?;
+        // The result names the effect's ids: apply it now that it is durable.
+        if let Some(effect) = task.effect.take() {
+            self.apply_now(&agent, &effect)?;
+        }
         let pair = [
             ConversationItem::ToolCall {
                 call_id: call_id.clone(),
@@ -892,6 +911,10 @@ impl Runtime {
                 .insert(work.clone(), start..slot.conversation.len());
             slot.started_work.remove(work);
         }
+        // Seed 002's deferred spawn: the turn is acknowledged; now its
+        // children (and the messages to them). A crash from here on is
+        // completed by the next open.
+        self.apply_turn_effects(&agent, &task.tool_calls)?;
         self.config.hooks.observe(&HookEvent::AgentStop {
             agent: agent.clone(),
             result: response.clone(),

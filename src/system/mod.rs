@@ -36,6 +36,7 @@ mod calls;
 mod outbox;
 mod resume;
 mod tools;
+mod wake;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -50,8 +51,8 @@ use crate::recovery::{
 };
 use crate::runtime::context::ContextBudget;
 use crate::runtime::{
-    AgentId, Hooks, NoHooks, NoRetries, Provider, Runtime, RuntimeConfig, RuntimeError, Started,
-    ToolExecutor, ToolRetries, TurnKind,
+    AgentId, Hooks, NoHooks, NoRetries, Orchestration, Provider, Runtime, RuntimeConfig, RuntimeError,
+    Started, ToolExecutor, ToolRetries, TurnKind,
 };
 use crate::sqlite::{Db, SqliteOptions};
 use crate::store::activities::{ActivityGate, ActivityStore};
@@ -68,6 +69,7 @@ pub use calls::StoreCallLog;
 pub use outbox::OutboxRoutes;
 pub use resume::{resume_key, resume_key_parts};
 pub use tools::{session_run, SystemTools};
+pub use wake::{wake_key, WakeUps};
 
 /// The stores' database, inside the root.
 pub const STORE_DB_FILE: &str = "store.db";
@@ -104,6 +106,9 @@ pub struct SystemConfig {
     /// What one provider request may carry ([`crate::runtime::context`]);
     /// default: no budget.
     pub context_budget: ContextBudget,
+    /// The orchestration tools the runtime performs
+    /// ([`crate::runtime::orchestration`]); default: none.
+    pub orchestration: Option<Orchestration>,
 }
 
 impl SystemConfig {
@@ -120,6 +125,7 @@ impl SystemConfig {
             hooks: Arc::new(NoHooks),
             tool_retries: Arc::new(NoRetries),
             context_budget: ContextBudget::default(),
+            orchestration: None,
         }
     }
 
@@ -304,6 +310,7 @@ impl System {
         });
         rc.hooks = config.hooks.clone();
         rc.context_budget = config.context_budget;
+        rc.orchestration = config.orchestration.clone();
         rc.calls = Arc::new(StoreCallLog {
             db: db.clone(),
             clock: deps.clock.clone(),
@@ -453,6 +460,9 @@ impl System {
             }));
         }
         let work = Self::trigger_work(claim);
+        if let Some(reads) = wake::wake_reads(claim) {
+            return self.start_wake(agent, prompt, &work, &reads);
+        }
         Ok(self.runtime.start_turn(agent, prompt, TurnKind::Work(&work))?)
     }
 

@@ -12,6 +12,11 @@
 //! [[replies]]
 //! raw = "not json"       # a malformed 200 body
 //! [[replies]]
+//! text = "half of this"  # to a `stream: true` request: the first 2 of
+//! cut_after_chunks = 2   # its SSE chunks, then the body ends (no [DONE])
+//! [[replies]]
+//! sse = "data: {oops\n\n"  # a 200 text/event-stream body, as written
+//! [[replies]]
 //! text = "done"
 //!
 //! # optional: answer every ask differently (see `mock_llm::reword`)
@@ -20,8 +25,9 @@
 //! ```
 //!
 //! Invariant: a loaded [`Script`] is unambiguous — each reply is exactly
-//! one of a completion (text and/or tool calls), an HTTP error (`status`)
-//! or a raw body — and its delays are bounded by [`MAX_DELAY_MS`].
+//! one of a completion (text and/or tool calls), an HTTP error (`status`),
+//! a raw body or a raw event stream (`sse`) — a cut goes with a completion
+//! only, and its delays are bounded by [`MAX_DELAY_MS`].
 
 use std::path::{Path, PathBuf};
 
@@ -87,6 +93,13 @@ pub struct Reply {
     /// Override `finish_reason`.
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// Streamed (`stream: true` requests): send only this many of the
+    /// completion's chunks, then end the body without `[DONE]`.
+    #[serde(default)]
+    pub cut_after_chunks: Option<usize>,
+    /// Answer 200 `text/event-stream` with exactly this body.
+    #[serde(default)]
+    pub sse: Option<String>,
 }
 
 /// A tool call the mock asks for.
@@ -154,10 +167,15 @@ impl Script {
                 })
             };
             let completion = r.text.is_some() || !r.tool_calls.is_empty();
-            let kinds =
-                usize::from(completion) + usize::from(r.status.is_some()) + usize::from(r.raw.is_some());
+            let kinds = usize::from(completion)
+                + usize::from(r.status.is_some())
+                + usize::from(r.raw.is_some())
+                + usize::from(r.sse.is_some());
             if kinds > 1 {
-                return invalid("give one of text/tool_calls, status, raw");
+                return invalid("give one of text/tool_calls, status, raw, sse");
+            }
+            if r.cut_after_chunks.is_some() && !completion {
+                return invalid("cut_after_chunks goes with text/tool_calls");
             }
             if r.status.is_some_and(|s| !(100..=599).contains(&s)) {
                 return invalid("status must be 100..=599");
@@ -204,6 +222,20 @@ impl Reply {
             raw: Some(body.to_string()),
             ..Reply::default()
         }
+    }
+
+    /// A raw event-stream body (`sse`).
+    pub fn sse(body: &str) -> Reply {
+        Reply {
+            sse: Some(body.to_string()),
+            ..Reply::default()
+        }
+    }
+
+    /// Streamed, this reply stops after `chunks` chunks, without `[DONE]`.
+    pub fn cut_after_chunks(mut self, chunks: usize) -> Reply {
+        self.cut_after_chunks = Some(chunks);
+        self
     }
 
     pub fn delayed(mut self, delay_ms: u64) -> Reply {

@@ -28,12 +28,32 @@ pub struct ToolSpec {
     pub irreversible: bool,
 }
 
+/// Whether the reply is asked for whole or as server-sent events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// One JSON body (the request carries no `stream` key at all, so a
+    /// non-streaming config sends the bytes it always sent).
+    Whole,
+    /// `stream: true`, with the usage in the last chunk.
+    Streamed,
+}
+
 /// The JSON body of one chat-completions request.
-pub fn request_body(model: &str, tools: &[ToolSpec], request: &ProviderRequest<'_>) -> Value {
+pub fn request_body(
+    model: &str,
+    tools: &[ToolSpec],
+    request: &ProviderRequest<'_>,
+    delivery: Delivery,
+) -> Value {
     let mut body = json!({
         "model": model,
         "messages": messages(request),
     });
+    if delivery == Delivery::Streamed {
+        body["stream"] = json!(true);
+        // Without it a stream carries no token counts (seed 000 keeps them).
+        body["stream_options"] = json!({"include_usage": true});
+    }
     if !tools.is_empty() {
         let specs: Vec<Value> = tools
             .iter()
@@ -108,41 +128,43 @@ struct ChatResponse {
     usage: Option<UsageWire>,
 }
 
+/// One choice of a reply: parsed from a whole body, or assembled from a
+/// stream's chunks (`super::stream`), then judged by [`reply_from`].
 #[derive(Deserialize)]
-struct Choice {
-    message: MessageWire,
+pub(super) struct Choice {
+    pub(super) message: MessageWire,
     #[serde(default)]
-    finish_reason: Option<String>,
+    pub(super) finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct MessageWire {
+pub(super) struct MessageWire {
     #[serde(default)]
-    content: Option<String>,
+    pub(super) content: Option<String>,
     #[serde(default)]
-    tool_calls: Option<Vec<ToolCallWire>>,
+    pub(super) tool_calls: Option<Vec<ToolCallWire>>,
     #[serde(default)]
-    refusal: Option<String>,
+    pub(super) refusal: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct ToolCallWire {
-    function: FunctionWire,
+pub(super) struct ToolCallWire {
+    pub(super) function: FunctionWire,
 }
 
 #[derive(Deserialize)]
-struct FunctionWire {
-    name: String,
+pub(super) struct FunctionWire {
+    pub(super) name: String,
     #[serde(default)]
-    arguments: String,
+    pub(super) arguments: String,
 }
 
-#[derive(Deserialize)]
-struct UsageWire {
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(super) struct UsageWire {
     #[serde(default)]
-    prompt_tokens: u64,
+    pub(super) prompt_tokens: u64,
     #[serde(default)]
-    completion_tokens: u64,
+    pub(super) completion_tokens: u64,
 }
 
 /// Parse a 2xx body. `irreversible` maps tool names to their config flag
@@ -158,15 +180,26 @@ pub fn parse_reply(
     };
     let parsed: ChatResponse =
         serde_json::from_str(body).map_err(|e| malformed(format!("not a chat completion: {e}")))?;
-    let usage = parsed.usage.map(|u| Usage {
-        prompt_tokens: u.prompt_tokens,
-        completion_tokens: u.completion_tokens,
-    });
     let choice = parsed
         .choices
         .into_iter()
         .next()
         .ok_or_else(|| malformed("`choices` is empty".into()))?;
+    reply_from(choice, parsed.usage, irreversible, &malformed)
+}
+
+/// The reply a choice stands for — the one judgement of finish reasons,
+/// tool calls and usage, whether the choice came whole or streamed.
+pub(super) fn reply_from(
+    choice: Choice,
+    usage: Option<UsageWire>,
+    irreversible: &BTreeMap<String, bool>,
+    malformed: &dyn Fn(String) -> OpenAiError,
+) -> Result<(ProviderReply, Option<Usage>), OpenAiError> {
+    let usage = usage.map(|u| Usage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+    });
     let calls = choice.message.tool_calls.unwrap_or_default();
     match choice.finish_reason.as_deref() {
         // Absent/null: some compatible servers omit it; judge by content.
