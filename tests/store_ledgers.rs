@@ -242,8 +242,8 @@ fn token_usage_totals_sum_per_session() {
         agent_id: "a".into(),
         turn: 2,
     };
-    usage.persist_token_usage(&conn, &at, 100, 7, 1).unwrap();
-    usage.persist_token_usage(&conn, &at, 50, 3, 2).unwrap();
+    usage.persist_token_usage(&conn, &at, "m", 100, 7, 1).unwrap();
+    usage.persist_token_usage(&conn, &at, "m", 50, 3, 2).unwrap();
     assert_eq!(usage.total_token_usage(&conn, "s1").unwrap(), (150, 10));
     assert_eq!(usage.total_token_usage(&conn, "none").unwrap(), (0, 0));
 }
@@ -332,10 +332,14 @@ fn a_job_run_records_its_job_and_parent_and_create_is_idempotent() {
 #[test]
 fn a_version_1_database_migrates_to_version_2_keeping_its_runs() {
     let conn = Connection::open_in_memory().unwrap();
-    // A version-1 database as the previous build left it.
+    // A version-1 database as the previous build left it (the tables the
+    // later migrations alter, `runs` and `token_usage`).
     conn.execute_batch(
         "CREATE TABLE runs (run_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, \
          status TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
+         CREATE TABLE token_usage (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, \
+         agent_id TEXT NOT NULL, turn INTEGER NOT NULL, input_tokens INTEGER NOT NULL, \
+         output_tokens INTEGER NOT NULL, created_at INTEGER NOT NULL); \
          INSERT INTO runs VALUES ('old', 's0', 'running', 1, 1); PRAGMA user_version = 1;",
     )
     .unwrap();

@@ -516,10 +516,16 @@ fn gc_after_the_ttl_collects_settled_rows_and_keeps_what_recovery_and_humans_nee
     // The blocked RESUME trigger is kept with its key: the answer re-pends it.
     assert_eq!(report.triggers.deleted, vec![id.clone()]);
     assert_eq!(report.activities.deleted.len(), 1, "{report:?}");
+    // The fired turn's settled tool call and its provider calls' usage go
+    // too; the blocked job's (its agent resumes) stay.
+    assert_eq!(report.tool_calls.calls.len(), 1, "{report:?}");
+    assert_eq!(report.usage.token_usage, 2, "{report:?}");
     assert_eq!(system.gc(DEFAULT_GC_TTL_MS).expect("gc again"), {
         let mut empty = report.clone();
         empty.triggers.deleted.clear();
         empty.activities.deleted.clear();
+        empty.tool_calls.calls.clear();
+        empty.usage.token_usage = 0;
         empty
     });
     // Kept: the PENDING trigger and the action waiting for a human.

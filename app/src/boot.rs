@@ -182,7 +182,7 @@ pub fn boot_watched(
         (Ok(provider), _) => provider,
         (Err(OpenAiError::MissingApiKey { var }), ApiKey::Optional) => {
             tracing::debug!(var, "no provider key: an admin command runs no turn");
-            OpenAiProvider::new(&config.provider, None, &config.tools)
+            OpenAiProvider::with_key(config, None)
         }
         (Err(e), _) => return Err(e.into()),
     }

@@ -1,15 +1,17 @@
-//! Keeping a root tidy: one GC pass ([`collect`]) — settled triggers and
-//! ledger rows deleted after the TTL ([`System::gc`]), bodies of settled
-//! ledger rows stripped after the shorter payload TTL
+//! Keeping a root tidy: one GC pass ([`collect`]) — settled triggers,
+//! ledger rows (activities, tool calls with their attempts, runs) and
+//! usage and error rows deleted after the TTL ([`System::gc`]), bodies of
+//! settled ledger rows stripped after the shorter payload TTL
 //! ([`System::strip_payloads`]) — run by `serve` on a schedule
 //! ([`Ticker`]) and by `durable-agent gc` by hand (`POST /gc`, or on the
 //! root directly when no daemon holds it).
 //!
 //! Invariant: a pass never collects or strips what recovery or a human
-//! needs — INTENT and NEEDS_CONFIRMATION rows, PENDING and CLAIMED
-//! triggers, FAILED triggers blocked on a confirmation, and any row of an
-//! agent with an open turn or unfinished work (the system decides; see
-//! `durable_agent::system` admin docs). In `serve` it runs on the worker,
+//! needs — INTENT and NEEDS_CONFIRMATION rows, in-flight tool calls,
+//! PENDING and CLAIMED triggers, FAILED triggers blocked on a
+//! confirmation, runs not settled (running, waiting for a human), and any
+//! row of an agent with an open turn, a parked turn or unfinished work
+//! (the system decides; see `durable_agent::system` admin docs). In `serve` it runs on the worker,
 //! between requests, so no runtime step interleaves with it; the calls of
 //! a turn in flight on another thread commit under the same connection
 //! lock each pass transaction holds, and that turn's agent is kept.
@@ -57,31 +59,51 @@ pub struct GcOutcome {
     pub stripped: SystemStripReport,
 }
 
+/// The tables a pass collects from, in the order the CLI prints them.
+pub const COLLECTED_TABLES: [&str; 7] = [
+    "triggers",
+    "activity_log",
+    "tool_calls",
+    "tool_call_attempts",
+    "runs",
+    "token_usage",
+    "errors",
+];
+
+/// The tables whose settled bodies a pass strips.
+pub const STRIPPED_TABLES: [&str; 2] = ["activity_log", "tool_calls"];
+
 impl GcOutcome {
-    /// Rows deleted per table.
-    pub fn collected_counts(&self) -> [(&'static str, usize); 2] {
+    /// Rows deleted per table (in [`COLLECTED_TABLES`] order).
+    pub fn collected_counts(&self) -> [(&'static str, u64); 7] {
+        let c = &self.collected;
         [
-            ("triggers", self.collected.triggers.deleted.len()),
-            ("activity_log", self.collected.activities.deleted.len()),
+            ("triggers", c.triggers.deleted.len() as u64),
+            ("activity_log", c.activities.deleted.len() as u64),
+            ("tool_calls", c.tool_calls.calls.len() as u64),
+            ("tool_call_attempts", c.tool_calls.attempts),
+            ("runs", c.tool_calls.runs.len() as u64),
+            ("token_usage", c.usage.token_usage),
+            ("errors", c.usage.errors),
         ]
     }
 
     /// Rows whose bodies were stripped per table.
-    pub fn stripped_counts(&self) -> [(&'static str, usize); 2] {
+    pub fn stripped_counts(&self) -> [(&'static str, u64); 2] {
         [
-            ("activity_log", self.stripped.activities.stripped.len()),
-            ("tool_calls", self.stripped.tool_calls.stripped.len()),
+            ("activity_log", self.stripped.activities.stripped.len() as u64),
+            ("tool_calls", self.stripped.tool_calls.stripped.len() as u64),
         ]
     }
 
     /// The API's answer: the counts per table, then the keys.
     pub fn answer(&self) -> Value {
-        let counts = |c: [(&str, usize); 2]| c.iter().map(|(t, n)| (t.to_string(), json!(n))).collect();
+        let counts = |c: &[(&str, u64)]| c.iter().map(|(t, n)| (t.to_string(), json!(n))).collect();
         json!({
             "ttl_ms": self.ttl_ms,
             "payload_ttl_ms": self.payload_ttl_ms,
-            "collected": Value::Object(counts(self.collected_counts())),
-            "stripped": Value::Object(counts(self.stripped_counts())),
+            "collected": Value::Object(counts(&self.collected_counts())),
+            "stripped": Value::Object(counts(&self.stripped_counts())),
             "detail": {"collected": self.collected, "stripped": self.stripped},
         })
     }
@@ -112,11 +134,17 @@ pub fn collect(system: &System, request: GcRequest) -> Result<GcOutcome, OpError
     if outcome.is_empty() {
         tracing::debug!(ttl_ms = request.ttl_ms, payload_ttl_ms, "gc: nothing to collect");
     } else {
-        let [(_, triggers), (_, activities)] = outcome.collected_counts();
+        let [(_, triggers), (_, activities), (_, tool_calls), (_, attempts), (_, runs), (_, token_usage), (_, errors)] =
+            outcome.collected_counts();
         let [(_, stripped_activities), (_, stripped_calls)] = outcome.stripped_counts();
         tracing::info!(
             triggers,
             activities,
+            tool_calls,
+            attempts,
+            runs,
+            token_usage,
+            errors,
             stripped_activities,
             stripped_calls,
             ttl_ms = request.ttl_ms,
@@ -202,12 +230,12 @@ pub fn table(answer: &Value) -> String {
             .map_or("-".to_string(), |n| n.to_string())
     };
     let mut out = format!(
-        "gc: rows settled over {} ms ago collected, bodies over {} ms ago stripped\n{:<14}{:>10}{:>10}\n",
+        "gc: rows settled over {} ms ago collected, bodies over {} ms ago stripped\n{:<20}{:>10}{:>10}\n",
         answer["ttl_ms"], answer["payload_ttl_ms"], "table", "collected", "stripped"
     );
-    for table in ["triggers", "activity_log", "tool_calls"] {
+    for table in COLLECTED_TABLES {
         out.push_str(&format!(
-            "{table:<14}{:>10}{:>10}\n",
+            "{table:<20}{:>10}{:>10}\n",
             count("collected", table),
             count("stripped", table)
         ));
@@ -250,6 +278,26 @@ mod tests {
         let mut off = Ticker::new(&GcConfig { enabled: false, ..gc }, t0);
         assert!(off.due(t0 + Duration::from_secs(3_600)).is_none());
         assert_eq!(off.until_next(t0), None);
+    }
+
+    #[test]
+    fn the_table_prints_every_collected_table_in_the_counts_order() {
+        let outcome = GcOutcome {
+            ttl_ms: 10,
+            payload_ttl_ms: 5,
+            collected: SystemGcReport::default(),
+            stripped: SystemStripReport::default(),
+        };
+        let tables: Vec<&str> = outcome.collected_counts().iter().map(|(t, _)| *t).collect();
+        assert_eq!(tables, COLLECTED_TABLES);
+        let printed = table(&outcome.answer());
+        let rows: Vec<&str> = printed
+            .lines()
+            .skip(2)
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(rows, COLLECTED_TABLES, "{printed}");
+        assert!(outcome.is_empty());
     }
 
     #[test]

@@ -31,8 +31,6 @@ mod store_views;
 pub mod table;
 pub mod transcript;
 
-use std::sync::OnceLock;
-
 use durable_agent::runtime::{AgentId, Runtime};
 use durable_agent::sqlite::Db;
 use durable_agent::store::inspect::{Page, DEFAULT_LIMIT, MAX_LIMIT};
@@ -204,20 +202,6 @@ pub struct Source<'a> {
     pub schedules: Vec<Schedule>,
     /// The stores' clock now (a trigger's `overdue_by_ms`).
     pub now_ms: u64,
-}
-
-/// The provider model the process was configured with ([`set_model`]):
-/// the store records no model per call, and a root has one provider.
-static MODEL: OnceLock<String> = OnceLock::new();
-
-/// Name the configured provider model in the usage view (the binary
-/// calls it once, from the config it loaded; a later call is ignored).
-pub fn set_model(model: &str) {
-    let _ = MODEL.set(model.to_string());
-}
-
-fn model() -> Option<&'static str> {
-    MODEL.get().map(String::as_str)
 }
 
 /// A failed read: a 500 with the store's message; never an unknown

@@ -103,6 +103,7 @@ impl Provider for InterruptibleProvider {
         // Owned copies: the helper thread may outlive this call.
         let owned = OwnedRequest {
             agent: request.agent.clone(),
+            agent_name: request.agent_name.to_string(),
             instructions: request.instructions.to_string(),
             history: request.history.to_vec(),
             round: request.round,
@@ -114,6 +115,7 @@ impl Provider for InterruptibleProvider {
             .spawn(move || {
                 let request = ProviderRequest {
                     agent: &owned.agent,
+                    agent_name: &owned.agent_name,
                     instructions: &owned.instructions,
                     history: &owned.history,
                     round: owned.round,
@@ -140,6 +142,7 @@ impl Provider for InterruptibleProvider {
 
 struct OwnedRequest {
     agent: AgentId,
+    agent_name: String,
     instructions: String,
     history: Vec<ConversationItem>,
     round: u32,
@@ -158,6 +161,7 @@ mod tests {
         let history = [ConversationItem::Prompt { text: "hi".into() }];
         let request = ProviderRequest {
             agent: &agent,
+            agent_name: "a",
             instructions: "",
             history: &history,
             round: 1,

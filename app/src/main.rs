@@ -485,8 +485,6 @@ fn serve(config: &std::path::Path) -> Result<(), String> {
     let stop = Stop::new();
     stop.on_signals("the daemon")
         .map_err(|e| format!("cannot install the signal handler: {e}"))?;
-    // The usage view names the model (the store records none per call).
-    inspect::set_model(&config.provider.model);
     let daemon = Daemon::start(&config, &stop, ServeSettings::default()).map_err(|e| e.to_string())?;
     let report = &daemon.report;
     eprintln!(

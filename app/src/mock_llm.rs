@@ -19,11 +19,13 @@
 //! stream short (`cut_after_chunks`) or send a raw event stream (`sse`).
 //! Requests without it get the whole JSON body, byte for byte as before.
 //!
-//! Invariant: requests are answered in arrival order of the script — the
-//! n-th request to `/chat/completions` gets `replies[n]` (a delayed reply
-//! is answered on its own thread, so it does not hold up the next one) —
-//! and every request is recorded before it is answered. Past the end of
-//! the script every request gets a 500 saying so.
+//! Invariant: each request to `/chat/completions` gets the first reply of
+//! the script it fits that is not used up ([`Script::select`]: without
+//! `when_*` conditions, the n-th request gets `replies[n]`; a delayed
+//! reply is answered on its own thread, so it does not hold up the next
+//! one), and every request is recorded before it is answered. A request
+//! no reply is left for gets a 500 saying so. A test may watch each
+//! exchange ([`MockLlm::with_tap`]): to kill a client at a chosen request.
 
 pub mod reword;
 mod script;
@@ -36,7 +38,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 pub use reword::{Reword, Variant};
-pub use script::{Reply, Script, ScriptError, ScriptedCall, MAX_DELAY_MS};
+pub use script::{Asked, Reply, Script, ScriptError, ScriptedCall, MAX_DELAY_MS};
 
 use crate::server::{json_response, respond, Chunked, LoopbackServer, Recorded, ServerError};
 
@@ -47,7 +49,31 @@ struct State {
     /// Some: every answer reworded (see [`reword`]).
     reword: Option<Reword>,
     next: usize,
+    /// Per script reply: it has answered (see [`Script::select`]).
+    used: Vec<bool>,
     requests: Vec<Recorded>,
+    tap: Option<Tap>,
+}
+
+/// A point of one completion exchange, with the request's 1-based number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exchange {
+    /// The request is recorded; its answer is not sent yet.
+    Asked(usize),
+    /// Its answer went out.
+    Answered(usize),
+}
+
+type TapFn = Arc<dyn Fn(Exchange) + Send + Sync>;
+
+/// The watcher [`MockLlm::with_tap`] installs.
+#[derive(Clone)]
+struct Tap(TapFn);
+
+impl std::fmt::Debug for Tap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tap")
+    }
 }
 
 /// A running mock; dropping it stops the server.
@@ -85,7 +111,11 @@ impl MockLlm {
         script: Option<Script>,
         reword: Option<Reword>,
     ) -> Result<MockLlm, ServerError> {
+        let used = script
+            .as_ref()
+            .map_or(Vec::new(), |s| vec![false; s.replies.len()]);
         let state = Arc::new(Mutex::new(State {
+            used,
             script,
             reword,
             ..State::default()
@@ -95,6 +125,14 @@ impl MockLlm {
             handle(&handler_state, request);
         })?;
         Ok(MockLlm { state, server })
+    }
+
+    /// Call `tap` at each completion exchange, outside the mock's lock:
+    /// [`Exchange::Asked`] before the answer is sent, [`Exchange::Answered`]
+    /// after (a test kills its client there).
+    pub fn with_tap(self, tap: impl Fn(Exchange) + Send + Sync + 'static) -> MockLlm {
+        lock(&self.state).tap = Some(Tap(Arc::new(tap)));
+        self
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -142,7 +180,8 @@ struct Events {
 
 fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
     let recorded = Recorded::read(&mut request);
-    let answer = {
+    let mut number = None;
+    let (answer, tap) = {
         let mut s = lock(state);
         let answer = if recorded.method != "POST" || !recorded.path.ends_with("/chat/completions") {
             Answer::now(
@@ -152,25 +191,46 @@ fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
         } else {
             let n = s.next;
             s.next += 1;
+            number = Some(n + 1);
             let body: Value = serde_json::from_str(&recorded.body).unwrap_or(Value::Null);
             let reword = s.reword;
-            match &s.script {
+            let State { script, used, .. } = &mut *s;
+            match script {
                 None => Answer::now(200, completion(n, &body, answer(reword, n, &body, echo(&body))))
                     .streamed_if_asked(&body, None),
-                Some(script) => match script.replies.get(n) {
-                    Some(reply) => scripted(n, &body, reply, reword),
-                    None => Answer::now(
-                        500,
-                        json!({"error": {"message": format!("mock script exhausted: request {} of {}", n + 1, script.replies.len())}}),
-                    ),
-                },
+                Some(script) => {
+                    let asked = Asked::of(&body);
+                    match script.select(used, &asked) {
+                        Some(index) => scripted(n, &body, &script.replies[index], reword),
+                        None => Answer::now(
+                            500,
+                            json!({"error": {"message": format!(
+                                "mock script: no reply left for request {} (system {:?}, round {}) among {} replies",
+                                n + 1,
+                                crate::http::excerpt(&asked.system, 60),
+                                asked.round,
+                                script.replies.len()
+                            )}}),
+                        ),
+                    }
+                }
             }
         };
         s.requests.push(recorded);
-        answer
+        (answer, s.tap.clone())
+    };
+    let exchange = move |request: tiny_http::Request, answer: Answer| {
+        let watch = |point: fn(usize) -> Exchange| {
+            if let (Some(Tap(tap)), Some(n)) = (&tap, number) {
+                tap(point(n));
+            }
+        };
+        watch(Exchange::Asked);
+        send(request, answer);
+        watch(Exchange::Answered);
     };
     if answer.delay_ms == 0 {
-        send(request, answer);
+        exchange(request, answer);
         return;
     }
     // On its own thread: the client may retry while this one sleeps.
@@ -178,7 +238,7 @@ fn handle(state: &Arc<Mutex<State>>, mut request: tiny_http::Request) {
         .name("mock-llm-delayed".into())
         .spawn(move || {
             std::thread::sleep(Duration::from_millis(answer.delay_ms));
-            send(request, answer);
+            exchange(request, answer);
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot spawn the delayed-reply thread; reply dropped");

@@ -15,6 +15,13 @@
 //! one, assembled and checked like a whole body ([`stream`]), so what the
 //! runtime logs — and so durability — does not depend on the setting. A
 //! server that answers a whole JSON body anyway is taken at its word.
+//!
+//! The tools offered with a request are the asking agent's own: every
+//! configured `[[tools]]` entry except the orchestration tools its
+//! `[orchestration]` grant leaves out ([`OpenAiProvider::tools_for`]), so
+//! a model is never offered a tool the runtime would refuse it. (The
+//! runtime still checks the grant on every call: an offer is a courtesy,
+//! the check is the policy.)
 
 mod stream;
 mod wire;
@@ -23,7 +30,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use durable_agent::runtime::{Provider, ProviderError, ProviderReply, ProviderRequest};
+use durable_agent::runtime::{
+    Orchestration, OrchestrationTool, Provider, ProviderError, ProviderReply, ProviderRequest,
+};
 
 use crate::config::{Config, ProviderConfig, ToolConfig};
 use crate::http::{self, TransportFailure};
@@ -108,6 +117,8 @@ pub struct OpenAiProvider {
     model: String,
     api_key: Option<String>,
     tools: Vec<ToolSpec>,
+    /// Who may call which orchestration tool (`None`: none configured).
+    grants: Option<Orchestration>,
     irreversible: BTreeMap<String, bool>,
     timeout_ms: u64,
     delivery: Delivery,
@@ -132,8 +143,8 @@ impl std::fmt::Debug for OpenAiProvider {
 }
 
 impl OpenAiProvider {
-    /// From `[provider]` and `[[tools]]`, reading the key from the
-    /// environment variable `api_key_env` names.
+    /// From `[provider]`, `[[tools]]` and `[orchestration]`, reading the
+    /// key from the environment variable `api_key_env` names.
     pub fn from_config(config: &Config) -> Result<Self, OpenAiError> {
         let api_key = match &config.provider.api_key_env {
             None => None,
@@ -141,7 +152,13 @@ impl OpenAiProvider {
                 Some(std::env::var(var).map_err(|_| OpenAiError::MissingApiKey { var: var.clone() })?)
             }
         };
-        Ok(Self::new(&config.provider, api_key, &config.tools))
+        Ok(Self::with_key(config, api_key))
+    }
+
+    /// From the config, with an explicit key (or none: a command that
+    /// runs no turn).
+    pub fn with_key(config: &Config, api_key: Option<String>) -> Self {
+        Self::new(&config.provider, api_key, &config.tools).with_grants(config.orchestration_policy())
     }
 
     /// With an explicit key (tests, embedding). Sleeps with
@@ -165,6 +182,7 @@ impl OpenAiProvider {
             model: settings.model.clone(),
             api_key,
             tools,
+            grants: None,
             irreversible,
             timeout_ms: settings.timeout_ms,
             delivery: if settings.stream {
@@ -192,14 +210,36 @@ impl OpenAiProvider {
         self
     }
 
-    /// The tools offered to the model.
+    /// Offer each agent only the orchestration tools `grants` gives it
+    /// (`None`: every configured tool to every agent).
+    pub fn with_grants(mut self, grants: Option<Orchestration>) -> Self {
+        self.grants = grants;
+        self
+    }
+
+    /// Every configured tool.
     pub fn tools(&self) -> &[ToolSpec] {
         &self.tools
     }
 
+    /// The tools offered to the agent named `agent_name`: the configured
+    /// ones, less the orchestration tools its grant leaves out.
+    pub fn tools_for(&self, agent_name: &str) -> Vec<&ToolSpec> {
+        self.tools
+            .iter()
+            .filter(|t| match (&self.grants, OrchestrationTool::from_name(&t.name)) {
+                (Some(grants), Some(tool)) if grants.enabled.contains(&tool) => {
+                    grants.granted(agent_name, tool)
+                }
+                _ => true,
+            })
+            .collect()
+    }
+
     /// One completion, with retries; the typed form of `Provider::complete`.
     pub fn complete_detailed(&self, request: &ProviderRequest<'_>) -> Result<Completion, OpenAiError> {
-        let body = wire::request_body(&self.model, &self.tools, request, self.delivery).to_string();
+        let tools = self.tools_for(request.agent_name);
+        let body = wire::request_body(&self.model, &tools, request, self.delivery).to_string();
         let max_attempts = self.policy.max_attempts();
         let mut number = 1;
         loop {

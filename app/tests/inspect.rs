@@ -479,3 +479,69 @@ fn pages_are_newest_first_and_cover_every_row_once_and_unknown_ids_are_404s() ->
     assert_eq!(bad.status.code(), Some(1), "{bad:?}");
     Ok(())
 }
+
+#[test]
+fn usage_is_summed_per_model_as_each_call_recorded_it() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mock = MockLlm::scripted(
+        loopback(),
+        Script::new(vec![Reply::text("one"), Reply::text("two"), Reply::text("three")])?,
+    )?;
+    let sink = WebhookSink::start(loopback(), false)?;
+    let config = write_config(
+        dir.path(),
+        &mock.base_url(),
+        &sink.url("/send"),
+        false,
+        free_addr()?,
+    )?;
+    let cfg = path_str(&config);
+    // Two runs with the configured model, then the operator switches the
+    // provider's model and runs a third: each call keeps its own.
+    for (i, model) in [(1, "mock-1"), (2, "mock-1"), (3, "mock-2")] {
+        let text = std::fs::read_to_string(&config)?;
+        let switched = text.replace("model = \"mock-1\"", &format!("model = \"{model}\""));
+        std::fs::write(
+            &config,
+            switched.replace("model = \"mock-2\"", &format!("model = \"{model}\"")),
+        )?;
+        let file = job(
+            dir.path(),
+            &format!("j{i}.toml"),
+            &format!("j{i}"),
+            "solo",
+            "hello",
+        )?;
+        let out = run(&["run", path_str(&file), "--config", cfg])?;
+        assert!(out.status.success(), "{out:?}");
+    }
+    let usage = cli(&config, &["usage", "--json"])?;
+    assert!(usage.status.success(), "{usage:?}");
+    let usage = usage.json()?;
+    let by_model: Vec<(String, u64)> = usage["by_model"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    (
+                        r["model"].as_str().unwrap_or("?").to_string(),
+                        r["calls"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        by_model,
+        [("mock-1".to_string(), 2), ("mock-2".to_string(), 1)],
+        "{usage}"
+    );
+    assert_eq!(usage["total"]["calls"], 3, "{usage}");
+    // The table names both.
+    let table = cli(&config, &["usage"])?;
+    assert!(
+        table.stdout.contains("mock-1") && table.stdout.contains("mock-2"),
+        "{table:?}"
+    );
+    Ok(())
+}

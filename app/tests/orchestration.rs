@@ -1,6 +1,6 @@
 //! Orchestration tools end to end (issue 25 item 1): the real binary
-//! (`serve`), a model on loopback, and a kill -9 at every provider request
-//! of the exchange.
+//! (`serve`), the `mock-llm` on loopback playing every agent's model from
+//! one script, and a kill -9 at every provider request of the exchange.
 //!
 //! The exchange: a trigger asks the boss to "go"; the boss's model spawns
 //! children `a` and `b` and messages each a task in one turn; the children
@@ -11,10 +11,10 @@
 //! the exchange must finish with each child created once, each message
 //! enqueued once (none lost, none doubled) and read.
 //!
-//! The model is a function of the request (who asks — the system prompt —
-//! and how far its turn got), not the `mock-llm` script: a script answers
-//! the n-th request with the n-th reply whoever asks, and a kill shifts
-//! which agent asks n-th.
+//! The script's replies say whom they answer (`when_system`, `when_user`,
+//! `when_round`): which agent asks n-th depends on scheduling, and a kill
+//! shifts it. They are `repeat`: a request a kill cut off is asked again
+//! after the restart and must get the same answer.
 
 mod common;
 
@@ -22,18 +22,52 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
 use durable_agent_cli::access::Token;
 use durable_agent_cli::api::Client;
-use durable_agent_cli::server::{json_response, respond, LoopbackServer, Recorded};
+use durable_agent_cli::mock_llm::{Exchange, MockLlm, Script};
 use serde_json::{json, Value};
 
 const BOSS: &str = "You run a team of two.";
-const CHILD: &str = "Do your task and report to your parent.";
+
+/// Every agent's model. The children's instructions come from the boss's
+/// spawn calls ("Do your task and report to your parent.").
+const SCRIPT: &str = r#"
+[[replies]]    # the boss, asked to begin: two children, a task each
+when_system = "^You run a team"
+when_user = "^go$"
+when_round = 0
+repeat = true
+tool_calls = [
+  { name = "spawn_agent", arguments = { name = "a", instructions = "Do your task and report to your parent." } },
+  { name = "spawn_agent", arguments = { name = "b", instructions = "Do your task and report to your parent." } },
+  { name = "send_message", arguments = { to = "a", payload = "task a" } },
+  { name = "send_message", arguments = { to = "b", payload = "task b" } },
+]
+[[replies]]    # the boss after its calls, or woken by an answer
+when_system = "^You run a team"
+repeat = true
+text = "done"
+[[replies]]    # child a, woken by its task
+when_system = "^Do your task"
+when_user = "task a$"
+when_round = 0
+repeat = true
+tool_calls = [{ name = "send_message", arguments = { to = "parent", payload = "answer to task a" } }]
+[[replies]]
+when_system = "^Do your task"
+when_user = "task b$"
+when_round = 0
+repeat = true
+tool_calls = [{ name = "send_message", arguments = { to = "parent", payload = "answer to task b" } }]
+[[replies]]    # a child after its answer went
+when_system = "^Do your task"
+repeat = true
+text = "done"
+"#;
 
 /// When to kill the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,76 +80,32 @@ enum Kill {
     After(usize),
 }
 
-/// The model's answer to one chat-completions request body.
-fn model(body: &Value) -> Value {
-    let messages = body["messages"].as_array().cloned().unwrap_or_default();
-    let system = messages.first().and_then(|m| m["content"].as_str()).unwrap_or("");
-    let last_user = messages.iter().rposition(|m| m["role"] == "user").unwrap_or(0);
-    let prompt = messages[last_user]["content"].as_str().unwrap_or("");
-    let round = messages[last_user..]
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .count();
-    let call = |i: usize, name: &str, args: Value| json!({"id": format!("c{i}"), "type": "function", "function": {"name": name, "arguments": args.to_string()}});
-    let calls = match (system, round) {
-        (BOSS, 0) if prompt.starts_with("go") => vec![
-            call(0, "spawn_agent", json!({"name": "a", "instructions": CHILD})),
-            call(1, "spawn_agent", json!({"name": "b", "instructions": CHILD})),
-            call(2, "send_message", json!({"to": "a", "payload": "task a"})),
-            call(3, "send_message", json!({"to": "b", "payload": "task b"})),
-        ],
-        (CHILD, 0) => {
-            let task = prompt.lines().last().unwrap_or("").trim();
-            vec![call(
-                0,
-                "send_message",
-                json!({"to": "parent", "payload": format!("answer to {task}")}),
-            )]
-        }
-        _ => Vec::new(),
-    };
-    let message = match calls.is_empty() {
-        true => json!({"role": "assistant", "content": "done"}),
-        false => json!({"role": "assistant", "content": null, "tool_calls": calls}),
-    };
-    json!({
-        "id": "m", "object": "chat.completion", "model": "mock-1",
-        "choices": [{"index": 0, "message": message, "finish_reason": if calls.is_empty() { "stop" } else { "tool_calls" }}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-    })
-}
-
-/// The model on loopback, which kills the daemon (pid in `victim`) at its
+/// The mock on loopback, which kills the daemon (pid in `victim`) at its
 /// kill point.
-struct Model {
-    server: LoopbackServer,
-    requests: Arc<AtomicUsize>,
-}
-
-fn start_model(kill: Kill, victim: Arc<Mutex<Option<u32>>>) -> Result<Model, Box<dyn std::error::Error>> {
-    let requests = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&requests);
-    let kill9 = move || {
+fn start_model(
+    dir: &Path,
+    kill: Kill,
+    victim: Arc<Mutex<Option<u32>>>,
+) -> Result<MockLlm, Box<dyn std::error::Error>> {
+    let path = dir.join("script.toml");
+    std::fs::write(&path, SCRIPT)?;
+    let at = match kill {
+        Kill::Never => None,
+        Kill::Before(n) => Some(Exchange::Asked(n)),
+        Kill::After(n) => Some(Exchange::Answered(n)),
+    };
+    let mock = MockLlm::scripted(loopback(), Script::load(&path)?)?.with_tap(move |point| {
+        if Some(point) != at {
+            return;
+        }
         if let Some(pid) = victim.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = std::process::Command::new("kill")
                 .arg("-KILL")
                 .arg(pid.to_string())
                 .status();
         }
-    };
-    let server = LoopbackServer::start(loopback(), "model", move |mut request: tiny_http::Request| {
-        let recorded = Recorded::read(&mut request);
-        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-        if kill == Kill::Before(n) {
-            kill9();
-        }
-        let body: Value = serde_json::from_str(&recorded.body).unwrap_or(Value::Null);
-        respond(request, json_response(200, &model(&body).to_string()));
-        if kill == Kill::After(n) {
-            kill9();
-        }
-    })?;
-    Ok(Model { server, requests })
+    });
+    Ok(mock)
 }
 
 fn write_config(dir: &Path, base_url: &str) -> std::io::Result<PathBuf> {
@@ -273,8 +263,8 @@ impl Disk {
 fn exchange(kill: Kill) -> Result<usize, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let victim = Arc::new(Mutex::new(None));
-    let model = start_model(kill, Arc::clone(&victim))?;
-    let config = write_config(dir.path(), &format!("{}/v1", model.server.url()))?;
+    let model = start_model(dir.path(), kill, Arc::clone(&victim))?;
+    let config = write_config(dir.path(), &model.base_url())?;
     let root = dir.path().join("root");
     let (first, url) = start_serve(&config)?;
     *victim.lock().unwrap_or_else(|e| e.into_inner()) = Some(first.id());
@@ -307,7 +297,23 @@ fn exchange(kill: Kill) -> Result<usize, Box<dyn std::error::Error>> {
     let out = finish(daemon)?;
     assert!(out.status.success(), "{kill:?}: serve failed: {out:?}");
     read_disk(&root).check(kill)?;
-    Ok(model.requests.load(Ordering::SeqCst))
+    // Each agent is offered its own tools: the children only what
+    // `[orchestration] agents` grants them.
+    for body in model.request_bodies() {
+        let offered: Vec<&str> = body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        let boss = body["messages"][0]["content"] == BOSS;
+        let expected: &[&str] = match boss {
+            true => &["spawn_agent", "send_message", "list_agents"],
+            false => &["send_message"],
+        };
+        assert_eq!(offered, expected, "{kill:?}: tools offered (boss: {boss})");
+    }
+    Ok(model.request_bodies().len())
 }
 
 #[test]

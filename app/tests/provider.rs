@@ -82,6 +82,7 @@ fn prompt(text: &str) -> Vec<ConversationItem> {
 fn request<'a>(agent: &'a AgentId, history: &'a [ConversationItem]) -> ProviderRequest<'a> {
     ProviderRequest {
         agent,
+        agent_name: "tester",
         instructions: "You are a test.",
         history,
         round: 0,
@@ -355,4 +356,53 @@ fn echo_mode_asks_for_a_tool_then_answers() {
     });
     let second = h.provider.complete(&request(&id, &history)).expect("text");
     assert_eq!(second.text, "echo: ping (tool said: pong)");
+}
+
+/// The tools a request offers are the asking agent's own: the
+/// orchestration tools its grant leaves out are not offered at all.
+#[test]
+fn each_agent_is_offered_only_the_orchestration_tools_granted_to_it() {
+    let mock = scripted(vec![Reply::text("a"), Reply::text("b"), Reply::text("c")]);
+    let text = format!(
+        "[provider]\nbase_url = \"{}\"\nmodel = \"mock-1\"\n\n\
+         [[tools]]\nkind = \"spawn_agent\"\n[[tools]]\nkind = \"send_message\"\n[[tools]]\nkind = \"list_agents\"\n\n\
+         [orchestration]\ndefault_tools = [\"send_message\"]\nagents = {{ boss = [\"spawn_agent\", \"send_message\", \"list_agents\"], mute = [] }}\n",
+        mock.base_url()
+    );
+    let config = durable_agent_cli::config::Config::parse(std::path::Path::new("/etc/agent.toml"), &text)
+        .expect("valid");
+    let provider = OpenAiProvider::with_key(&config, None);
+    let id = agent();
+    let history = prompt("hi");
+    for name in ["boss", "worker", "mute"] {
+        let request = ProviderRequest {
+            agent_name: name,
+            ..request(&id, &history)
+        };
+        provider.complete(&request).expect("completes");
+    }
+    let offered: Vec<Vec<String>> = mock
+        .request_bodies()
+        .iter()
+        .map(|b| {
+            b["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        offered,
+        [
+            vec!["spawn_agent", "send_message", "list_agents"],
+            vec!["send_message"],
+            vec![],
+        ]
+    );
+    assert!(
+        mock.request_bodies()[2].get("tools").is_none(),
+        "no tool to offer: no `tools` key"
+    );
 }

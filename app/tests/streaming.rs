@@ -91,6 +91,7 @@ fn complete(provider: &OpenAiProvider) -> Result<Completion, OpenAiError> {
     let history = vec![ConversationItem::Prompt { text: "hi".into() }];
     provider.complete_detailed(&ProviderRequest {
         agent: &agent,
+        agent_name: "a",
         instructions: "be brief",
         history: &history,
         round: 0,

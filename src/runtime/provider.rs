@@ -14,6 +14,9 @@ use super::turn::ConversationItem;
 #[derive(Debug, Clone, Copy)]
 pub struct ProviderRequest<'a> {
     pub agent: &'a AgentId,
+    /// The agent's name: what per-agent configuration (the orchestration
+    /// grants, so the tools offered) is keyed by.
+    pub agent_name: &'a str,
     pub instructions: &'a str,
     /// Completed turns, then the open turn so far (its prompt first).
     pub history: &'a [ConversationItem],

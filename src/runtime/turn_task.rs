@@ -117,6 +117,7 @@ pub enum CallResult {
 #[derive(Debug, Clone)]
 pub struct ProviderCall {
     pub agent: AgentId,
+    pub agent_name: String,
     pub instructions: String,
     /// The conversation as the context budget cuts it
     /// ([`context::fit`]): under a budget, a marker item in place of the
@@ -130,6 +131,7 @@ impl ProviderCall {
     pub fn request(&self) -> ProviderRequest<'_> {
         ProviderRequest {
             agent: &self.agent,
+            agent_name: &self.agent_name,
             instructions: &self.instructions,
             history: &self.history,
             round: self.round,
@@ -543,10 +545,12 @@ impl Runtime {
             agent: task.agent.clone(),
             turn: task.round,
         });
-        let instructions = self.slot(&task.agent)?.instructions.clone();
+        let slot = self.slot(&task.agent)?;
+        let (instructions, agent_name) = (slot.instructions.clone(), slot.name.clone());
         let history = self.request_history(task, &instructions);
         Ok(TurnStep::Call(OutsideCall::Provider(ProviderCall {
             agent: task.agent.clone(),
+            agent_name,
             instructions,
             history,
             round: task.round,

@@ -166,6 +166,42 @@ pub fn token_sum(conn: &Connection, session: Option<&str>) -> Result<TokenSum, S
     .map_err(sql("inspect token sum"))
 }
 
+/// The token usage of one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelUsage {
+    /// `None`: calls recorded before the store kept the model (schema 3
+    /// and older).
+    pub model: Option<String>,
+    pub sum: TokenSum,
+}
+
+/// The usage per model, by name (unrecorded last); at most
+/// [`MAX_LIMIT`] models (a root talks to one provider at a time: a
+/// handful).
+pub fn usage_by_model(conn: &Connection) -> Result<Vec<ModelUsage>, StoreError> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT model, COUNT(*), SUM(input_tokens), SUM(output_tokens) FROM token_usage \
+             GROUP BY model ORDER BY model IS NULL, model LIMIT ?1",
+        )
+        .map_err(sql("inspect usage by model"))?;
+    let rows = stmt
+        .query_map([MAX_LIMIT], |r| {
+            Ok(ModelUsage {
+                model: r.get(0)?,
+                sum: TokenSum {
+                    calls: r.get(1)?,
+                    input_tokens: r.get(2)?,
+                    output_tokens: r.get(3)?,
+                },
+            })
+        })
+        .map_err(sql("inspect usage by model"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(sql("inspect usage by model"))?;
+    Ok(rows)
+}
+
 /// A page of the usage per agent session, the most recently active first,
 /// and how many sessions recorded usage.
 pub fn usage_by_session(conn: &Connection, page: Page) -> Result<(Vec<SessionUsage>, u64), StoreError> {
@@ -323,13 +359,13 @@ mod tests {
             turn: 0,
         };
         UsageStore
-            .persist_token_usage(&conn, &at("a"), 10, 1, 5)
+            .persist_token_usage(&conn, &at("a"), "m1", 10, 1, 5)
             .expect("usage");
         UsageStore
-            .persist_token_usage(&conn, &at("a"), 20, 2, 6)
+            .persist_token_usage(&conn, &at("a"), "m2", 20, 2, 6)
             .expect("usage");
         UsageStore
-            .persist_token_usage(&conn, &at("b"), 5, 5, 7)
+            .persist_token_usage(&conn, &at("b"), "m1", 5, 5, 7)
             .expect("usage");
         let all = token_sum(&conn, None).expect("sum");
         assert_eq!((all.calls, all.input_tokens, all.output_tokens), (3, 35, 8));
@@ -337,6 +373,26 @@ mod tests {
         let (by, total) = usage_by_session(&conn, Page::default()).expect("by session");
         assert_eq!(total, 2);
         assert_eq!(by[0].session_id, "b", "the most recently active first");
+        // A row from before schema 4 has no model: its own row, never guessed.
+        conn.execute(
+            "INSERT INTO token_usage (session_id, agent_id, turn, input_tokens, output_tokens, \
+             created_at) VALUES ('c', 'agent-c', 0, 1, 1, 1)",
+            [],
+        )
+        .expect("legacy row");
+        let models: Vec<(Option<String>, u64, u64)> = usage_by_model(&conn)
+            .expect("by model")
+            .into_iter()
+            .map(|m| (m.model, m.sum.calls, m.sum.input_tokens))
+            .collect();
+        assert_eq!(
+            models,
+            [
+                (Some("m1".into()), 2, 15),
+                (Some("m2".into()), 1, 20),
+                (None, 1, 1)
+            ]
+        );
         UsageStore
             .persist_error(&conn, &at("a"), "llm", "boom 0", 0, 8)
             .expect("error");

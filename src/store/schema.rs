@@ -17,7 +17,7 @@
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Every store's error: what failed, on which database/table/row, and what
 /// to do about it.
@@ -151,6 +151,9 @@ pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
         if locked < 3 {
             tx.execute_batch(V3).map_err(classify)?;
         }
+        if locked < 4 {
+            tx.execute_batch(V4).map_err(classify)?;
+        }
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(classify)?;
@@ -255,8 +258,15 @@ CREATE TABLE tool_call_attempts (
 );
 "#;
 
+/// Version 4: the model each provider call was made with, so usage can be
+/// shown per model. Rows written before it have none (`NULL`: not
+/// recorded, never guessed).
+const V4: &str = r#"
+ALTER TABLE token_usage ADD COLUMN model TEXT;
+"#;
+
 /// The schema at [`SCHEMA_VERSION`], which a new database is created with:
-/// version 1 with version 2's columns folded into their tables and
+/// version 1 with version 2's and 4's columns folded into their tables and
 /// version 3's table added (the
 /// `schema_tests` check that it equals a version-1 database migrated step
 /// by step). Keep it in step with every new version.
@@ -315,7 +325,7 @@ CREATE TABLE tool_call_attempts (
 CREATE TABLE token_usage (
     id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, agent_id TEXT NOT NULL,
     turn INTEGER NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
-    created_at INTEGER NOT NULL
+    created_at INTEGER NOT NULL, model TEXT
 );
 
 CREATE TABLE errors (

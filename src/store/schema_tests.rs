@@ -64,6 +64,12 @@ fn a_new_database_and_a_migrated_version_1_database_have_the_same_schema() {
         fresh.iter().any(|l| l.starts_with("tool_call_attempts.attempt")),
         "{fresh:#?}"
     );
+    assert!(
+        fresh
+            .iter()
+            .any(|l| l.starts_with("token_usage.model: TEXT notnull=0")),
+        "{fresh:#?}"
+    );
     assert_eq!(fresh, old);
 }
 
@@ -79,4 +85,32 @@ fn a_version_2_database_migrates_to_the_current_schema() {
     assert_eq!(migrate(&v2, "v2").unwrap(), 2);
     assert_eq!(user_version(&v2).unwrap(), SCHEMA_VERSION);
     assert_eq!(schema(&fresh), schema(&v2));
+}
+
+#[test]
+fn a_version_3_database_migrates_to_the_current_schema_and_keeps_its_usage_rows() {
+    let fresh = Connection::open_in_memory().unwrap();
+    migrate(&fresh, "fresh").unwrap();
+    // A version-3 database: versions 1 to 3, no model per usage row, and
+    // a usage row written by that build.
+    let v3 = Connection::open_in_memory().unwrap();
+    v3.execute_batch(V1).unwrap();
+    v3.execute_batch(super::V2).unwrap();
+    v3.execute_batch(super::V3).unwrap();
+    v3.execute_batch(
+        "INSERT INTO token_usage (session_id, agent_id, turn, input_tokens, output_tokens, created_at) \
+         VALUES ('s', 'a', 0, 10, 2, 5)",
+    )
+    .unwrap();
+    v3.pragma_update(None, "user_version", 3).unwrap();
+    assert_eq!(migrate(&v3, "v3").unwrap(), 3);
+    assert_eq!(user_version(&v3).unwrap(), SCHEMA_VERSION);
+    assert_eq!(schema(&fresh), schema(&v3));
+    // The old row is kept, its model unknown (never guessed).
+    let row: (u64, Option<String>) = v3
+        .query_row("SELECT input_tokens, model FROM token_usage", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(row, (10, None));
 }

@@ -1,11 +1,20 @@
-//! Token usage per LLM call and errors with their retry attempt (seed 000).
+//! Token usage per LLM call (with the model it was made with) and errors
+//! with their retry attempt (seed 000).
 //!
-//! Invariant: rows are append-only; an error row carries the 0-indexed
-//! attempt that failed, so a retried call leaves attempts 0, 1, … in order.
+//! Invariant: rows are append-only until GC; an error row carries the
+//! 0-indexed attempt that failed, so a retried call leaves attempts 0, 1, …
+//! in order. [`UsageStore::gc_keeping`] deletes rows recorded more than a
+//! TTL ago, except those of the sessions the caller keeps, in one
+//! transaction over both tables (all or nothing). Nothing recovery or a
+//! resume does reads these rows — they are what the operator's views show
+//! — so the caller keeps only the sessions whose work is not settled
+//! (their errors say why a run is stuck).
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, params_from_iter, Connection, TransactionBehavior};
+use serde::Serialize;
 
 use crate::store::schema::{sql, StoreError};
+use crate::store::triggers::{cutoff_and_kept, cutoff_ms};
 
 /// Who and when: the coordinates every usage/error row carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,25 +41,28 @@ pub struct StoredError {
 pub struct UsageStore;
 
 impl UsageStore {
-    /// Record one LLM call's token counts.
+    /// Record one LLM call's token counts and the model it was made with
+    /// (the provider's configured model, so usage shows per model).
     pub fn persist_token_usage(
         &self,
         conn: &Connection,
         at: &TurnRef,
+        model: &str,
         input_tokens: u64,
         output_tokens: u64,
         now_ms: u64,
     ) -> Result<(), StoreError> {
         conn.execute(
             "INSERT INTO token_usage (session_id, agent_id, turn, input_tokens, output_tokens, \
-             created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+             created_at, model) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
                 at.session_id,
                 at.agent_id,
                 at.turn,
                 input_tokens,
                 output_tokens,
-                now_ms
+                now_ms,
+                model
             ],
         )
         .map_err(sql("token usage insert"))?;
@@ -115,5 +127,90 @@ impl UsageStore {
             })
             .map_err(sql("errors load"))?;
         rows.collect::<Result<Vec<_>, _>>().map_err(sql("errors load"))
+    }
+}
+
+/// What one usage GC deleted: how many rows of each table (the rows are
+/// anonymous, append-only records; their ids mean nothing to an operator).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct UsageGcReport {
+    /// Rows recorded before this instant were eligible.
+    pub cutoff_ms: u64,
+    pub token_usage: u64,
+    pub errors: u64,
+}
+
+impl UsageStore {
+    /// Delete the `token_usage` and `errors` rows recorded more than
+    /// `ttl_ms` before `now_ms`, except those of sessions
+    /// `keep_session_ids`; one transaction (see the module docs).
+    pub fn gc_keeping(
+        &self,
+        conn: &Connection,
+        now_ms: u64,
+        ttl_ms: u64,
+        keep_session_ids: &[String],
+    ) -> Result<UsageGcReport, StoreError> {
+        let cutoff_ms = cutoff_ms(now_ms, ttl_ms);
+        let (kept, binds) = cutoff_and_kept(cutoff_ms, keep_session_ids);
+        let eligible = format!("created_at < ?1 AND session_id NOT IN ({kept})");
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+            .map_err(sql("usage gc begin"))?;
+        let mut deleted = [0u64; 2];
+        for (n, table) in deleted.iter_mut().zip(["token_usage", "errors"]) {
+            *n = tx
+                .execute(
+                    &format!("DELETE FROM {table} WHERE {eligible}"),
+                    params_from_iter(binds.iter()),
+                )
+                .map_err(sql("usage gc delete"))? as u64;
+        }
+        tx.commit().map_err(sql("usage gc commit"))?;
+        let [token_usage, errors] = deleted;
+        if token_usage + errors > 0 {
+            tracing::info!(token_usage, errors, cutoff_ms, "collected usage and error rows");
+        }
+        Ok(UsageGcReport {
+            cutoff_ms,
+            token_usage,
+            errors,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::schema::migrate;
+
+    #[test]
+    fn usage_gc_deletes_old_rows_of_sessions_not_kept_in_one_pass() {
+        let conn = Connection::open_in_memory().expect("in-memory db");
+        migrate(&conn, "test").expect("migrate");
+        let at = |s: &str| TurnRef {
+            session_id: s.into(),
+            agent_id: format!("agent-{s}"),
+            turn: 0,
+        };
+        let usage = UsageStore;
+        for (session, time) in [("old", 1), ("kept", 1), ("young", 60)] {
+            usage
+                .persist_token_usage(&conn, &at(session), "m", 1, 1, time)
+                .expect("usage");
+            usage
+                .persist_error(&conn, &at(session), "llm", "boom", 0, time)
+                .expect("error");
+        }
+        let report = usage
+            .gc_keeping(&conn, 100, 50, &["kept".to_string()])
+            .expect("gc");
+        assert_eq!((report.cutoff_ms, report.token_usage, report.errors), (50, 1, 1));
+        assert!(usage.errors(&conn, "old").expect("errors").is_empty());
+        assert_eq!(usage.errors(&conn, "kept").expect("errors").len(), 1);
+        assert_eq!(usage.total_token_usage(&conn, "young").expect("sum"), (1, 1));
+        let again = usage
+            .gc_keeping(&conn, 100, 50, &["kept".to_string()])
+            .expect("gc again");
+        assert_eq!((again.token_usage, again.errors), (0, 0));
     }
 }

@@ -12,36 +12,49 @@
 //! - no irreversible side effect twice: [`System::confirm`] only settles a
 //!   NEEDS_CONFIRMATION row (see [`Resolution`] for why `NotDelivered`
 //!   releases the key rather than re-sending it here), and [`System::gc`]
-//!   never collects an INTENT or NEEDS_CONFIRMATION row, nor the rows of an
-//!   agent whose interrupted turn would re-run their keys on resume;
+//!   never collects an INTENT or NEEDS_CONFIRMATION row, an in-flight
+//!   tool call, nor any ledger row of an agent that may still resume
+//!   (whose resumed turn would re-run their keys);
 //! - no trigger lost: [`System::gc`] never collects a PENDING or CLAIMED
 //!   trigger, and [`System::retry_trigger`] only moves DEAD/FAILED ones.
 //!
 //! The TTL must exceed every retry and resume horizon: a row collected
-//! after it no longer deduplicates its key (see `store::triggers` and
-//! `store::activities` GC docs). [`DEFAULT_GC_TTL_MS`] is seed 001's 24 h.
+//! after it no longer deduplicates its key (see `store::triggers`,
+//! `store::activities` and `store::tool_calls` GC docs).
+//! [`DEFAULT_GC_TTL_MS`] is seed 001's 24 h.
+//!
+//! What a pass keeps whatever its age ([`Keep`]): an agent "may still
+//! resume" when it has an open turn, a work it started and never
+//! completed (a superseded work is resumed by its RESUME trigger or `run
+//! --resume`, and re-runs its keys), or a parked plain turn — a turn
+//! without a work id that a newer turn superseded, which a caller
+//! re-sending the same prompt continues from its durable decisions with
+//! the same keys. The runtime exposes no accessor for parked turns; the
+//! ledger shows them: every call of a completed turn is in the agent's
+//! conversation, so a ledger row of the agent's session whose call id is
+//! not there belongs to a turn that never completed (open or parked) —
+//! kept. Such an agent's activity rows, tool calls (its session's ledger
+//! run), usage and error rows are all kept; so are the runs parked
+//! `waiting_for_human` and the sessions of job runs not settled.
 //!
 //! [`System::strip_payloads`] (seed 001 §10's privacy note) replaces the
 //! bodies of settled activity and tool-call rows after a shorter TTL,
 //! keeping keys, statuses, times and provider references. It strips only
-//! rows GC could delete — never those of an agent that may still resume —
-//! because a settled call asked again is answered from its stored result.
-//! An agent "may still resume" when it has an open turn or a work it
-//! started and never completed (a superseded work is resumed by its
-//! RESUME trigger or `run --resume`, and re-runs its keys). Not seen
-//! here: a plain turn (no work id) that a newer turn superseded is parked
-//! inside the runtime, which exposes no accessor for it; a caller who
-//! retries that prompt later than the TTLs finds its settled rows gone or
-//! stripped — so the TTLs must also outlive a caller's retry horizon.
+//! rows GC could delete — never those [`Keep`] names — because a settled
+//! call asked again is answered from its stored result.
 
 use serde::Serialize;
 
 use super::tools::session_run;
 use super::{System, SystemError};
-use crate::runtime::AgentId;
+use crate::runtime::ConversationItem;
+use crate::sqlite::Db;
 use crate::store::activities::{ActivityRecord, ActivityStatus, StripReport};
-use crate::store::tool_calls::{RunRecord, RunStatus, ToolCall, ToolCallStore};
+use crate::store::inspect::BOOKKEEPING_RUN_PREFIX;
+use crate::store::tool_calls::{RunRecord, RunStatus, ToolCall, ToolCallGcReport, ToolCallStore};
 use crate::store::triggers::{GcReport, Trigger, TriggerStatus};
+use crate::store::usage::{UsageGcReport, UsageStore};
+use crate::store::StoreError;
 
 pub use crate::store::activities::Resolution;
 
@@ -63,6 +76,24 @@ pub struct WaitingRun {
 pub struct SystemGcReport {
     pub triggers: GcReport,
     pub activities: GcReport,
+    /// Settled tool calls with their attempts, and settled runs.
+    pub tool_calls: ToolCallGcReport,
+    /// Token usage and error rows.
+    pub usage: UsageGcReport,
+}
+
+/// What a GC pass leaves whatever its age (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Keep {
+    /// Agents that may still resume: the activity ledger's `task_id` of
+    /// their irreversible calls.
+    agents: Vec<String>,
+    /// Tool-call ledger runs: those agents' sessions' (`session:{id}`,
+    /// see `SystemTools`) and the runs parked `waiting_for_human`.
+    runs: Vec<String>,
+    /// Sessions whose runs, usage and errors stay: those agents' and the
+    /// sessions of runs not settled.
+    sessions: Vec<String>,
 }
 
 /// What [`System::strip_payloads`] rewrote in each store.
@@ -186,24 +217,32 @@ impl System {
     /// unless you know every retry and resume horizon is shorter): DONE,
     /// FAILED and DEAD triggers — except those blocked on a confirmation
     /// and the given-up RESUME triggers of unfinished work — then DONE and
-    /// FAILED ledger rows — except those of agents with an interrupted
-    /// turn or unfinished work, which resuming re-runs.
+    /// FAILED activity rows, settled tool calls with their attempts and
+    /// settled runs, and usage and error rows — except everything [`Keep`]
+    /// names (the rows of agents that may still resume, which resuming
+    /// re-runs or shows).
     ///
-    /// Two transactions, triggers first; a crash between them leaves the
-    /// ledger uncollected, and running `gc` again finishes (it is
-    /// idempotent).
+    /// Four transactions, one per store, in this order; a crash between
+    /// two leaves the later stores uncollected, and running `gc` again
+    /// finishes (it is idempotent).
     pub fn gc(&self, ttl_ms: u64) -> Result<SystemGcReport, SystemError> {
         let now = self.now_ms();
-        let mid_turn = task_ids(&self.agents_resumable()?);
+        let keep = self.keep()?;
         let mut kept = self.blocked_triggers()?;
         kept.extend(self.given_up_resumes()?);
         let db = self.db();
-        let triggers = self.triggers().gc_keeping(db.conn(), now, ttl_ms, &kept)?;
-        let activities = self
-            .gate()
-            .store()
-            .gc_keeping(db.conn(), now, ttl_ms, &mid_turn)?;
-        Ok(SystemGcReport { triggers, activities })
+        let conn = db.conn();
+        let triggers = self.triggers().gc_keeping(conn, now, ttl_ms, &kept)?;
+        let activities = self.gate().store().gc_keeping(conn, now, ttl_ms, &keep.agents)?;
+        let tool_calls =
+            ToolCallStore::default().gc_keeping(conn, now, ttl_ms, &keep.runs, &keep.sessions)?;
+        let usage = UsageStore.gc_keeping(conn, now, ttl_ms, &keep.sessions)?;
+        Ok(SystemGcReport {
+            triggers,
+            activities,
+            tool_calls,
+            usage,
+        })
     }
 
     /// FAILED triggers blocked on a key still waiting for a human: the
@@ -247,47 +286,84 @@ impl System {
     /// Replace the bodies of settled rows older than `payload_ttl_ms`:
     /// activity payloads, then tool-call arguments and results (two
     /// transactions, one per table; a crash between them leaves the
-    /// second for the next run — it is idempotent). Never the rows of an
-    /// agent that may still resume (see the module docs).
+    /// second for the next run — it is idempotent). Never the rows
+    /// [`Keep`] names (see the module docs).
     pub fn strip_payloads(&self, payload_ttl_ms: u64) -> Result<SystemStripReport, SystemError> {
         let now = self.now_ms();
-        let resumable = self.agents_resumable()?;
-        let agents = task_ids(&resumable);
-        // Their tool-call ledger runs (the run of an agent's calls is its
-        // session's, see `SystemTools`).
-        let runs: Vec<String> = resumable
-            .iter()
-            .filter_map(|a| self.runtime().session_id(a))
-            .map(|s| session_run(s.as_str()))
-            .collect();
+        let keep = self.keep()?;
         let db = self.db();
         let activities = self
             .gate()
             .store()
-            .strip_payloads(db.conn(), now, payload_ttl_ms, &agents)?;
-        let tool_calls = ToolCallStore::default().strip_payloads(db.conn(), now, payload_ttl_ms, &runs)?;
+            .strip_payloads(db.conn(), now, payload_ttl_ms, &keep.agents)?;
+        let tool_calls =
+            ToolCallStore::default().strip_payloads(db.conn(), now, payload_ttl_ms, &keep.runs)?;
         Ok(SystemStripReport {
             activities,
             tool_calls,
         })
     }
 
-    /// Agents that may still resume — an interrupted turn, or a work
-    /// started and never completed: the ledger's `task_id` of their
-    /// irreversible calls (see `SystemTools`).
-    fn agents_resumable(&self) -> Result<Vec<AgentId>, SystemError> {
+    /// What a GC pass or a strip must leave (see [`Keep`]): read under one
+    /// connection lock, after the runtime's state (no runtime step runs
+    /// during a pass: `serve` runs it on its worker, between requests).
+    fn keep(&self) -> Result<Keep, SystemError> {
         let runtime = self.runtime();
-        let mut ids = Vec::new();
-        for agent in runtime.state().agents.keys() {
-            if runtime.open_turn(agent)?.is_some() || !runtime.unfinished_work(agent)?.is_empty() {
-                ids.push(agent.clone());
+        let state = runtime.state();
+        let store = ToolCallStore::default();
+        let db = self.db();
+        let mut keep = Keep::default();
+        for (agent, view) in &state.agents {
+            let session = view.session_id.as_str();
+            let completed = state.conversations.get(agent).map_or(&[][..], Vec::as_slice);
+            let resumable = runtime.open_turn(agent)?.is_some()
+                || !runtime.unfinished_work(agent)?.is_empty()
+                || has_uncompleted_calls(&db, &store, session, completed)?;
+            if resumable {
+                keep.agents.push(agent.as_str().to_string());
+                keep.runs.push(session_run(session));
+                keep.sessions.push(session.to_string());
             }
         }
-        Ok(ids)
+        for run in store.unsettled_runs(db.conn())? {
+            let bookkeeping = run.run_id.starts_with(BOOKKEEPING_RUN_PREFIX);
+            if run.status == RunStatus::WaitingForHuman {
+                keep.runs.push(run.run_id);
+                keep.sessions.push(run.session_id);
+            } else if !bookkeeping {
+                // A job run still running: its agent resumes it (`run
+                // --resume`, its RESUME trigger); its errors say why not yet.
+                keep.sessions.push(run.session_id);
+            }
+        }
+        for list in [&mut keep.agents, &mut keep.runs, &mut keep.sessions] {
+            list.sort();
+            list.dedup();
+        }
+        Ok(keep)
     }
 }
 
-/// The activity ledger's `task_id` of each agent's irreversible calls.
-fn task_ids(agents: &[AgentId]) -> Vec<String> {
-    agents.iter().map(|a| a.as_str().to_string()).collect()
+/// Whether the tool-call ledger holds a call of `session` that none of
+/// its completed turns (`completed`, the agent's conversation) made: a
+/// call of a turn that never completed — open, or parked by a newer turn —
+/// which a resume of that turn asks again with the same key.
+fn has_uncompleted_calls(
+    db: &Db,
+    store: &ToolCallStore,
+    session: &str,
+    completed: &[ConversationItem],
+) -> Result<bool, StoreError> {
+    let ids = store.call_ids(db.conn(), &session_run(session))?;
+    if ids.is_empty() {
+        return Ok(false);
+    }
+    let made: std::collections::BTreeSet<&str> = completed
+        .iter()
+        .filter_map(|item| match item {
+            ConversationItem::ToolCall { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    Ok(ids.iter().any(|id| !made.contains(id.as_str())))
 }

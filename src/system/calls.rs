@@ -1,6 +1,7 @@
 //! [`StoreCallLog`]: the agent loop's provider calls into the usage store
 //! (seed 000): one `token_usage` row per completed call that reported its
-//! usage, one `errors` row per failed call with its attempt number.
+//! usage, with the model it was made with, and one `errors` row per failed
+//! call with its attempt number.
 //!
 //! Invariant: a row is committed before the loop goes on with the call's
 //! result, and a failed commit is returned (the runtime poisons itself: a
@@ -21,6 +22,9 @@ use super::LogicalClock;
 pub struct StoreCallLog {
     pub db: Arc<Mutex<Db>>,
     pub clock: Arc<dyn LogicalClock>,
+    /// The provider's model (`Provider::model`), recorded on every usage
+    /// row: one provider per system, so every call is made with it.
+    pub model: String,
 }
 
 impl StoreCallLog {
@@ -43,7 +47,14 @@ impl CallLog for StoreCallLog {
         let now = self.clock.now_ms();
         self.with(|db| {
             UsageStore
-                .persist_token_usage(db.conn(), &turn_ref(at), u.input_tokens, u.output_tokens, now)
+                .persist_token_usage(
+                    db.conn(),
+                    &turn_ref(at),
+                    &self.model,
+                    u.input_tokens,
+                    u.output_tokens,
+                    now,
+                )
                 .map_err(|e| e.to_string())
         })
     }

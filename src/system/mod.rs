@@ -314,6 +314,7 @@ impl System {
         rc.calls = Arc::new(StoreCallLog {
             db: db.clone(),
             clock: deps.clock.clone(),
+            model: deps.provider.model().to_string(),
         });
         // Steps 1-7: the runtime.
         let (runtime, runtime_report) = Runtime::open(fs, &root, rc)?;

@@ -104,7 +104,6 @@ fn now_ms() -> u64 {
 
 /// `view`'s JSON answer for the root of `config`.
 pub fn fetch(config: &Config, view: &View) -> Result<Value, String> {
-    super::set_model(&config.provider.model);
     match snapshot::open(&config.runtime.root) {
         Ok(snap) => {
             let source = Source {

@@ -1,10 +1,9 @@
 //! The stores' views: `GET /usage`, `/errors`, `/triggers`,
 //! `/triggers/{id}`, `/confirmations`.
 //!
-//! Usage per model: the store records no model per call (`token_usage`
-//! has no such column) and a root talks to one configured provider, so
-//! `by_model` is one row under the model this process was configured with
-//! ([`super::set_model`]; `null` when it does not know).
+//! Usage per model: every `token_usage` row records the model its call
+//! was made with (schema 4); rows written before that have none and are
+//! summed under `"model": null` — not recorded, never guessed.
 //!
 //! Invariant: read-only (see [`super`]); every number is a SUM or COUNT
 //! over the stored rows, nothing estimated.
@@ -17,7 +16,7 @@ use durable_agent::store::triggers::{Trigger, TriggerStatus};
 use durable_agent::system::System;
 use serde_json::{json, Value};
 
-use super::{agent_ref, model, paged, read_error, window, Source};
+use super::{agent_ref, paged, read_error, window, Source};
 use crate::ops::OpError;
 
 fn tokens(sum: &TokenSum) -> Value {
@@ -49,11 +48,18 @@ pub fn usage(source: &Source<'_>, page: Page) -> Result<Value, OpError> {
         row["status"] = json!(r.status.as_str());
         by_run.push(row);
     }
-    let mut by_model = tokens(&total);
-    by_model["model"] = json!(model());
+    let by_model: Vec<Value> = q::usage_by_model(conn)
+        .map_err(read_error)?
+        .iter()
+        .map(|m| {
+            let mut row = tokens(&m.sum);
+            row["model"] = json!(m.model);
+            row
+        })
+        .collect();
     Ok(json!({
         "total": tokens(&total),
-        "by_model": [by_model],
+        "by_model": by_model,
         "by_agent": paged(by_agent, sessions_total, page),
         "by_run": paged(by_run, runs_total, page),
     }))

@@ -1,4 +1,5 @@
-//! The mock LLM's script: replies served in order, from JSON or TOML.
+//! The mock LLM's script: replies served in order, from JSON or TOML —
+//! or, for several agents sharing one mock, each to the request it fits.
 //!
 //! ```toml
 //! [[replies]]
@@ -24,13 +25,45 @@
 //! seed = 7
 //! ```
 //!
+//! **Which reply answers a request**: the first reply in the file that is
+//! not used up and whose conditions the request meets. A reply without
+//! conditions meets every request, so a script without any answers the
+//! n-th request with the n-th reply. The conditions (all optional, all
+//! must hold):
+//!
+//! | key | holds when |
+//! |---|---|
+//! | `when_system = "regex"` | the system message (the agent's instructions) contains a match |
+//! | `when_user = "regex"` | the last user message (the turn's prompt, or the messages it reads) contains a match |
+//! | `when_round = N` | the request is round N of its turn: N assistant tool-call messages follow the last user message |
+//!
+//! A reply is used up once it answers, unless `repeat = true`: then it
+//! answers every request it fits — what a model that a kill made ask again
+//! needs. The request carries no agent name (the wire format has none), so
+//! an agent is told apart by its instructions (`when_system`).
+//!
+//! ```toml
+//! [[replies]]                          # the boss, asked to begin
+//! when_system = "^You run a team"
+//! when_user = "^go"
+//! when_round = 0
+//! repeat = true
+//! tool_calls = [{ name = "spawn_agent", arguments = { name = "a", instructions = "Do your task." } }]
+//! [[replies]]                          # the boss, any other time
+//! when_system = "^You run a team"
+//! repeat = true
+//! text = "done"
+//! ```
+//!
 //! Invariant: a loaded [`Script`] is unambiguous — each reply is exactly
 //! one of a completion (text and/or tool calls), an HTTP error (`status`),
 //! a raw body or a raw event stream (`sse`) — a cut goes with a completion
-//! only, and its delays are bounded by [`MAX_DELAY_MS`].
+//! only, its delays are bounded by [`MAX_DELAY_MS`], and its `when_*`
+//! patterns compile.
 
 use std::path::{Path, PathBuf};
 
+use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -100,6 +133,57 @@ pub struct Reply {
     /// Answer 200 `text/event-stream` with exactly this body.
     #[serde(default)]
     pub sse: Option<String>,
+    /// Only for a request whose system message matches this regex.
+    #[serde(default)]
+    pub when_system: Option<String>,
+    /// Only for a request whose last user message matches this regex.
+    #[serde(default)]
+    pub when_user: Option<String>,
+    /// Only for round N of a turn (see the module doc).
+    #[serde(default)]
+    pub when_round: Option<u32>,
+    /// Never used up: answers every request it fits.
+    #[serde(default)]
+    pub repeat: bool,
+}
+
+/// What a request shows the `when_*` conditions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asked {
+    /// The first system message's content ("" if none).
+    pub system: String,
+    /// The last user message's content ("" if none).
+    pub user: String,
+    /// Assistant messages with `tool_calls` after the last user message.
+    pub round: u32,
+}
+
+impl Asked {
+    /// Read from a chat-completions request body (anything else asks
+    /// with empty texts at round 0).
+    pub fn of(request: &Value) -> Asked {
+        let empty = Vec::new();
+        let messages = request
+            .get("messages")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty);
+        let role = |m: &Value, r: &str| m.get("role").and_then(Value::as_str) == Some(r);
+        let content = |m: &Value| m.get("content").and_then(Value::as_str).unwrap_or("").to_string();
+        let last_user = messages.iter().rposition(|m| role(m, "user"));
+        let round = messages[last_user.map_or(0, |i| i + 1)..]
+            .iter()
+            .filter(|m| role(m, "assistant") && m.get("tool_calls").is_some_and(|c| !c.is_null()))
+            .count();
+        Asked {
+            system: messages
+                .iter()
+                .find(|m| role(m, "system"))
+                .map(content)
+                .unwrap_or_default(),
+            user: last_user.map(|i| content(&messages[i])).unwrap_or_default(),
+            round: u32::try_from(round).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 /// A tool call the mock asks for.
@@ -150,6 +234,22 @@ impl Script {
         Ok(script)
     }
 
+    /// The reply answering `asked`: the first not in `used` (or
+    /// `repeat`) whose conditions hold; marked used. `used` is as long as
+    /// the replies (the server's state).
+    pub fn select(&self, used: &mut [bool], asked: &Asked) -> Option<usize> {
+        debug_assert_eq!(used.len(), self.replies.len(), "one flag per reply");
+        let index = self
+            .replies
+            .iter()
+            .enumerate()
+            .position(|(i, r)| (r.repeat || !used.get(i).copied().unwrap_or(true)) && r.fits(asked))?;
+        if let Some(flag) = used.get_mut(index) {
+            *flag = true;
+        }
+        Some(index)
+    }
+
     /// The same replies, each reworded per `reword` (see
     /// `mock_llm::reword`).
     pub fn reworded(mut self, reword: Reword) -> Script {
@@ -186,12 +286,30 @@ impl Script {
             if r.delay_ms > MAX_DELAY_MS {
                 return invalid("delay_ms is above 60000");
             }
+            for (key, pattern) in [("when_system", &r.when_system), ("when_user", &r.when_user)] {
+                if let Some(Err(e)) = pattern.as_deref().map(Regex::new) {
+                    return invalid(&format!("{key} is not a regex: {e}"));
+                }
+            }
         }
         Ok(())
     }
 }
 
 impl Reply {
+    /// Whether this reply's conditions hold for `asked`. A pattern that
+    /// does not compile holds for nothing (a validated script has none).
+    pub fn fits(&self, asked: &Asked) -> bool {
+        let matches = |pattern: &Option<String>, text: &str| {
+            pattern
+                .as_deref()
+                .is_none_or(|p| Regex::new(p).is_ok_and(|re| re.is_match(text)))
+        };
+        matches(&self.when_system, &asked.system)
+            && matches(&self.when_user, &asked.user)
+            && self.when_round.is_none_or(|n| n == asked.round)
+    }
+
     pub fn text(text: &str) -> Reply {
         Reply {
             text: Some(text.to_string()),
@@ -242,10 +360,36 @@ impl Reply {
         self.delay_ms = delay_ms;
         self
     }
+
+    /// Only for requests whose system message matches `pattern`.
+    pub fn when_system(mut self, pattern: &str) -> Reply {
+        self.when_system = Some(pattern.to_string());
+        self
+    }
+
+    /// Only for requests whose last user message matches `pattern`.
+    pub fn when_user(mut self, pattern: &str) -> Reply {
+        self.when_user = Some(pattern.to_string());
+        self
+    }
+
+    /// Only for round `round` of a turn.
+    pub fn when_round(mut self, round: u32) -> Reply {
+        self.when_round = Some(round);
+        self
+    }
+
+    /// Never used up.
+    pub fn repeated(mut self) -> Reply {
+        self.repeat = true;
+        self
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -272,6 +416,109 @@ mod tests {
         std::fs::write(&json_path, r#"{"replies":[{"txt":"a"}]}"#)?;
         let e = Script::load(&json_path).expect_err("unknown field").to_string();
         assert!(e.contains("unknown field `txt`"), "{e}");
+
+        std::fs::write(
+            &json_path,
+            r#"{"replies":[{"text":"a"},{"text":"b","when_user":"(oops"}]}"#,
+        )?;
+        let e = Script::load(&json_path).expect_err("bad regex").to_string();
+        assert!(
+            e.contains("replies[1]") && e.contains("when_user is not a regex"),
+            "{e}"
+        );
+        Ok(())
+    }
+
+    fn request(system: &str, user: &str, tool_rounds: usize) -> Value {
+        let mut messages = vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": "an older turn"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "old"}]}),
+            json!({"role": "tool", "tool_call_id": "old", "content": "x"}),
+            json!({"role": "assistant", "content": "older answer"}),
+            json!({"role": "user", "content": user}),
+        ];
+        for i in 0..tool_rounds {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": i}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": i, "content": "y"}));
+        }
+        json!({"messages": messages})
+    }
+
+    #[test]
+    fn asked_reads_the_system_prompt_the_last_prompt_and_the_round_of_the_turn() {
+        let asked = Asked::of(&request("You are B.", "go", 2));
+        assert_eq!(
+            asked,
+            Asked {
+                system: "You are B.".into(),
+                user: "go".into(),
+                round: 2
+            }
+        );
+        assert_eq!(Asked::of(&json!("not a request")).round, 0);
+    }
+
+    #[test]
+    fn without_conditions_the_nth_request_gets_the_nth_reply() -> Result<(), ScriptError> {
+        let script = Script::new(vec![Reply::text("1"), Reply::text("2")])?;
+        let mut used = vec![false; 2];
+        let any = Asked::of(&request("s", "u", 0));
+        assert_eq!(script.select(&mut used, &any), Some(0));
+        assert_eq!(script.select(&mut used, &any), Some(1));
+        assert_eq!(script.select(&mut used, &any), None, "exhausted");
+        Ok(())
+    }
+
+    #[test]
+    fn a_reply_goes_to_the_first_request_it_fits_whoever_asks_first() -> Result<(), ScriptError> {
+        let script = Script::new(vec![
+            Reply::tool_call("spawn_agent", json!({"name": "a"}))
+                .when_system("^Boss")
+                .when_user("^go$")
+                .when_round(0),
+            Reply::text("boss done").when_system("^Boss").repeated(),
+            Reply::text("child a").when_system("^Child").when_user("task a"),
+            Reply::text("child b").when_system("^Child").when_user("task b"),
+        ])?;
+        let mut used = vec![false; 4];
+        // The children ask first, in either order: each gets its own.
+        let b = Asked::of(&request("Child.", "from boss: task b", 0));
+        assert_eq!(script.select(&mut used, &b), Some(3));
+        assert_eq!(script.select(&mut used, &b), None, "used up");
+        let boss_go = Asked::of(&request("Boss.", "go", 0));
+        assert_eq!(script.select(&mut used, &boss_go), Some(0));
+        // Asked again (a kill lost the answer): the spawn is used up, the
+        // repeated reply answers.
+        assert_eq!(script.select(&mut used, &boss_go), Some(1));
+        let boss_later = Asked::of(&request("Boss.", "go", 1));
+        assert_eq!(script.select(&mut used, &boss_later), Some(1));
+        assert_eq!(
+            script.select(&mut used, &boss_later),
+            Some(1),
+            "repeat is never used up"
+        );
+        let a = Asked::of(&request("Child.", "task a", 0));
+        assert_eq!(script.select(&mut used, &a), Some(2));
+        assert_eq!(
+            script.select(&mut used, &Asked::of(&request("Other.", "x", 0))),
+            None
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn conditions_load_from_toml() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("s.toml");
+        std::fs::write(
+            &path,
+            "[[replies]]\nwhen_system = \"^B\"\nwhen_round = 1\nrepeat = true\ntext = \"x\"\n",
+        )?;
+        let s = Script::load(&path).expect("valid");
+        assert_eq!(s.replies[0].when_system.as_deref(), Some("^B"));
+        assert_eq!(s.replies[0].when_round, Some(1));
+        assert!(s.replies[0].repeat);
         Ok(())
     }
 }

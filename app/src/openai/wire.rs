@@ -41,7 +41,7 @@ pub enum Delivery {
 /// The JSON body of one chat-completions request.
 pub fn request_body(
     model: &str,
-    tools: &[ToolSpec],
+    tools: &[&ToolSpec],
     request: &ProviderRequest<'_>,
     delivery: Delivery,
 ) -> Value {
@@ -313,6 +313,7 @@ mod tests {
         let id = agent();
         let req = ProviderRequest {
             agent: &id,
+            agent_name: "a",
             instructions: "be brief",
             history: &history,
             round: 1,

@@ -14,16 +14,19 @@
 //! row in the activity ledger, both written in one transaction, so
 //! `System::confirm` answers it like any unknown-fate call.
 //!
-//! Settled calls' bodies are stripped after a TTL (`strip.rs`), never
-//! those of a run that may still resume.
+//! Settled calls' bodies are stripped after a TTL (`strip.rs`), and the
+//! settled calls, their attempts and settled runs deleted after a longer
+//! one (`gc.rs`) — never those of a run that may still resume.
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::store::schema::{sql, StoreError};
 
+mod gc;
 mod model;
 mod strip;
 
+pub use gc::ToolCallGcReport;
 pub use strip::{STRIPPED_JSON, STRIPPED_TEXT};
 
 pub use model::{
@@ -127,6 +130,46 @@ impl ToolCallStore {
             .query_map([], |r| r.get::<_, String>(0))
             .map_err(sql("run list"))?;
         rows.collect::<Result<Vec<_>, _>>().map_err(sql("run list"))
+    }
+
+    /// The runs not settled (`running`, `waiting_for_human`), oldest
+    /// first: bookkeeping `session:…` runs included (they stay `running`).
+    pub fn unsettled_runs(&self, conn: &Connection) -> Result<Vec<RunRecord>, StoreError> {
+        let mut stmt = conn
+            .prepare(
+                "SELECT run_id, session_id, status, parent_run_id, job_json FROM runs \
+                 WHERE status NOT IN ('succeeded', 'failed') ORDER BY created_at, run_id",
+            )
+            .map_err(sql("run list unsettled"))?;
+        type Raw = (String, String, String, Option<String>, Option<String>);
+        let raws: Vec<Raw> = stmt
+            .query_map([], |r| Raw::try_from(r))
+            .map_err(sql("run list unsettled"))?
+            .collect::<Result<_, _>>()
+            .map_err(sql("run list unsettled"))?;
+        raws.into_iter()
+            .map(|(run_id, session_id, status, parent_run_id, job_json)| {
+                Ok(RunRecord {
+                    status: RunStatus::parse(&status)?,
+                    run_id,
+                    session_id,
+                    parent_run_id,
+                    job_json,
+                })
+            })
+            .collect()
+    }
+
+    /// The ids of every call of run `run_id`, whatever their status
+    /// (cheaper than [`Self::calls_of`]: no body is read).
+    pub fn call_ids(&self, conn: &Connection, run_id: &str) -> Result<Vec<String>, StoreError> {
+        let mut stmt = conn
+            .prepare("SELECT id FROM tool_calls WHERE run_id = ?1 ORDER BY rowid")
+            .map_err(sql("tool call ids"))?;
+        let rows = stmt
+            .query_map([run_id], |r| r.get::<_, String>(0))
+            .map_err(sql("tool call ids"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(sql("tool call ids"))
     }
 
     pub fn run_status(&self, conn: &Connection, run_id: &str) -> Result<RunStatus, StoreError> {
