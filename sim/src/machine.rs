@@ -110,6 +110,26 @@ impl ReferenceStateMachine for RefMachine {
                     return state;
                 }
             }
+            if let Action::RunTurn { agent, tools, .. } = &action {
+                if tools.iter().any(|t| !t.lost.is_none() && t.irreversible && t.ok) {
+                    // The world keeps an answer of this turn: it fails and
+                    // is rolled back, its effect's fate unknown. Run again,
+                    // it stops at the call for a human (the world cannot
+                    // dedup); steer towards the answer and the re-run.
+                    if state.model.lost_turns.get(agent) == Some(&action) {
+                        let n = state.model.counter;
+                        state
+                            .model
+                            .needs_human
+                            .insert(format!("steer{n}"), format!("steer{n}"));
+                    } else {
+                        state.model.lost_turns.insert(agent.clone(), action.clone());
+                    }
+                    state.model.counter += 1;
+                    state.crash_armed = false;
+                    return state;
+                }
+            }
             state.model.apply(&action);
             if let (true, Action::RunTurn { agent, .. }) = (state.crash_armed, &action) {
                 state.model.lost_turns.insert(agent.clone(), action.clone());

@@ -36,6 +36,37 @@ pub struct ToolStep {
     /// the model records and the projection reads back have it false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub joins_round: bool,
+    /// The world loses the call's answer to the live process that sent it
+    /// (an irreversible call that succeeds only; see [`Lost`]). Like
+    /// `joins_round`, how the turn was asked, not what it did: recorded
+    /// turns have [`Lost::None`].
+    #[serde(default, skip_serializing_if = "Lost::is_none")]
+    pub lost: Lost,
+}
+
+/// How the outside world fails a live process without any crash: the
+/// sender of an irreversible call hears nothing back, and only the world
+/// knows whether it acted. Its fate is unknown to the runtime though
+/// nothing crashed ([`crate::standins::ScriptedOutbox`] decides it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, Arbitrary)]
+#[serde(rename_all = "snake_case")]
+pub enum Lost {
+    /// The world answers.
+    #[default]
+    None,
+    /// The endpoint acts and its answer is lost (a timeout after the
+    /// request left, a connection cut before the response): delivered.
+    Reply,
+    /// The request is lost before the endpoint acts (a timeout on a
+    /// request that never arrived): not delivered. Only its first send:
+    /// the call sent again (after a human said "not delivered") arrives.
+    Request,
+}
+
+impl Lost {
+    pub fn is_none(&self) -> bool {
+        *self == Lost::None
+    }
 }
 
 /// What a [`Op::Crash`] does to the disk.
@@ -212,11 +243,13 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         any::<bool>(),
         prop::bool::weighted(0.85),
         prop::bool::weighted(0.4),
+        prop_oneof![22 => Just(Lost::None), 2 => Just(Lost::Reply), 1 => Just(Lost::Request)],
     )
-        .prop_map(|(irreversible, ok, joins_round)| ToolStep {
+        .prop_map(|(irreversible, ok, joins_round, lost)| ToolStep {
             irreversible,
             ok,
             joins_round,
+            lost: if irreversible && ok { lost } else { Lost::None },
         })
 }
 
@@ -272,6 +305,11 @@ fn render_tools(tools: &[ToolStep]) -> String {
         out.push_str(if t.irreversible { "irrev" } else { "rev" });
         if !t.ok {
             out.push_str("!fail");
+        }
+        match t.lost {
+            Lost::None => {}
+            Lost::Reply => out.push_str("!reply-lost"),
+            Lost::Request => out.push_str("!request-lost"),
         }
     }
     format!("[{out}]")

@@ -5,6 +5,7 @@
 //! Invariant: both are pure functions of their inputs (the prompt carries
 //! the tool script), so the model can predict every turn.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +19,7 @@ use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
 use crate::model::effect_key;
-use crate::op::ToolStep;
+use crate::op::{Lost, ToolStep};
 
 /// The prompt's tool script as provider rounds: each round's steps with
 /// their index in the turn (`+` joins a step to the round before it).
@@ -32,10 +33,16 @@ fn parse_rounds(prompt: &str) -> Vec<Vec<(usize, ToolStep)>> {
             joins = true;
             continue;
         }
+        let lost = match c {
+            'L' => Lost::Reply,
+            'N' => Lost::Request,
+            _ => Lost::None,
+        };
         let step = ToolStep {
-            irreversible: c.eq_ignore_ascii_case(&'i'),
+            irreversible: !lost.is_none() || c.eq_ignore_ascii_case(&'i'),
             ok: c.is_ascii_uppercase(),
             joins_round: joins,
+            lost,
         };
         match rounds.last_mut() {
             Some(round) if joins => round.push((index, step)),
@@ -140,6 +147,14 @@ impl Provider for ScriptedProvider {
                 .iter()
                 .map(|(index, step)| {
                     let mut args = json!({ "key": effect_key(prompt, *index), "ok": step.ok });
+                    let lost = match step.lost {
+                        Lost::None => None,
+                        Lost::Reply => Some("reply"),
+                        Lost::Request => Some("request"),
+                    };
+                    if let (Some(lost), Some(map)) = (lost, args.as_object_mut()) {
+                        map.insert("lost".into(), json!(lost));
+                    }
                     if let (Some(w), Some(map)) = (&wording, args.as_object_mut()) {
                         map.insert("wording".into(), json!(w));
                     }
@@ -214,6 +229,16 @@ impl LogicalClock for SteppedClock {
 /// refused (nothing delivered); every other call goes to the [`World`].
 /// Decided per call from its payload, so a re-send fails the same way.
 ///
+/// A call whose script says the world loses its answer ([`Lost`]) gets
+/// no answer ([`DeliveryError::Unknown`]): `"lost": "reply"` each time
+/// the world records a new delivery for it (a re-send the world dedups is
+/// answered); `"lost": "request"` on the first send of its key only,
+/// delivering nothing (the key is remembered in `lost_keys`; a fork, which
+/// only recovers, never sends a call the boot would need it for). Each
+/// lost answer is counted in `lost`, so the harness tells this op's
+/// unknown outcome (the world's doing) from a runtime that refused a
+/// valid op.
+///
 /// A dead process reaches nothing: once the disk's crash point was hit,
 /// a send gets no answer and delivers nothing (a killed process makes no
 /// more calls; the harness only lets its code run on until it returns).
@@ -225,6 +250,8 @@ pub struct ScriptedOutbox {
     pub world: World,
     pub fs: SimFs,
     pub sent_at: Arc<Mutex<Vec<u64>>>,
+    pub lost: Arc<AtomicU64>,
+    pub lost_keys: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Outbox for ScriptedOutbox {
@@ -249,10 +276,28 @@ impl Outbox for ScriptedOutbox {
                 reason: "scripted failure".into(),
             });
         }
+        let lost = payload.get("lost").and_then(|v| v.as_str());
+        if lost == Some("request") {
+            let mut keys = self.lost_keys.lock().unwrap_or_else(|e| e.into_inner());
+            if keys.insert(idem_key.to_string()) {
+                self.lost.fetch_add(1, Ordering::SeqCst);
+                return Err(DeliveryError::Unknown {
+                    idem_key: idem_key.to_string(),
+                });
+            }
+        }
+        let before = self.world.deliveries_len();
         let result = self.world.send(idem_key, action, payload);
         // One entry per delivery made (none for a refusal or a dedup).
         let mut sent_at = self.sent_at.lock().unwrap_or_else(|e| e.into_inner());
         sent_at.resize(self.world.deliveries_len(), self.fs.points());
+        let delivered_now = self.world.deliveries_len() > before;
+        if delivered_now && lost == Some("reply") {
+            self.lost.fetch_add(1, Ordering::SeqCst);
+            return Err(DeliveryError::Unknown {
+                idem_key: idem_key.to_string(),
+            });
+        }
         result
     }
 }

@@ -5,22 +5,25 @@
 //! (none is skipped), so a sweep of it covers every runtime code path the
 //! harness can reach.
 
-use crate::op::{AgentRef as A, Op, ToolStep};
+use crate::op::{AgentRef as A, Lost, Op, ToolStep};
 
 const REV: ToolStep = ToolStep {
     irreversible: false,
     ok: true,
     joins_round: false,
+    lost: Lost::None,
 };
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
     ok: true,
     joins_round: false,
+    lost: Lost::None,
 };
 const FAILING: ToolStep = ToolStep {
     irreversible: true,
     ok: false,
     joins_round: false,
+    lost: Lost::None,
 };
 
 /// The tour: a tree of four agents, turns with every tool kind, messages

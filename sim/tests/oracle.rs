@@ -39,6 +39,7 @@ const IRREV: ToolStep = ToolStep {
     irreversible: true,
     ok: true,
     joins_round: false,
+    lost: durable_agent_sim::op::Lost::None,
 };
 
 #[test]

@@ -27,6 +27,8 @@ fn deps(fs: &SimFs, world: &World, clock: &SteppedClock) -> Deps {
             world: world.clone(),
             fs: fs.clone(),
             sent_at: Arc::default(),
+            lost: Arc::default(),
+            lost_keys: Arc::default(),
         }),
         clock: Arc::new(clock.clone()),
     }

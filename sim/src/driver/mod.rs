@@ -13,6 +13,7 @@
 //! the id↔name maps live here because they outlive every crash.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
@@ -120,6 +121,10 @@ pub struct Driver {
     store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
     /// The I/O point count each world delivery happened after.
     sent_at: Arc<Mutex<Vec<u64>>>,
+    /// Answers the world lost to a live process ([`ScriptedOutbox`]).
+    lost_replies: Arc<AtomicU64>,
+    /// Keys whose first request the world lost ([`ScriptedOutbox`]).
+    lost_keys: Arc<Mutex<std::collections::BTreeSet<String>>>,
     /// The model's asks so far: a model that does not repeat itself
     /// answers a re-asked round in other words ([`Rewording`]).
     asks: Rewording,
@@ -187,6 +192,8 @@ impl Driver {
             msgs: BTreeMap::new(),
             store_cache: None,
             sent_at: Arc::default(),
+            lost_replies: Arc::default(),
+            lost_keys: Arc::default(),
             rot: None,
             corruption: None,
             report_violations: Vec::new(),
@@ -239,6 +246,11 @@ impl Driver {
         (sent, self.asks.count_before(point))
     }
 
+    /// How many answers the world has lost to a live process so far.
+    pub fn lost_replies(&self) -> u64 {
+        self.lost_replies.load(Ordering::SeqCst)
+    }
+
     /// The logical time of op number `step` (ms).
     pub fn set_step(&self, step: u64) {
         self.clock.set(step * OP_MS);
@@ -265,6 +277,8 @@ impl Driver {
                 world: self.world.clone(),
                 fs: self.fs.clone(),
                 sent_at: self.sent_at.clone(),
+                lost: self.lost_replies.clone(),
+                lost_keys: self.lost_keys.clone(),
             }),
             clock: Arc::new(self.clock.clone()),
         };

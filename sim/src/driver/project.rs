@@ -21,7 +21,7 @@ use durable_agent::system::System;
 
 use super::{Driver, LOOP_RUN, LOOP_SESSION};
 use crate::model::{round_messages, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
-use crate::op::ToolStep;
+use crate::op::{Lost, ToolStep};
 
 /// The loop's checkpoint after round `round`.
 pub(super) fn checkpoint(checkpoints: &CheckpointStore, db: &Db, round: u64, now: u64) -> Result<(), String> {
@@ -255,6 +255,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                         irreversible: *irreversible,
                         ok: false,
                         joins_round: false,
+                        lost: Lost::None,
                     });
                 }
             }

@@ -297,9 +297,26 @@ impl Exec {
             self.driver.fs.set_fault(Some(kind.at(next + u64::from(offset))));
         }
         let names = self.names();
+        let lost_before = self.driver.lost_replies();
         let result = self.driver.exec(&action);
         self.collect(|e| Judging::in_flight(&before, &after, &action, names, e));
         let blocked = self.driver.take_blocked();
+        // The world acted and lost its answer to this live process: the
+        // op's outcome is unknown to the runtime, as after an I/O error
+        // that took effect (no crash: the disk keeps everything).
+        let world_lost = self.driver.lost_replies() > lost_before;
+        if world_lost && result.is_err() && !self.driver.fs.crashed() && blocked.is_none() {
+            self.disarm();
+            if let Some(why) = self.driver.poisoned_probe() {
+                return Err(self.fail("a poisoned runtime went on", why, None));
+            }
+            return match armed {
+                // A crash armed past the op's points: the process dies
+                // right after it, as ever.
+                Some((_, kind)) => self.restart(kind, &before, Some(&after), Some(&action)),
+                None => self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action)),
+            };
+        }
         if fault.is_some() && !self.driver.fs.crashed() {
             self.disarm();
             if result.is_err() {

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::op::{Op, ToolStep};
+use crate::op::{Lost, Op, ToolStep};
 
 mod triggers;
 
@@ -203,7 +203,8 @@ pub fn effect_key(prompt: &str, index: usize) -> String {
 /// A turn's prompt: unique (`p<n>`) and carrying the tool script, so the
 /// stateless scripted provider can follow it: `p7:Ir` = an irreversible
 /// tool that succeeds, then (next round) a reversible one that fails;
-/// `p7:I+r` asks for both in one round.
+/// `p7:I+r` asks for both in one round; `L` and `N` are irreversible ones
+/// whose answer the world loses, having acted or not ([`Lost`]).
 pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
     let mut script = String::new();
     for (i, t) in tools.iter().enumerate() {
@@ -211,6 +212,8 @@ pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
             script.push('+');
         }
         script.push(match (t.irreversible, t.ok) {
+            (true, true) if t.lost == Lost::Reply => 'L',
+            (true, true) if t.lost == Lost::Request => 'N',
             (true, true) => 'I',
             (true, false) => 'i',
             (false, true) => 'R',
@@ -352,6 +355,7 @@ impl Model {
                     .iter()
                     .map(|t| ToolStep {
                         joins_round: false,
+                        lost: Lost::None,
                         ..*t
                     })
                     .collect(),
