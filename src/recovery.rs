@@ -74,6 +74,16 @@ pub struct RecoveryReport {
     pub dangling_terminated: Vec<SessionId>,
     /// Messages re-injected into inboxes, per recipient.
     pub messages_reinjected: BTreeMap<AgentId, Vec<MessageId>>,
+    /// Messages the orchestration tools promised in a durable result that
+    /// a crash left unsent, enqueued by the boot (`Runtime::open`), per
+    /// recipient session: each is one `message.enqueued` line appended to
+    /// that session's log after its repair.
+    pub orchestration_enqueued: BTreeMap<SessionId, Vec<MessageId>>,
+    /// Sessions of children a durable `spawn_agent` result promised that
+    /// a crash left uncreated (or half created: an orphan directory this
+    /// recovery cleaned), created by the boot with their reserved ids: each
+    /// log is new, its one line `agent.created`.
+    pub orchestration_spawned: Vec<SessionId>,
     /// Entries of `agents/` that are not session directories (left alone).
     pub foreign_entries: Vec<String>,
     /// Agents back in the tree.

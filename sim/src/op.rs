@@ -42,6 +42,58 @@ pub struct ToolStep {
     /// turns have [`Lost::None`].
     #[serde(default, skip_serializing_if = "Lost::is_none")]
     pub lost: Lost,
+    /// An orchestration call the runtime performs itself ([`Orch`]),
+    /// instead of a tool: then `irreversible` is false and `ok` true.
+    #[serde(default, skip_serializing_if = "Orch::is_none")]
+    pub orch: Orch,
+}
+
+impl ToolStep {
+    /// The step as the scripted provider can ask it: an orchestration
+    /// call is reversible and succeeds, and only an irreversible call that
+    /// succeeds can lose its answer (`arbitrary` decodes any combination;
+    /// the model resolves every turn's steps through this).
+    pub fn normalized(self) -> ToolStep {
+        match self.orch {
+            Orch::None => ToolStep {
+                lost: if self.irreversible && self.ok {
+                    self.lost
+                } else {
+                    Lost::None
+                },
+                ..self
+            },
+            _ => ToolStep {
+                irreversible: false,
+                ok: true,
+                lost: Lost::None,
+                ..self
+            },
+        }
+    }
+}
+
+/// A tool call that drives the agent tree (`spawn_agent`, `send_message`:
+/// `durable_agent::runtime::orchestration`), asked by the model like any
+/// tool. The child is created when the caller's turn completes (seed
+/// 002's deferred spawn); the message is enqueued to the recipient's log
+/// during the turn, so a turn a crash rolls back may leave it (once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, Arbitrary)]
+#[serde(rename_all = "snake_case")]
+pub enum Orch {
+    #[default]
+    None,
+    /// `spawn_agent`: a child of the caller, named after the turn and the
+    /// call ([`crate::model::spawn_name`]).
+    Spawn,
+    /// `send_message` to a live agent (by index, as ops name agents).
+    Send(AgentRef),
+}
+
+impl Orch {
+    pub fn is_none(&self) -> bool {
+        *self == Orch::None
+    }
 }
 
 /// How the outside world fails a live process without any crash: the
@@ -244,12 +296,17 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         prop::bool::weighted(0.85),
         prop::bool::weighted(0.4),
         prop_oneof![22 => Just(Lost::None), 2 => Just(Lost::Reply), 1 => Just(Lost::Request)],
+        prop_oneof![20 => Just(Orch::None), 1 => Just(Orch::Spawn), 2 => agent_ref().prop_map(Orch::Send)],
     )
-        .prop_map(|(irreversible, ok, joins_round, lost)| ToolStep {
-            irreversible,
-            ok,
-            joins_round,
-            lost: if irreversible && ok { lost } else { Lost::None },
+        .prop_map(|(irreversible, ok, joins_round, lost, orch)| {
+            ToolStep {
+                irreversible,
+                ok,
+                joins_round,
+                lost,
+                orch,
+            }
+            .normalized()
         })
 }
 
@@ -302,7 +359,14 @@ fn render_tools(tools: &[ToolStep]) -> String {
         if i > 0 {
             out.push(if t.joins_round { '+' } else { ',' });
         }
-        out.push_str(if t.irreversible { "irrev" } else { "rev" });
+        match t.orch {
+            Orch::None => out.push_str(if t.irreversible { "irrev" } else { "rev" }),
+            Orch::Spawn => out.push_str("spawn"),
+            Orch::Send(to) => out.push_str(&format!("send->#{}", to.0)),
+        }
+        if !t.orch.is_none() {
+            continue;
+        }
         if !t.ok {
             out.push_str("!fail");
         }

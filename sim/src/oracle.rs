@@ -60,6 +60,15 @@
 //!   RESUME fire must run the prompt and read the messages it first
 //!   started with, with the same effect keys (R4 for those).
 //!
+//! - **R8 A rolled-back turn's messages may stay.** A turn's
+//!   `send_message` call enqueues its message to the recipient's log as
+//!   its result becomes durable, before the turn completes (the tool's
+//!   write-ahead result, `runtime::orchestration`). So a turn a crash
+//!   rolled back may leave each message it sent pending, at most once;
+//!   the candidate adopts those it finds, and the turn's re-run never
+//!   sends them again. Its children, deferred to `turn.complete`, never
+//!   exist without it.
+//!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
 //!   that may be acknowledged, so "acknowledged means durable" cannot be
@@ -127,7 +136,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use crate::model::{effect_key, Action, Model, State, Status};
+use crate::model::{effect_key, Action, Model, Msg, State, Status};
 
 /// What a boot did with a rotted line (R6), when it did right.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +223,7 @@ pub struct Rejected {
 /// [`against`] after a clean restart: also no delivered message may come
 /// back as pending (R3 does not apply).
 fn against_strict(candidate: &Model, recovered: &State) -> Result<Model, String> {
-    let adopted = against(candidate, recovered, &BTreeSet::new())?;
+    let adopted = against(candidate, recovered, &BTreeSet::new(), &BTreeSet::new())?;
     for (name, a) in &adopted.state.agents {
         let want = candidate
             .state
@@ -233,7 +242,12 @@ fn against_strict(candidate: &Model, recovered: &State) -> Result<Model, String>
 }
 
 /// Check `recovered` against one candidate; `Ok` gives the adopted model.
-fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>) -> Result<Model, String> {
+fn against(
+    candidate: &Model,
+    recovered: &State,
+    lost_effects: &BTreeSet<String>,
+    lost_msgs: &BTreeSet<(String, Msg)>,
+) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
@@ -260,6 +274,28 @@ fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>
                 g.turns.len()
             ));
         }
+        // R8: a message a rolled-back turn sent (its call's result was
+        // durable) may be pending, at most once; the candidate knows it
+        // from then on (adopted below).
+        let unsure: Vec<&Msg> = lost_msgs
+            .iter()
+            .filter(|(to, m)| to == name && !w.pending.contains(m) && !w.delivered.contains(m))
+            .map(|(_, m)| m)
+            .collect();
+        if let Some(m) = unsure
+            .iter()
+            .find(|m| g.pending.iter().filter(|p| p == *m).count() > 1)
+        {
+            return Err(format!(
+                "agent {name}: message {m:?} of a rolled-back turn enqueued twice"
+            ));
+        }
+        let g_pending: Vec<Msg> = g
+            .pending
+            .iter()
+            .filter(|m| !unsure.contains(m))
+            .cloned()
+            .collect();
         // R3: recovered.delivered is a prefix of the candidate's; the rest
         // returns to the front of pending.
         let ok_delivery = g.delivered.len() <= w.delivered.len()
@@ -267,7 +303,7 @@ fn against(candidate: &Model, recovered: &State, lost_effects: &BTreeSet<String>
             && {
                 let mut pending = w.delivered[g.delivered.len()..].to_vec();
                 pending.extend(w.pending.iter().cloned());
-                pending == g.pending
+                pending == g_pending
             };
         if !ok_delivery {
             return Err(format!(
@@ -332,6 +368,32 @@ pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
     }
 }
 
+/// The messages the interrupted op's turn sends through `send_message`,
+/// by recipient: each may be pending after a crash that rolled the turn
+/// back (R8).
+pub fn messages_of(action: Option<&Action>) -> BTreeSet<(String, Msg)> {
+    match action {
+        Some(
+            Action::RunTurn { agent, prompt, .. }
+            | Action::Fire { agent, prompt, .. }
+            | Action::WorkTurn { agent, prompt, .. },
+        ) => crate::model::orch_calls(prompt)
+            .into_iter()
+            .filter_map(|c| match c {
+                crate::model::OrchCall::Send { to, payload } => Some((
+                    to,
+                    Msg {
+                        from: agent.clone(),
+                        payload,
+                    },
+                )),
+                crate::model::OrchCall::Spawn { .. } => None,
+            })
+            .collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
 /// Judge a recovered state. `before` is the model before the interrupted
 /// op; `after` is the model with it (`None` when the crash fell between
 /// ops, so `before` is the only candidate); `action` is the interrupted op.
@@ -360,7 +422,7 @@ pub fn judge(
     }
     let none = BTreeSet::new();
     let after_err = match after {
-        Some(after) => match against(after, recovered, &none) {
+        Some(after) => match against(after, recovered, &none, &BTreeSet::new()) {
             Ok(adopted) => {
                 return Ok(Accepted {
                     side: Side::After,
@@ -372,17 +434,22 @@ pub fn judge(
         None => None,
     };
     let lost = if after.is_some() { effects_of(action) } else { none };
+    let msgs = if after.is_some() {
+        messages_of(action)
+    } else {
+        BTreeSet::new()
+    };
     // R5: a fire is three commits (claim, the turn, the ack); the two
     // states between them are candidates too.
     if let (Some(after), Some(fire @ Action::Fire { .. })) = (after, action) {
         let (turned, claimed) = fire_midpoints(before, after, fire);
-        if let Ok(adopted) = against(&turned, recovered, &BTreeSet::new()) {
+        if let Ok(adopted) = against(&turned, recovered, &BTreeSet::new(), &BTreeSet::new()) {
             return Ok(Accepted {
                 side: Side::After,
                 adopted,
             });
         }
-        if let Ok(adopted) = against(&claimed, recovered, &lost) {
+        if let Ok(adopted) = against(&claimed, recovered, &lost, &msgs) {
             return Ok(Accepted {
                 side: Side::Before,
                 adopted,
@@ -392,7 +459,7 @@ pub fn judge(
     // A re-run turn may stop at a key needing confirmation (R4); a fire
     // then acks its trigger FAILED, which a crash may find committed.
     if let Some(blocked) = action.and_then(|a| before.blocked(a)) {
-        if let Ok(adopted) = against(&blocked, recovered, &lost) {
+        if let Ok(adopted) = against(&blocked, recovered, &lost, &msgs) {
             return Ok(Accepted {
                 side: Side::Before,
                 adopted,
@@ -405,14 +472,14 @@ pub fn judge(
         .filter(|_| after.is_some())
         .and_then(|a| before.started_work(a))
     {
-        if let Ok(adopted) = against(&started, recovered, &lost) {
+        if let Ok(adopted) = against(&started, recovered, &lost, &msgs) {
             return Ok(Accepted {
                 side: Side::Before,
                 adopted,
             });
         }
     }
-    match against(before, recovered, &lost) {
+    match against(before, recovered, &lost, &msgs) {
         Ok(adopted) => Ok(Accepted {
             side: if after.is_some() {
                 Side::Before

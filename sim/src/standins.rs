@@ -18,38 +18,19 @@ use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
-use crate::model::effect_key;
-use crate::op::{Lost, ToolStep};
+use crate::model::{effect_key, parse_script, OrchCall, ScriptStep};
+use crate::op::Lost;
+use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
 
 /// The prompt's tool script as provider rounds: each round's steps with
 /// their index in the turn (`+` joins a step to the round before it).
-fn parse_rounds(prompt: &str) -> Vec<Vec<(usize, ToolStep)>> {
-    let script = prompt.split_once(':').map(|(_, s)| s).unwrap_or("");
-    let mut rounds: Vec<Vec<(usize, ToolStep)>> = Vec::new();
-    let mut joins = false;
-    let mut index = 0;
-    for c in script.chars() {
-        if c == '+' {
-            joins = true;
-            continue;
-        }
-        let lost = match c {
-            'L' => Lost::Reply,
-            'N' => Lost::Request,
-            _ => Lost::None,
-        };
-        let step = ToolStep {
-            irreversible: !lost.is_none() || c.eq_ignore_ascii_case(&'i'),
-            ok: c.is_ascii_uppercase(),
-            joins_round: joins,
-            lost,
-        };
+fn parse_rounds(prompt: &str) -> Vec<Vec<ScriptStep>> {
+    let mut rounds: Vec<Vec<ScriptStep>> = Vec::new();
+    for step in parse_script(prompt) {
         match rounds.last_mut() {
-            Some(round) if joins => round.push((index, step)),
-            _ => rounds.push(vec![(index, step)]),
+            Some(round) if step.1.joins_round => round.push(step),
+            _ => rounds.push(vec![step]),
         }
-        joins = false;
-        index += 1;
     }
     rounds
 }
@@ -145,24 +126,40 @@ impl Provider for ScriptedProvider {
         if let Some(round) = rounds.get(request.round as usize) {
             let tool_calls = round
                 .iter()
-                .map(|(index, step)| {
-                    let mut args = json!({ "key": effect_key(prompt, *index), "ok": step.ok });
-                    let lost = match step.lost {
-                        Lost::None => None,
-                        Lost::Reply => Some("reply"),
-                        Lost::Request => Some("request"),
-                    };
-                    if let (Some(lost), Some(map)) = (lost, args.as_object_mut()) {
-                        map.insert("lost".into(), json!(lost));
-                    }
-                    if let (Some(w), Some(map)) = (&wording, args.as_object_mut()) {
-                        map.insert("wording".into(), json!(w));
-                    }
-                    ToolRequest {
-                        tool: if step.irreversible { "effect" } else { "lookup" }.into(),
-                        args,
-                        irreversible: step.irreversible,
+                .map(|(index, step, call)| match call {
+                    // The runtime performs these itself; never reworded, so
+                    // a re-asked round names the same child and payload.
+                    Some(OrchCall::Spawn { name }) => ToolRequest {
+                        tool: SPAWN_AGENT.into(),
+                        args: json!({ "name": name, "instructions": "a spawned worker" }),
+                        irreversible: false,
                         invalid_args: None,
+                    },
+                    Some(OrchCall::Send { to, payload }) => ToolRequest {
+                        tool: SEND_MESSAGE.into(),
+                        args: json!({ "to": to, "payload": payload }),
+                        irreversible: false,
+                        invalid_args: None,
+                    },
+                    None => {
+                        let mut args = json!({ "key": effect_key(prompt, *index), "ok": step.ok });
+                        let lost = match step.lost {
+                            Lost::None => None,
+                            Lost::Reply => Some("reply"),
+                            Lost::Request => Some("request"),
+                        };
+                        if let (Some(lost), Some(map)) = (lost, args.as_object_mut()) {
+                            map.insert("lost".into(), json!(lost));
+                        }
+                        if let (Some(w), Some(map)) = (&wording, args.as_object_mut()) {
+                            map.insert("wording".into(), json!(w));
+                        }
+                        ToolRequest {
+                            tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                            args,
+                            irreversible: step.irreversible,
+                            invalid_args: None,
+                        }
                     }
                 })
                 .collect();

@@ -5,25 +5,28 @@
 //! (none is skipped), so a sweep of it covers every runtime code path the
 //! harness can reach.
 
-use crate::op::{AgentRef as A, Lost, Op, ToolStep};
+use crate::op::{AgentRef as A, Lost, Op, Orch, ToolStep};
 
 const REV: ToolStep = ToolStep {
     irreversible: false,
     ok: true,
     joins_round: false,
     lost: Lost::None,
+    orch: Orch::None,
 };
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
     ok: true,
     joins_round: false,
     lost: Lost::None,
+    orch: Orch::None,
 };
 const FAILING: ToolStep = ToolStep {
     irreversible: true,
     ok: false,
     joins_round: false,
     lost: Lost::None,
+    orch: Orch::None,
 };
 
 /// The tour: a tree of four agents, turns with every tool kind, messages

@@ -40,6 +40,7 @@ const IRREV: ToolStep = ToolStep {
     ok: true,
     joins_round: false,
     lost: durable_agent_sim::op::Lost::None,
+    orch: durable_agent_sim::op::Orch::None,
 };
 
 #[test]

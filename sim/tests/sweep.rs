@@ -196,6 +196,7 @@ fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once()
         ok: true,
         joins_round,
         lost: Default::default(),
+        orch: Default::default(),
     };
     let ops = vec![
         Op::CreateRoot,

@@ -654,7 +654,10 @@ impl Runtime {
     /// missing (see the module invariant): the last completed turn's (all
     /// of them) and the open turn's (its sends to live agents). Returns
     /// how many were applied now.
-    pub(super) fn complete_orchestration(&mut self) -> Result<usize, RuntimeError> {
+    pub(super) fn complete_orchestration(
+        &mut self,
+        report: &mut crate::recovery::RecoveryReport,
+    ) -> Result<(), RuntimeError> {
         let mut todo: Vec<(AgentId, Effect)> = Vec::new();
         for (id, slot) in &self.agents {
             for effect in effects_in(last_turn(&slot.conversation)) {
@@ -669,10 +672,25 @@ impl Runtime {
             }
         }
         let mut applied = 0;
+        // What it appended to existing logs, for the recovery report (a
+        // spawn writes only its child's new log).
         for (caller, effect) in &todo {
             let r = self.apply_effect(caller, effect);
             if self.poison_on(r)? == Applied::Now {
                 applied += 1;
+                match effect {
+                    Effect::Send { sent, .. } => {
+                        let session = self.slot(&sent.to)?.record.session_id.clone();
+                        report
+                            .orchestration_enqueued
+                            .entry(session)
+                            .or_default()
+                            .push(sent.message_id.clone());
+                    }
+                    Effect::Spawn { spawned, .. } => {
+                        report.orchestration_spawned.push(spawned.session_id.clone())
+                    }
+                }
             }
         }
         if applied > 0 {
@@ -681,7 +699,7 @@ impl Runtime {
                 "recovery: orchestration effects a crash left missing applied"
             );
         }
-        Ok(applied)
+        Ok(())
     }
 }
 

@@ -66,7 +66,7 @@ impl Runtime {
         root: &Path,
         config: RuntimeConfig,
     ) -> Result<(Runtime, RecoveryReport), RuntimeError> {
-        let (recovered, report) = recovery::recover(&fs, root, &config)?;
+        let (recovered, mut report) = recovery::recover(&fs, root, &config)?;
         let mut ids = IdGen::new(config.seed);
         ids.observe(recovered.max_id_counter);
         let mut clock = Clock::default();
@@ -88,7 +88,7 @@ impl Runtime {
         // handed out again, and the effects those results promise are all
         // there before anything else runs (see `orchestration`).
         runtime.observe_reserved_ids();
-        runtime.complete_orchestration()?;
+        runtime.complete_orchestration(&mut report)?;
         Ok((runtime, report))
     }
 

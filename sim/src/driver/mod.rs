@@ -268,6 +268,13 @@ impl Driver {
         let mut config = SystemConfig::new(ROOT, self.seed);
         config.canaries = self.canaries.clone();
         config.trigger_policy.max_attempts = crate::model::MAX_ATTEMPTS;
+        // The model's tool steps spawn and send through the runtime's own
+        // tools; the model does not count the limits, so none is reached.
+        let mut orchestration = durable_agent::runtime::orchestration::Orchestration::all();
+        orchestration.max_depth = u32::MAX;
+        orchestration.max_children = u32::MAX;
+        orchestration.max_agents = u32::MAX;
+        config.orchestration = Some(orchestration);
         let deps = Deps {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),

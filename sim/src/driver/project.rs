@@ -12,7 +12,7 @@ use durable_agent::log::{Event, LogEntry};
 use durable_agent::world::Delivery;
 
 use durable_agent::recovery::RecoveryReport;
-use durable_agent::runtime::{AgentId, ConversationItem};
+use durable_agent::runtime::{AgentId, ConversationItem, MessageId};
 use durable_agent::sqlite::Db;
 use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
 use durable_agent::store::session::SessionState;
@@ -21,7 +21,7 @@ use durable_agent::system::System;
 
 use super::{Driver, LOOP_RUN, LOOP_SESSION};
 use crate::model::{round_messages, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
-use crate::op::{Lost, ToolStep};
+use crate::op::{Lost, Orch, ToolStep};
 
 /// The loop's checkpoint after round `round`.
 pub(super) fn checkpoint(checkpoints: &CheckpointStore, db: &Db, round: u64, now: u64) -> Result<(), String> {
@@ -256,6 +256,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                         ok: false,
                         joins_round: false,
                         lost: Lost::None,
+                        orch: Orch::None,
                     });
                 }
             }
@@ -342,6 +343,26 @@ pub(super) fn report_violations(
             .and_then(|d| d.file_name())
             .and_then(|n| n.to_str())
             .unwrap_or("");
+        if report.orchestration_spawned.iter().any(|s| s.as_str() == session) {
+            // A half-created child's orphan, cleaned, then created anew by
+            // the boot for the spawn its parent's result promised: a new
+            // log holding `agent.created` only.
+            let created = matches!(
+                LogEntry::parse(new.strip_suffix(b"\n").unwrap_or(new)),
+                Ok(LogEntry {
+                    event: Event::AgentCreated { .. },
+                    ..
+                })
+            );
+            let cleaned = report.orphans_cleaned.iter().any(|s| s.as_str() == session);
+            if !created || !cleaned {
+                out.push(format!(
+                    "report: {shown}: says the boot created this child for a promised spawn, but its log is not one agent.created line of a new session (orphan cleaned first: {cleaned})",
+                    shown = path.display()
+                ));
+            }
+            continue;
+        }
         let repair = report
             .logs_repaired
             .iter()
@@ -375,6 +396,37 @@ pub(super) fn report_violations(
             Some(p) if repair.pending_replayed => p,
             _ => &[],
         };
+        // Then one `message.enqueued` line per message the boot says it
+        // enqueued to this session for a send a crash left half done
+        // (`orchestration_enqueued`), in that order.
+        let promised = report
+            .orchestration_enqueued
+            .iter()
+            .find(|(id, _)| id.as_str() == session)
+            .map(|(_, ids)| ids.as_slice())
+            .unwrap_or_default();
+        let (tail, appended) = match tail.strip_prefix(replayed) {
+            Some(rest) if !promised.is_empty() => (replayed, rest),
+            _ => (tail, &[][..]),
+        };
+        let enqueued: Vec<Option<MessageId>> = appended
+            .split_inclusive(|b| *b == b'\n')
+            .map(
+                |line| match LogEntry::parse(line.strip_suffix(b"\n").unwrap_or(line)) {
+                    Ok(LogEntry {
+                        event: Event::MessageEnqueued { message_id, .. },
+                        ..
+                    }) => Some(message_id),
+                    _ => None,
+                },
+            )
+            .collect();
+        if enqueued.iter().map(Option::as_ref).ne(promised.iter().map(Some)) {
+            out.push(format!(
+                "report: {shown}: says the boot enqueued {promised:?} for half-done sends, but it appended {} line(s) after the log's repair: {enqueued:?}",
+                enqueued.len()
+            ));
+        }
         if tail != replayed {
             out.push(format!(
                 "report: {shown}: says {} bytes were cut and {} replayed, but the boot left {} bytes after the {kept} it kept ({} bytes before, {} after)",

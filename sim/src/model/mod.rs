@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::op::{Lost, Op, ToolStep};
+use crate::op::{Lost, Op, Orch, ToolStep};
 
 mod triggers;
 
@@ -204,23 +204,128 @@ pub fn effect_key(prompt: &str, index: usize) -> String {
 /// stateless scripted provider can follow it: `p7:Ir` = an irreversible
 /// tool that succeeds, then (next round) a reversible one that fails;
 /// `p7:I+r` asks for both in one round; `L` and `N` are irreversible ones
-/// whose answer the world loses, having acted or not ([`Lost`]).
-pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
+/// whose answer the world loses, having acted or not ([`Lost`]); `C`
+/// spawns a child ([`spawn_name`]) and `M(a003)` sends agent `a003` a
+/// message ([`Orch`]). `agents` are the live agents, in name order, that
+/// a send's [`crate::op::AgentRef`] picks from.
+pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String]) -> String {
     let mut script = String::new();
     for (i, t) in tools.iter().enumerate() {
         if i > 0 && t.joins_round {
             script.push('+');
         }
-        script.push(match (t.irreversible, t.ok) {
-            (true, true) if t.lost == Lost::Reply => 'L',
-            (true, true) if t.lost == Lost::Request => 'N',
-            (true, true) => 'I',
-            (true, false) => 'i',
-            (false, true) => 'R',
-            (false, false) => 'r',
-        });
+        match t.orch {
+            Orch::Spawn => script.push('C'),
+            Orch::Send(to) => match pick(agents, to.0) {
+                Some(name) => script.push_str(&format!("M({name})")),
+                // No agent to send to: a lookup instead.
+                None => script.push('R'),
+            },
+            Orch::None => script.push(match (t.irreversible, t.ok) {
+                (true, true) if t.lost == Lost::Reply => 'L',
+                (true, true) if t.lost == Lost::Request => 'N',
+                (true, true) => 'I',
+                (true, false) => 'i',
+                (false, true) => 'R',
+                (false, false) => 'r',
+            }),
+        }
     }
     format!("p{n}:{script}")
+}
+
+/// An orchestration call of a turn's script, as its prompt names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrchCall {
+    Spawn { name: String },
+    Send { to: String, payload: String },
+}
+
+/// One step of a prompt's script: its index in the turn, the step, and
+/// the orchestration call it is, if any.
+pub type ScriptStep = (usize, ToolStep, Option<OrchCall>);
+
+/// The name of the child the `index`-th call of the turn with `prompt`
+/// spawns (`a007s1`: never a name `create_root` or `spawn_child` gives).
+pub fn spawn_name(prompt: &str, index: usize) -> String {
+    format!("a{:03}s{index}", prompt_number(prompt))
+}
+
+/// The payload of the message the `index`-th call of the turn with
+/// `prompt` sends (`m7.1`: never one `send_message` gives).
+pub fn sent_payload(prompt: &str, index: usize) -> String {
+    format!("m{}.{index}", prompt_number(prompt))
+}
+
+fn prompt_number(prompt: &str) -> u64 {
+    let head = prompt.split(':').next().unwrap_or("");
+    head.trim_start_matches('p').parse().unwrap_or(0)
+}
+
+/// The script of a prompt ([`script_prompt`]'s inverse), step by step:
+/// the one reading of it, for the scripted provider and the model.
+pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
+    let script = prompt.split_once(':').map(|(_, s)| s).unwrap_or("");
+    let mut out = Vec::new();
+    let mut joins = false;
+    let mut chars = script.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '+' {
+            joins = true;
+            continue;
+        }
+        let index = out.len();
+        let mut step = ToolStep {
+            irreversible: matches!(c, 'I' | 'i' | 'L' | 'N'),
+            ok: c.is_ascii_uppercase(),
+            joins_round: joins,
+            lost: match c {
+                'L' => Lost::Reply,
+                'N' => Lost::Request,
+                _ => Lost::None,
+            },
+            orch: Orch::None,
+        };
+        let call = match c {
+            'C' => {
+                step.orch = Orch::Spawn;
+                Some(OrchCall::Spawn {
+                    name: spawn_name(prompt, index),
+                })
+            }
+            'M' => {
+                let mut to = String::new();
+                if chars.peek() == Some(&'(') {
+                    chars.next();
+                    for c in chars.by_ref() {
+                        if c == ')' {
+                            break;
+                        }
+                        to.push(c);
+                    }
+                }
+                // The recipient's index is not in the prompt; the model
+                // reads the call by name.
+                step.orch = Orch::Send(crate::op::AgentRef(0));
+                Some(OrchCall::Send {
+                    to,
+                    payload: sent_payload(prompt, index),
+                })
+            }
+            _ => None,
+        };
+        out.push((index, step, call));
+        joins = false;
+    }
+    out
+}
+
+/// The orchestration calls of the turn with `prompt`, in order.
+pub fn orch_calls(prompt: &str) -> Vec<OrchCall> {
+    parse_script(prompt)
+        .into_iter()
+        .filter_map(|(_, _, c)| c)
+        .collect()
 }
 
 /// The key of `agent`'s work `work` in the model's bookkeeping, which is
@@ -228,6 +333,16 @@ pub fn script_prompt(n: u64, tools: &[ToolStep]) -> String {
 /// (`resume:{work}@{agent id}`, the agent by name).
 pub fn work_key(agent: &str, work: &str) -> String {
     format!("resume:{work}@{agent}")
+}
+
+/// A turn's steps as the provider asks them: at most
+/// [`MAX_TOOLS_PER_TURN`], each [`ToolStep::normalized`].
+pub fn normalized(tools: &[ToolStep]) -> Vec<ToolStep> {
+    tools
+        .iter()
+        .take(MAX_TOOLS_PER_TURN)
+        .map(|t| t.normalized())
+        .collect()
 }
 
 /// Provider slots of the system under test (`SystemConfig::new`'s 3): the
@@ -356,6 +471,7 @@ impl Model {
                     .map(|t| ToolStep {
                         joins_round: false,
                         lost: Lost::None,
+                        orch: Orch::None,
                         ..*t
                     })
                     .collect(),
@@ -374,6 +490,69 @@ impl Model {
                 self.state.outbox.push(key);
             }
         }
+        self.orchestrate(agent, prompt);
+    }
+
+    /// The effects of a completed turn's orchestration calls: each child
+    /// it spawned (SUSPENDED: it takes a slot at its first turn), each
+    /// message it sent — once: a send a rolled-back run of the turn left
+    /// (adopted at recovery) is not sent again by its re-run.
+    fn orchestrate(&mut self, agent: &str, prompt: &str) {
+        for call in orch_calls(prompt) {
+            match call {
+                OrchCall::Spawn { name } => {
+                    self.state.agents.entry(name).or_insert_with(|| Agent {
+                        parent: Some(agent.to_string()),
+                        status: Status::Suspended,
+                        turns: Vec::new(),
+                        pending: Vec::new(),
+                        delivered: Vec::new(),
+                    });
+                }
+                OrchCall::Send { to, payload } => {
+                    let msg = Msg {
+                        from: agent.to_string(),
+                        payload,
+                    };
+                    if let Some(a) = self.state.agents.get_mut(&to) {
+                        if !a.pending.contains(&msg) && !a.delivered.contains(&msg) {
+                            a.pending.push(msg);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a turn that may still run (rolled back, a started work, a
+    /// fire not done) sends to `name`: terminating it would make the
+    /// re-run's send fail, which the model does not predict.
+    fn awaited_by_a_send(&self, name: &str) -> bool {
+        let prompts = self
+            .lost_turns
+            .values()
+            .chain(self.works.values())
+            .chain(
+                self.fire_work
+                    .iter()
+                    .filter(|(k, _)| !self.done_work.contains(*k))
+                    .map(|(_, a)| a),
+            )
+            .filter_map(|a| match a {
+                Action::RunTurn { prompt, .. }
+                | Action::WorkTurn { prompt, .. }
+                | Action::Fire { prompt, .. } => Some(prompt),
+                _ => None,
+            });
+        for prompt in prompts {
+            if orch_calls(prompt)
+                .iter()
+                .any(|c| matches!(c, OrchCall::Send { to, .. } if to == name))
+            {
+                return true;
+            }
+        }
+        false
     }
 
     /// A completed work turn delivers the messages it read that are still
@@ -429,18 +608,18 @@ impl Model {
                 name: format!("a{n:03}"),
             },
             Op::RunTurn { agent, tools } | Op::ReadTurn { agent, tools } => {
-                let tools = &tools[..tools.len().min(MAX_TOOLS_PER_TURN)];
+                let tools: &[ToolStep] = &normalized(tools);
                 Action::RunTurn {
                     agent: pick(&all, agent.0)?.clone(),
-                    prompt: script_prompt(n, tools),
+                    prompt: script_prompt(n, tools, &all),
                     tools: tools.to_vec(),
                     response: format!("r{n}"),
                     reads: matches!(op, Op::ReadTurn { .. }),
                 }
             }
             Op::WorkTurn { agent, work, tools } => {
-                let tools = &tools[..tools.len().min(MAX_TOOLS_PER_TURN)];
-                let asked = script_prompt(n, tools);
+                let tools: &[ToolStep] = &normalized(tools);
+                let asked = script_prompt(n, tools, &all);
                 // (agent, work) of a started work of a live agent.
                 let started: Vec<(&String, &String)> = self
                     .works
@@ -495,7 +674,11 @@ impl Model {
                 agent: pick(&all, agent.0)?.clone(),
             },
             Op::Terminate { agent } => {
-                let leaves: Vec<&String> = all.iter().copied().filter(|n| !self.has_children(n)).collect();
+                let leaves: Vec<&String> = all
+                    .iter()
+                    .copied()
+                    .filter(|n| !self.has_children(n) && !self.awaited_by_a_send(n))
+                    .collect();
                 Action::Terminate {
                     agent: pick(&leaves, agent.0)?.clone(),
                 }
@@ -575,13 +758,15 @@ impl Model {
                 reads,
             } => {
                 self.lost_turns.remove(agent);
-                self.add_turn(agent, prompt, tools, response);
+                // The messages it read were pending when it started: what
+                // it sends itself stays pending.
                 if *reads {
                     if let Some(a) = self.state.agents.get_mut(agent) {
                         let msgs = std::mem::take(&mut a.pending);
                         a.delivered.extend(msgs);
                     }
                 }
+                self.add_turn(agent, prompt, tools, response);
             }
             Action::WorkTurn {
                 agent,

@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Action, Model};
-use crate::op::Op;
+use crate::op::{Op, ToolStep};
 
 /// Claims before a failing trigger is dead-lettered: the harness's
 /// `TriggerPolicy::max_attempts` (the store's default is 5). Low, so a
@@ -124,11 +124,11 @@ impl Model {
                     return None;
                 }
                 let n = self.counter;
-                let tools = &tools[..tools.len().min(super::MAX_TOOLS_PER_TURN)];
+                let tools: &[ToolStep] = &super::normalized(tools);
                 Some(Action::Fire {
                     key: key.clone(),
                     agent: names[agent.0 as usize % names.len()].clone(),
-                    prompt: super::script_prompt(n, tools),
+                    prompt: super::script_prompt(n, tools, &names),
                     tools: tools.to_vec(),
                     response: format!("r{n}"),
                 })
