@@ -74,13 +74,16 @@ impl Driver {
         named.unwrap_or_else(|| key.to_string())
     }
 
-    fn trigger_rows(&self) -> Result<Vec<TriggerRow>, String> {
+    /// The trigger rows as the model writes them, and the ids of the rows
+    /// there are.
+    fn trigger_rows(&self) -> Result<(Vec<TriggerRow>, BTreeSet<String>), String> {
         let system = self.system()?;
         let all = system
             .triggers()
             .all(system.db().conn(), self.now())
             .map_err(|e| e.to_string())?;
-        Ok(all
+        let ids = all.iter().map(|t| t.id.clone()).collect();
+        let rows = all
             .into_iter()
             .map(|t| TriggerRow {
                 key: self.model_key(t.dedup_key.as_deref(), &t.id),
@@ -93,7 +96,8 @@ impl Driver {
                 },
                 attempts: t.attempts,
             })
-            .collect())
+            .collect();
+        Ok((rows, ids))
     }
 
     /// The runtime's observable state as a model [`State`] (empty when not
@@ -116,9 +120,17 @@ impl Driver {
         let (triggers, loop_messages) = match self.store_cache.clone() {
             Some(cached) => cached,
             None => {
-                let read = self.trigger_rows().and_then(|t| Ok((t, self.loop_messages()?)));
+                let read = self
+                    .trigger_rows()
+                    .and_then(|(t, ids)| Ok((t, self.loop_messages()?, ids)));
                 match read {
-                    Ok(fresh) => {
+                    Ok((rows, loop_messages, ids)) => {
+                        // A key whose row is gone (collected by a GC, even
+                        // one a crash cut short and recovery kept) may be
+                        // emitted again as a new row: forget the old id.
+                        // A row lost any other way is the model's to catch.
+                        self.trigger_ids.retain(|_, id| ids.contains(id));
+                        let fresh = (rows, loop_messages);
                         self.store_cache = Some(fresh.clone());
                         fresh
                     }
