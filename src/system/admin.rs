@@ -257,8 +257,8 @@ impl System {
             .collect())
     }
 
-    /// DEAD or FAILED RESUME triggers of a work still unfinished: the
-    /// record that the work was given up. Collected, the next boot would
+    /// DEAD, FAILED or DONE RESUME triggers of a work still unfinished:
+    /// the record that the work was given up or settled by hand. Collected, the next boot would
     /// emit the work's RESUME trigger afresh (PENDING, attempts 0: its
     /// dedup key is free again) and run the work again, silently undoing
     /// the dead-letter (found by the fuzzer's `gc` op). Kept until the
@@ -272,7 +272,10 @@ impl System {
             }
         }
         let mut ids = Vec::new();
-        for status in [TriggerStatus::Dead, TriggerStatus::Failed] {
+        // DONE too: a RESUME acked DONE while its work is unfinished (an
+        // operator's or a zombie's ack, not its turn's) would, collected,
+        // be emitted afresh by the next boot and run the work again.
+        for status in [TriggerStatus::Dead, TriggerStatus::Failed, TriggerStatus::Done] {
             ids.extend(
                 self.triggers_with(status)?
                     .into_iter()

@@ -882,9 +882,9 @@ impl Model {
     /// ledger's settled rows go too, which the state does not show: a
     /// resumed turn must still never repeat an effect (I4).
     ///
-    /// A DEAD RESUME row of a work still unfinished stays too: it records
-    /// that the work was given up (collected, the next boot would emit it
-    /// afresh and run the work again).
+    /// A DEAD or DONE RESUME row of a work still unfinished stays too: it
+    /// records that the work was given up or settled by hand (collected,
+    /// the next boot would emit it afresh and run the work again).
     fn collect(&mut self) {
         let last = self.state.triggers.len().saturating_sub(1);
         let given_up = |key: &str| match self.works.get(key) {
@@ -897,8 +897,7 @@ impl Model {
             .iter()
             .enumerate()
             .map(|(i, t)| match t.status {
-                TriggerStatus::Done => i == last,
-                TriggerStatus::Dead => i == last || given_up(&t.key),
+                TriggerStatus::Done | TriggerStatus::Dead => i == last || given_up(&t.key),
                 _ => true,
             })
             .collect();
