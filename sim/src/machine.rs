@@ -25,6 +25,9 @@ pub struct RefState {
     /// The previous op armed a crash: the next turn may be rolled back, so
     /// it becomes a candidate for `resume_turn`.
     pub crash_armed: bool,
+    /// Ops applied so far: the clock the executor's model reads
+    /// ([`Model::at_step`]).
+    pub steps: u64,
 }
 
 /// The reference state machine.
@@ -41,6 +44,7 @@ impl ReferenceStateMachine for RefMachine {
                 seed,
                 model: Model::default(),
                 crash_armed: false,
+                steps: 0,
             })
             .boxed()
     }
@@ -88,6 +92,8 @@ impl ReferenceStateMachine for RefMachine {
     }
 
     fn apply(mut state: RefState, op: &Op) -> RefState {
+        state.steps += 1;
+        state.model.at_step(state.steps);
         if matches!(op, Op::Recover) {
             // A clean restart reclaims every lease (the optimistic model
             // has no crashes, but clean restarts leave zombies too).
@@ -268,6 +274,23 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
         arms.push(
             any::<u8>()
                 .prop_map(|trigger| Op::RetryTrigger { trigger })
+                .boxed(),
+        );
+    }
+    if model
+        .state
+        .triggers
+        .iter()
+        .any(|t| t.status == TriggerStatus::Pending && t.not_before > model.now)
+    {
+        // A row under its backoff floor: claim or fire before it is due.
+        arms.push(Just(Op::ClaimTrigger).boxed());
+        arms.push(
+            (0u8..8)
+                .prop_map(|i| Op::FireTrigger {
+                    agent: AgentRef(i),
+                    tools: Vec::new(),
+                })
                 .boxed(),
         );
     }

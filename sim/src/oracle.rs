@@ -91,6 +91,17 @@
 //!   append, not an earlier one) is the torn append in flight, not a
 //!   durable line, so it is never struck.
 //!
+//!   The same crash mode also hands the boot lines no run of this build
+//!   wrote ([`crate::rot::Damage`]), each with a valid checksum so that
+//!   only the reader's own checks can tell: a line as a **newer** version
+//!   writes it (`schema_version` 9) must be refused with the typed
+//!   newer-schema error naming that line (never as damage: an upgrade
+//!   reads it); a **gap** (a line whose `seq` skips one, never the last)
+//!   must be refused as corrupt naming that line; a line as the **older**
+//!   version before checksums wrote it (unsealed, never the last) must be
+//!   read as the same entry — it stays, and the recovery is judged as
+//!   any is ([`RotVerdict::ReadOlder`]).
+//!
 //! Invariants (checked after every step; after recovery also I2):
 //!
 //! - **I1 No orphans.** Every agent's parent is a live agent.
@@ -150,19 +161,39 @@ pub enum RotVerdict {
     /// byte is back to its value, and
     /// nothing damaged was read as data.
     Replaced,
+    /// Booted over an older version's line ([`crate::rot::Damage::Older`]),
+    /// which stays: what the boot read of it is judged as any recovery is
+    /// (the states must be equal).
+    ReadOlder,
 }
 
-/// R6: judge a boot of a disk with one flipped bit. `opened` is the boot's
-/// result, `named` the damaged line its error reported (if typed as a
-/// corruption), `read` whether it read the rotted file at all,
-/// `replaced` whether the flipped byte holds its original value again.
+/// R6: judge a boot of a disk with one damaged line. `opened` is the
+/// boot's result, `named` the line its error reported (if typed as a
+/// corruption, or — `newer` — as written by a newer version), `read`
+/// whether it read the damaged file at all, `replaced` whether the
+/// changed bytes hold their original values again.
 pub fn judge_rot(
     rot: &crate::rot::Rot,
     opened: &Result<(), String>,
     named: Option<&durable_agent::system::CorruptLine>,
+    newer: bool,
     read: bool,
     replaced: bool,
 ) -> Result<RotVerdict, String> {
+    let want_newer = rot.damage == crate::rot::Damage::Newer;
+    if rot.damage == crate::rot::Damage::Older {
+        return match (opened, named) {
+            (Ok(()), _) => Ok(RotVerdict::ReadOlder),
+            (Err(e), Some(n)) if n.path == rot.path && n.line == rot.line => Err(format!(
+                "the boot refused {} line {}, an older version's line an upgrade must read: {e}",
+                rot.path.display(),
+                rot.line
+            )),
+            (Err(e), _) => Err(format!(
+                "the boot failed over an older version's line it must read: {e}"
+            )),
+        };
+    }
     match (opened, named) {
         (Ok(()), _) if read && replaced => Ok(RotVerdict::Replaced),
         (Err(e), Some(n)) if n.path == rot.path && n.line == rot.line && n.offset == rot.line_offset => {
@@ -171,6 +202,18 @@ pub fn judge_rot(
                     "the boot refused {} line {}, the log's last, which events.pending holds whole: it must replace the line from that copy: {e}",
                     rot.path.display(),
                     rot.line
+                ))
+            } else if newer != want_newer {
+                Err(format!(
+                    "the boot refused {} line {} as {}, but it is {}: {e}",
+                    rot.path.display(),
+                    rot.line,
+                    if newer { "a newer version's" } else { "corrupt" },
+                    if want_newer {
+                        "a newer version's line (an upgrade reads it: never damage to quarantine)"
+                    } else {
+                        "damaged (no version of durable-agent wrote it)"
+                    }
                 ))
             } else {
                 Ok(RotVerdict::Refused)
@@ -186,7 +229,7 @@ pub fn judge_rot(
         )),
         (Err(e), None) => Err(format!("the boot failed without naming a damaged line: {e}")),
         (Ok(()), _) if read => Err(format!(
-            "the boot read {} and returned Ok: the flipped line was accepted as data (silent corruption)",
+            "the boot read {} and returned Ok: the changed line was accepted as data (silent corruption)",
             rot.path.display()
         )),
         (Ok(()), _) => Ok(RotVerdict::Unread),

@@ -227,22 +227,24 @@ fn i3_flags_partial_lines_bad_json_and_bad_utf8_in_logs_only() {
 
 /// R6: a flipped line is refused with its name; but the log's last line,
 /// which `events.pending` holds byte for byte, must be replaced from that
-/// copy — refusing it takes a root down with nothing lost.
+/// copy — refusing it takes a root down with nothing lost. A newer
+/// version's line is refused as newer (never as damage), a gap as
+/// corrupt, and an older version's line is read.
 #[test]
 fn rot_verdicts_refuse_a_damaged_line_but_replace_one_the_pending_copy_holds() {
     use durable_agent::system::CorruptLine;
     use durable_agent_sim::oracle::{judge_rot, RotVerdict};
-    use durable_agent_sim::rot::Rot;
-    let rot = |replaceable| Rot {
+    use durable_agent_sim::rot::{Damage, Rot};
+    let damaged = |damage, replaceable| Rot {
+        damage,
         path: "sessions/s1/events.jsonl".into(),
         line: 3,
         line_offset: 210,
-        byte_offset: 222,
-        mask: 0x10,
+        bytes: vec![(222, 0x10, b'a')],
         at_point: 40,
-        original: b'a',
         replaceable,
     };
+    let rot = |replaceable| damaged(Damage::Flip, replaceable);
     let named = |line, offset| CorruptLine {
         path: "sessions/s1/events.jsonl".into(),
         line,
@@ -250,24 +252,48 @@ fn rot_verdicts_refuse_a_damaged_line_but_replace_one_the_pending_copy_holds() {
     };
     let refused: Result<(), String> = Err("checksum mismatch".into());
     assert_eq!(
-        judge_rot(&rot(false), &refused, Some(&named(3, 210)), true, false),
+        judge_rot(&rot(false), &refused, Some(&named(3, 210)), false, true, false),
         Ok(RotVerdict::Refused)
     );
-    let wrong_line = judge_rot(&rot(false), &refused, Some(&named(2, 100)), true, false);
+    let wrong_line = judge_rot(&rot(false), &refused, Some(&named(2, 100)), false, true, false);
     assert!(wrong_line.is_err(), "{wrong_line:?}");
-    let needless = judge_rot(&rot(true), &refused, Some(&named(3, 210)), true, false);
+    let needless = judge_rot(&rot(true), &refused, Some(&named(3, 210)), false, true, false);
     assert!(
         needless.as_ref().is_err_and(|e| e.contains("must replace")),
         "{needless:?}"
     );
     assert_eq!(
-        judge_rot(&rot(true), &Ok(()), None, true, true),
+        judge_rot(&rot(true), &Ok(()), None, false, true, true),
         Ok(RotVerdict::Replaced)
     );
-    let read_as_data = judge_rot(&rot(false), &Ok(()), None, true, false);
+    let read_as_data = judge_rot(&rot(false), &Ok(()), None, false, true, false);
     assert!(read_as_data.is_err(), "{read_as_data:?}");
     assert_eq!(
-        judge_rot(&rot(false), &Ok(()), None, false, false),
+        judge_rot(&rot(false), &Ok(()), None, false, false, false),
         Ok(RotVerdict::Unread)
     );
+
+    // A newer version's line: refused as newer, not as damage.
+    let newer = damaged(Damage::Newer, false);
+    assert_eq!(
+        judge_rot(&newer, &refused, Some(&named(3, 210)), true, true, false),
+        Ok(RotVerdict::Refused)
+    );
+    let as_damage = judge_rot(&newer, &refused, Some(&named(3, 210)), false, true, false);
+    assert!(as_damage.is_err(), "{as_damage:?}");
+    assert!(judge_rot(&newer, &Ok(()), None, false, true, false).is_err());
+    // A gap: refused as corrupt, not as newer.
+    let gap = damaged(Damage::Gap, false);
+    assert_eq!(
+        judge_rot(&gap, &refused, Some(&named(3, 210)), false, true, false),
+        Ok(RotVerdict::Refused)
+    );
+    assert!(judge_rot(&gap, &refused, Some(&named(3, 210)), true, true, false).is_err());
+    // An older version's line: read, never refused.
+    let older = damaged(Damage::Older, false);
+    assert_eq!(
+        judge_rot(&older, &Ok(()), None, false, true, false),
+        Ok(RotVerdict::ReadOlder)
+    );
+    assert!(judge_rot(&older, &refused, Some(&named(3, 210)), false, true, false).is_err());
 }

@@ -23,7 +23,7 @@ mod error;
 pub mod repair;
 mod writer;
 
-pub use entry::{DecidedCall, Event, LogEntry, SCHEMA_VERSION};
+pub use entry::{DecidedCall, Event, LogEntry, CHECKSUM_VERSION, SCHEMA_VERSION};
 pub use error::LogError;
 pub use repair::{parse_log, repair, LogRepair, ParsedLog};
 pub use writer::EventLog;

@@ -620,18 +620,25 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
             v.damaged.push(with_session(f));
             None
         }
+        Some(Err(e @ SessionError::NewerSchema { .. })) => {
+            let mut f = finding(
+                FindingKind::NewerSchema,
+                &record_path,
+                e.to_string(),
+                Remedy::Manual,
+            );
+            f.line = Some(1);
+            f.offset = Some(0);
+            v.damaged.push(with_session(f));
+            None
+        }
         Some(Err(SessionError::Invalid { reason, .. })) => {
-            let kind = if reason.contains("newer than the supported") {
-                FindingKind::NewerSchema
-            } else {
-                FindingKind::RecordDamaged
-            };
-            let remedy = if kind == FindingKind::NewerSchema {
-                Remedy::Manual
-            } else {
-                Remedy::QuarantineSession
-            };
-            let mut f = finding(kind, &record_path, reason, remedy);
+            let mut f = finding(
+                FindingKind::RecordDamaged,
+                &record_path,
+                reason,
+                Remedy::QuarantineSession,
+            );
             f.line = Some(1);
             f.offset = Some(0);
             v.damaged.push(with_session(f));

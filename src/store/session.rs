@@ -68,9 +68,20 @@ pub enum SessionError {
         #[source]
         source: io::Error,
     },
-    /// `session.json` does not parse or is from a newer version.
+    /// `session.json` does not parse, or names another session.
     #[error("{path}: invalid session record: {reason} (inspect or quarantine the directory)")]
     Invalid { path: PathBuf, reason: String },
+    /// `session.json` was written by a newer version of durable-agent: not
+    /// damage, so never quarantined; an upgrade reads it.
+    #[error(
+        "{path}: line 1 (byte 0) has schema_version {found}, newer than the supported \
+         {supported}: upgrade durable-agent to read this record"
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
     /// `session.json` fails its checksum: bits changed after it was
     /// written. The record (one line) is at line 1, byte 0.
     #[error("{path}: line 1 (byte 0) is corrupt: {reason} (inspect or quarantine the directory; nothing was dropped)")]
@@ -243,12 +254,10 @@ impl SessionStore {
             });
         }
         if record.schema_version > SESSION_SCHEMA_VERSION {
-            return Err(SessionError::Invalid {
+            return Err(SessionError::NewerSchema {
                 path,
-                reason: format!(
-                    "schema_version {} is newer than the supported {SESSION_SCHEMA_VERSION}: upgrade durable-agent",
-                    record.schema_version
-                ),
+                found: record.schema_version,
+                supported: SESSION_SCHEMA_VERSION,
             });
         }
         if record.session_id != *id {

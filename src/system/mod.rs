@@ -232,6 +232,31 @@ impl SystemError {
             _ => None,
         }
     }
+
+    /// The line this error reports as written by a newer version of
+    /// durable-agent (an event-log entry or a session record): not damage,
+    /// so nothing is quarantined; an upgrade reads it.
+    pub fn newer_line(&self) -> Option<CorruptLine> {
+        use crate::log::LogError;
+        use crate::store::session::SessionError;
+        match self {
+            SystemError::Runtime(RuntimeError::Log(LogError::NewerSchema {
+                path, line, offset, ..
+            })) => Some(CorruptLine {
+                path: path.clone(),
+                line: *line,
+                offset: *offset,
+            }),
+            SystemError::Runtime(RuntimeError::Session(SessionError::NewerSchema { path, .. })) => {
+                Some(CorruptLine {
+                    path: path.clone(),
+                    line: 1,
+                    offset: 0,
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The result of [`System::fire`]: what the trigger's turn did.

@@ -39,8 +39,9 @@ use crate::standins::{Rewording, ScriptedOutbox, ScriptedProvider, SimTools, Ste
 /// The stores' database (the system's layout: `store.db` in the root).
 pub const STORE_DB: &str = "/da/store.db";
 /// Logical ms between two ops, and from a crash to the reboot: longer than
-/// any trigger lease or backoff, so every op sees all triggers due and
-/// every boot finds every lease expired.
+/// any trigger lease, so every boot finds every lease expired; shorter
+/// than the backoff floor ([`crate::model::BACKOFF_BASE_MS`]),
+/// so a failed ack's row is not due at the next two ops.
 pub const OP_MS: u64 = 10_000_000;
 pub const BOOT_MS: u64 = 5_000_000;
 /// Trigger lease.
@@ -128,10 +129,11 @@ pub struct Driver {
     /// The model's asks so far: a model that does not repeat itself
     /// answers a re-asked round in other words ([`Rewording`]).
     asks: Rewording,
-    /// The bit a `PowerRot` crash flipped, until the next boot is judged.
+    /// The line a `PowerRot` crash damaged, until the next boot is judged.
     rot: Option<Rot>,
-    /// The damaged line the last failed boot named.
-    corruption: Option<CorruptLine>,
+    /// Where the last failed boot said the data is damaged, and whether
+    /// as a newer version's line.
+    corruption: Option<(CorruptLine, bool)>,
     /// Where the last boot's recovery report disagrees with what it did
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
@@ -268,6 +270,8 @@ impl Driver {
         let mut config = SystemConfig::new(ROOT, self.seed);
         config.canaries = self.canaries.clone();
         config.trigger_policy.max_attempts = crate::model::MAX_ATTEMPTS;
+        config.trigger_policy.backoff_base_ms = crate::model::BACKOFF_BASE_MS;
+        config.trigger_policy.backoff_cap_ms = crate::model::BACKOFF_CAP_MS;
         // The model's tool steps spawn and send through the runtime's own
         // tools; the model does not count the limits, so none is reached.
         let mut orchestration = durable_agent::runtime::orchestration::Orchestration::all();
@@ -297,7 +301,10 @@ impl Driver {
         self.clock.set(step_ms);
         self.corruption = None;
         let (system, report) = booted.map_err(|e| {
-            self.corruption = e.corrupt_line();
+            self.corruption = e
+                .corrupt_line()
+                .map(|l| (l, false))
+                .or_else(|| e.newer_line().map(|l| (l, true)));
             format!("boot: {e}")
         })?;
         // A boot a crash point cut short wrote nothing after it: its
@@ -407,8 +414,9 @@ impl Driver {
         }
     }
 
-    /// Where the last failed boot said the data is damaged, if it did.
-    pub fn take_corruption(&mut self) -> Option<CorruptLine> {
+    /// Where the last failed boot said the data is damaged, if it did,
+    /// and whether it said the line is a newer version's.
+    pub fn take_corruption(&mut self) -> Option<(CorruptLine, bool)> {
         self.corruption.take()
     }
 
@@ -549,6 +557,7 @@ impl Driver {
             action,
             Action::Emit { .. }
                 | Action::Claim { .. }
+                | Action::ClaimNothing
                 | Action::Ack { .. }
                 | Action::LoopRound { .. }
                 | Action::Fire { .. }
@@ -676,6 +685,20 @@ impl Driver {
                     .emit(system.db().conn(), &spec, now)
                     .map_err(|e| e.to_string())?;
                 self.check_trigger_id(key, emitted.id());
+            }
+            Action::ClaimNothing => {
+                let system = self.system()?;
+                let got = system
+                    .triggers()
+                    .claim(system.db().conn(), now, LEASE_MS)
+                    .map_err(|e| e.to_string())?;
+                if let Some(t) = got {
+                    let key = self.model_key(t.dedup_key.as_deref(), &t.id);
+                    self.claims.insert(key.clone(), t);
+                    return Err(format!(
+                        "claim handed out {key:?}, the model expected nothing due (every pending row under its backoff floor, or none pending)"
+                    ));
+                }
             }
             Action::Claim { key } => {
                 let system = self.system()?;

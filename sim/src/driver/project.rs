@@ -95,6 +95,7 @@ impl Driver {
                     StoreStatus::Dead => TriggerStatus::Dead,
                 },
                 attempts: t.attempts,
+                not_before: t.not_before_ms.unwrap_or(0),
             })
             .collect();
         Ok((rows, ids))

@@ -216,6 +216,7 @@ impl Exec {
     pub fn step(&mut self, op: &Op) -> Result<(), Box<Failure>> {
         self.history.push(op.clone());
         self.driver.set_step(self.history.len() as u64);
+        self.model.at_step(self.history.len() as u64);
         self.step_start = self.driver.fs.points();
         self.crash_mode = None;
         self.boundary = None;

@@ -14,9 +14,11 @@ use crate::op::CrashKind;
 use crate::oracle;
 use crate::report::{CrashSite, Failure, TRACE_CONTEXT};
 
-/// The failure title of a boot that mishandled a flipped bit (R6).
-const R6_FAILED: &str = "R6: bit rot in a durable line was not refused with the typed corruption error \
-     (or replaced, when events.pending holds it)";
+/// The failure title of a boot that mishandled a damaged line (R6).
+const R6_FAILED: &str =
+    "R6: a durable line changed at rest (bit rot, a newer or older version's line, a gap) \
+     was not handled as promised (refused with the typed error naming it, replaced from events.pending, \
+     or — an older version's — read)";
 
 impl Exec {
     /// Kill the process; counts it when an injected crash point was hit.
@@ -142,12 +144,15 @@ impl Exec {
                 continue;
             }
             if let Some(rot) = self.driver.take_rot() {
-                let named = self.driver.take_corruption();
+                let (named, newer) = self.driver.take_corruption().unzip();
                 let read = rot.read_since(&self.driver.fs);
                 let replaced = rot.replaced(&self.driver.fs);
-                match oracle::judge_rot(&rot, &opened, named.as_ref(), read, replaced) {
+                match oracle::judge_rot(&rot, &opened, named.as_ref(), newer == Some(true), read, replaced) {
                     Ok(verdict) => {
-                        if verdict != oracle::RotVerdict::Replaced {
+                        if !matches!(
+                            verdict,
+                            oracle::RotVerdict::Replaced | oracle::RotVerdict::ReadOlder
+                        ) {
                             rot.restore(&self.driver.fs);
                         }
                         self.restart_notes

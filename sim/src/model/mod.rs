@@ -17,7 +17,10 @@ use crate::op::{Lost, Op, Orch, ToolStep};
 
 mod triggers;
 
-pub use triggers::{TriggerRow, TriggerStatus, KEYS as TRIGGER_KEYS, MAX_ATTEMPTS};
+pub use triggers::{
+    backoff_ms, TriggerRow, TriggerStatus, BACKOFF_BASE_MS, BACKOFF_CAP_MS, KEYS as TRIGGER_KEYS,
+    MAX_ATTEMPTS,
+};
 
 /// Distinct trigger dedup keys (for rendering ops).
 pub fn triggers_keys() -> u8 {
@@ -141,6 +144,10 @@ pub enum Action {
     Claim {
         key: String,
     },
+    /// Claim when the model says no row is due (none pending, or each
+    /// under its backoff floor): the store must hand out nothing. Asked,
+    /// not skipped, so a claim that ignores time is seen.
+    ClaimNothing,
     Ack {
         key: String,
         ok: bool,
@@ -402,6 +409,11 @@ pub struct Model {
     /// one again until a crash makes its fate unknown anew. Bookkeeping.
     #[serde(default)]
     pub confirmed: BTreeSet<String>,
+    /// The op's logical time (ms), as the driver's clock reads it
+    /// ([`Model::at_step`]): what decides whether a row is due.
+    /// Bookkeeping.
+    #[serde(default)]
+    pub now: u64,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -587,6 +599,7 @@ impl Model {
                 key,
                 status: TriggerStatus::Pending,
                 attempts: 0,
+                not_before: 0,
             });
         }
         m.counter += 1;
@@ -832,6 +845,7 @@ impl Model {
             }
             Action::Emit { .. }
             | Action::Claim { .. }
+            | Action::ClaimNothing
             | Action::Ack { .. }
             | Action::StaleAck { .. }
             | Action::Retry { .. } => self.apply_trigger(action),
@@ -989,6 +1003,13 @@ impl Model {
         }
         m.counter += 1;
         Some(m)
+    }
+
+    /// Set the clock to op number `step`'s time (the driver's
+    /// `set_step`): the executor and the reference machine call it before
+    /// each op.
+    pub fn at_step(&mut self, step: u64) {
+        self.now = step * crate::driver::OP_MS;
     }
 
     /// What a restart does to acknowledged state: every session is

@@ -5,10 +5,15 @@
 //! with its attempts reset.
 //!
 //! Invariant: a dedup key has at most one row, whatever is emitted; claim
-//! takes the oldest PENDING row (all triggers are due: `fire_at` 0, equal
-//! priority, and every op is later than any backoff) — a RESUME row, which
-//! boot emits due at its own time (later than 0), only when no other row
-//! is PENDING ([`Model::next_due`]); reaching DONE is final.
+//! takes the oldest PENDING row whose backoff floor (`not_before`) has
+//! passed (`fire_at` is 0 and the priority equal for every emitted row) —
+//! a RESUME row, which boot emits due at its own time (later than 0), only
+//! when no other row is due ([`Model::next_due`]); reaching DONE is final.
+//!
+//! Time: the model's clock is the op's ([`Model::now`], the driver's
+//! `OP_MS` per op), and a failed ack's backoff ([`backoff_ms`], the
+//! harness's `TriggerPolicy`) spans ops, so a claim meets rows that are
+//! not due yet and the row's floor is compared as it is stored.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +25,21 @@ use crate::op::{Op, ToolStep};
 /// 30-op sequence reaches the dead-letter threshold and an operator's
 /// retry of a DEAD trigger.
 pub const MAX_ATTEMPTS: u32 = 2;
+
+/// The harness's `TriggerPolicy::backoff_base_ms`: two and a half ops,
+/// so a row a failed ack re-pends is not due at the next two ops and due
+/// at the third.
+pub const BACKOFF_BASE_MS: u64 = crate::driver::OP_MS * 5 / 2;
+/// The harness's `TriggerPolicy::backoff_cap_ms`.
+pub const BACKOFF_CAP_MS: u64 = crate::driver::OP_MS * 8;
+
+/// The backoff floor after `attempts` failed claims, as the policy states
+/// it (`base * 2^(attempts-1)`, capped): the model's own statement of the
+/// rule, not the store's code.
+pub fn backoff_ms(attempts: u32) -> u64 {
+    let doublings = attempts.saturating_sub(1).min(16);
+    (BACKOFF_BASE_MS << doublings).min(BACKOFF_CAP_MS)
+}
 
 /// Distinct dedup keys the generator uses: few, so re-emits collide.
 pub const KEYS: u8 = 4;
@@ -43,6 +63,11 @@ pub struct TriggerRow {
     pub key: String,
     pub status: TriggerStatus,
     pub attempts: u32,
+    /// The backoff floor (ms; 0: none): a row is not due before it. Set
+    /// by a failed ack, kept through reclaims and GC, cleared by an
+    /// operator's retry.
+    #[serde(default)]
+    pub not_before: u64,
 }
 
 impl Model {
@@ -54,7 +79,7 @@ impl Model {
             self.state
                 .triggers
                 .iter()
-                .filter(|t| t.status == TriggerStatus::Pending)
+                .filter(|t| t.status == TriggerStatus::Pending && t.not_before <= self.now)
         };
         pending()
             .find(|t| !t.key.starts_with("resume:"))
@@ -67,7 +92,11 @@ impl Model {
             Op::EmitTrigger { key } => Some(Action::Emit {
                 key: format!("k{}", key % KEYS),
             }),
-            Op::ClaimTrigger => self.next_due().map(|t| Action::Claim { key: t.key.clone() }),
+            Op::ClaimTrigger => match self.next_due() {
+                Some(t) => Some(Action::Claim { key: t.key.clone() }),
+                // Only where rows exist: with none, a claim proves little.
+                None => (!rows.is_empty()).then_some(Action::ClaimNothing),
+            },
             Op::AckTrigger { trigger, ok } => {
                 let claimed: Vec<&TriggerRow> = rows
                     .iter()
@@ -83,7 +112,11 @@ impl Model {
                 })
             }
             Op::FireTrigger { agent, tools } => {
-                let key = &self.next_due()?.key;
+                // Nothing due: the fire's claim must hand out nothing.
+                let Some(due) = self.next_due() else {
+                    return (!rows.is_empty()).then_some(Action::ClaimNothing);
+                };
+                let key = &due.key;
                 if let Some(work) = self.fire_work.get(key) {
                     // The work a trigger was first given: its agent must
                     // still be live (else the op is skipped).
@@ -155,6 +188,7 @@ impl Model {
     }
 
     pub(super) fn apply_trigger(&mut self, action: &Action) {
+        let now = self.now;
         let rows = &mut self.state.triggers;
         match action {
             Action::Emit { key } if !rows.iter().any(|t| &t.key == key) => {
@@ -162,6 +196,7 @@ impl Model {
                     key: key.clone(),
                     status: TriggerStatus::Pending,
                     attempts: 0,
+                    not_before: 0,
                 });
             }
             Action::Claim { key } => {
@@ -182,6 +217,7 @@ impl Model {
                 if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
                     t.status = TriggerStatus::Pending;
                     t.attempts = 0;
+                    t.not_before = 0;
                 }
             }
             Action::StaleAck { key } => {
@@ -193,7 +229,10 @@ impl Model {
                     t.status = match (ok, t.attempts >= MAX_ATTEMPTS) {
                         (true, _) => TriggerStatus::Done,
                         (false, true) => TriggerStatus::Dead,
-                        (false, false) => TriggerStatus::Pending,
+                        (false, false) => {
+                            t.not_before = now + backoff_ms(t.attempts);
+                            TriggerStatus::Pending
+                        }
                     };
                 }
             }
