@@ -15,7 +15,9 @@
 //! an fsync the crash cut short, which only looks complete) — nor the
 //! newline itself (a flipped last newline would turn a durable line into
 //! what a torn append looks like: no reader can tell them apart, a limit
-//! stated in sim/RELAXATIONS.md). The choice is a pure function of (seed,
+//! stated in sim/RELAXATIONS.md), and never a line without a checksum
+//! (an older version's, which nothing promises to check). The choice is a
+//! pure function of (seed,
 //! crash point), so a forked crash image and a replay damage the same
 //! bytes.
 
@@ -100,7 +102,11 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
             // earlier one not): a torn, unacknowledged append, whose whole
             // entry `events.pending` holds — not a durable line to rot.
             let hole = durable[start..end].contains(&0);
-            if end > start && unchanged && !hole {
+            // Only a sealed line: one of the version before checksums (an
+            // earlier `Damage::Older`) carries nothing a flip could be
+            // caught by, and none is promised (GUARANTEES 11a).
+            let sealed = checksum::check(&durable[start..end]) == Sealed::Verified;
+            if end > start && unchanged && !hole && sealed {
                 lines.push((path, number, start, end));
             }
             start = end + 1;
