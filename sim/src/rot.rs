@@ -269,8 +269,10 @@ mod tests {
     /// never taken for a durable line: only the complete one is struck.
     #[test]
     fn a_line_with_a_hole_of_zeros_is_never_struck() {
-        let durable_line = b"{\"a\":1}\n".to_vec();
-        let holed_line = b"{\"b\0\0\0\0}\n".to_vec();
+        // Both sealed (damage strikes sealed lines only), so only the
+        // hole of zeros tells the torn append from a durable line.
+        let durable_line = format!("{}\n", durable_agent::checksum::seal("{\"a\":1}")).into_bytes();
+        let holed_line = format!("{}\n", durable_agent::checksum::seal("{\"b\":\"\0\0\0\0\"}")).into_bytes();
         for seed in 0..64 {
             let fs = SimFs::new(SimConfig::new(seed));
             let path = PathBuf::from("/s/events.jsonl");
