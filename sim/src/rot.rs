@@ -175,14 +175,20 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
     })
 }
 
+/// A sealed line's object without its seal and closing brace (`{…`),
+/// when the seal verifies: what the rewrites below edit and seal again.
+fn sealed_body(line: &[u8]) -> Option<&str> {
+    if checksum::check(line) != Sealed::Verified {
+        return None;
+    }
+    std::str::from_utf8(line.get(..line.len().checked_sub(checksum::SEAL_BYTES + 1)?)?).ok()
+}
+
 /// `line` (an event-log entry sealed at [`CHECKSUM_VERSION`], without
 /// its newline) as the version before writes it: the same members, no
 /// seal, `schema_version` one lower, padded with spaces to its length.
 fn unseal_as_older(line: &[u8]) -> Option<Vec<u8>> {
-    if checksum::check(line) != Sealed::Verified {
-        return None;
-    }
-    let object = std::str::from_utf8(line.get(..line.len().checked_sub(checksum::SEAL_BYTES + 1)?)?).ok()?;
+    let object = sealed_body(line)?;
     let sealed_version = format!("{{\"schema_version\":{CHECKSUM_VERSION},");
     let rest = object.strip_prefix(&sealed_version)?;
     let older = format!("{{\"schema_version\":{},{rest}}}", CHECKSUM_VERSION - 1);
@@ -197,10 +203,7 @@ fn unseal_as_older(line: &[u8]) -> Option<Vec<u8>> {
 /// member `key` mapped through `f` and sealed again, when the result has
 /// the same length (the damage is done in place, byte by byte).
 fn rewrite(line: &[u8], key: &str, f: impl Fn(u64) -> u64) -> Option<Vec<u8>> {
-    if checksum::check(line) != Sealed::Verified {
-        return None;
-    }
-    let object = std::str::from_utf8(line.get(..line.len().checked_sub(checksum::SEAL_BYTES + 1)?)?).ok()?;
+    let object = sealed_body(line)?;
     let needle = format!("\"{key}\":");
     let at = object.find(&needle)? + needle.len();
     let digits = object[at..].bytes().take_while(u8::is_ascii_digit).count();
