@@ -106,5 +106,43 @@ fn power_loss_restart(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, append_sync_mix, write_at_pages, power_loss_restart);
+/// The WAL after a fork: capture mode keeps every point's crash image,
+/// each sharing the file, and the run keeps appending 4 KiB frames to a
+/// file of ~1 MiB. Each frame used to copy the whole file.
+fn append_after_capture(c: &mut Criterion) {
+    let path = PathBuf::from("/d/store.db-wal");
+    let frame = [9u8; 4120];
+    let mut group = c.benchmark_group("simfs");
+    group.throughput(Throughput::Elements(100));
+    group.bench_function("wal_append_100_frames_captured_1mib", |b| {
+        b.iter_batched(
+            || {
+                let fs = fresh_with_file(&path);
+                for _ in 0..256 {
+                    fs.append(&path, &frame, "wal frame").unwrap();
+                }
+                fs.sync(&path, "wal sync").unwrap();
+                fs.set_capture(true);
+                fs
+            },
+            |fs| {
+                for _ in 0..100 {
+                    fs.append(&path, &frame, "wal frame").unwrap();
+                }
+                black_box(fs.take_captures().len());
+                fs
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    append_sync_mix,
+    write_at_pages,
+    power_loss_restart,
+    append_after_capture
+);
 criterion_main!(benches);

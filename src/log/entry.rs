@@ -12,6 +12,8 @@
 //! versions 0–2 carry none and still load; a version-3 line without one
 //! is damage.
 
+use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer};
+use serde::de::{DeserializeSeed, MapAccess};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -283,7 +285,15 @@ impl LogEntry {
     /// `Value` tree. Only a line that fails it is probed for a newer
     /// `schema_version`, so a newer entry whose shape this build does not
     /// know is still reported as newer, not as damage.
+    ///
+    /// A line equal to one this thread parsed lately is not parsed again
+    /// (the answer is the same; see [`super::memo`]).
     pub fn parse(line: &[u8]) -> Result<LogEntry, ParseLineError> {
+        super::memo::parsed(line, Self::parse_fresh)
+    }
+
+    /// [`LogEntry::parse`], parsing.
+    fn parse_fresh(line: &[u8]) -> Result<LogEntry, ParseLineError> {
         let sealed = checksum::check(line);
         if let Sealed::Mismatch { stored, computed } = sealed {
             return Err(ParseLineError::Invalid(format!(
@@ -319,11 +329,20 @@ impl LogEntry {
                 found: wire.schema_version,
             });
         }
-        let data = wire.data.map_or("null", |raw| raw.get());
-        let tag = serde_json::to_string(&wire.event).map_err(|e| ParseLineError::Invalid(e.to_string()))?;
-        let tagged = format!(r#"{{"event":{tag},"data":{data}}}"#);
-        let event: Event = serde_json::from_str(&tagged)
-            .map_err(|e| ParseLineError::Invalid(format!("event {:?}: {e}", wire.event)))?;
+        let event = match wire.data {
+            // The payload parsed in place, straight from the line.
+            Some(data) => Event::deserialize(MapAccessDeserializer::new(TagThenData {
+                tag: &wire.event,
+                data,
+                next: 0,
+            })),
+            // No payload: as `"data": null`, which no event accepts.
+            None => serde_json::from_str(&format!(
+                r#"{{"event":{},"data":null}}"#,
+                serde_json::to_string(&wire.event).map_err(|e| ParseLineError::Invalid(e.to_string()))?
+            )),
+        }
+        .map_err(|e| ParseLineError::Invalid(format!("event {:?}: {e}", wire.event)))?;
         Ok(LogEntry {
             schema_version: wire.schema_version,
             session_id: wire.session_id,
@@ -353,6 +372,39 @@ struct WireEntry<'a> {
     /// [`crate::checksum`]). Never serialized here: `to_line` seals.
     #[serde(rename = "crc", default, borrow, skip_serializing)]
     _crc: Option<&'a str>,
+}
+
+/// An event as serde's adjacently tagged `Event` reads it — the key
+/// `event` with the tag, then `data` with the payload — made of the wire
+/// entry's tag and raw payload: the payload is parsed once, where it lies
+/// in the line, with no `{"event":…,"data":…}` string built around it.
+struct TagThenData<'de> {
+    tag: &'de str,
+    data: &'de serde_json::value::RawValue,
+    /// Entries handed out so far (0, 1 or 2).
+    next: u8,
+}
+
+impl<'de> MapAccess<'de> for TagThenData<'de> {
+    type Error = serde_json::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
+        let key = match self.next {
+            0 => "event",
+            1 => "data",
+            _ => return Ok(None),
+        };
+        seed.deserialize(BorrowedStrDeserializer::new(key)).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Self::Error> {
+        self.next += 1;
+        if self.next == 1 {
+            seed.deserialize(BorrowedStrDeserializer::new(self.tag))
+        } else {
+            seed.deserialize(self.data)
+        }
+    }
 }
 
 /// The `schema_version` of a line this build cannot read, when it is newer
@@ -622,6 +674,46 @@ mod tests {
             LogEntry::parse(bad_utf8),
             Err(ParseLineError::Invalid(_))
         ));
+    }
+
+    /// The event parsed in place from the wire's tag and raw payload is
+    /// the event (or the refusal) the `{"event":…,"data":…}` object gives.
+    #[test]
+    fn an_event_parsed_in_place_equals_the_tagged_object_parse() {
+        let mut cases: Vec<(String, String)> = every_event()
+            .iter()
+            .map(|event| {
+                let tagged = serde_json::to_value(event).unwrap();
+                (event.name().to_string(), tagged["data"].to_string())
+            })
+            .collect();
+        for (tag, data) in [
+            ("no.such", "{}"),
+            ("turn.start", r#"{"prompt":5}"#),
+            ("turn.start", r#"{"prompt":"p","extra":1}"#),
+            ("round.decided", r#"{"round":1,"calls":[{"call_id":"c"}]}"#),
+            ("agent.terminated", "[]"),
+            ("turn.complete", r#""just a string""#),
+        ] {
+            cases.push((tag.to_string(), data.to_string()));
+        }
+        for (tag, data) in cases {
+            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(&data).unwrap();
+            let in_place = Event::deserialize(MapAccessDeserializer::new(TagThenData {
+                tag: &tag,
+                data: &raw,
+                next: 0,
+            }));
+            let tagged: Result<Event, _> = serde_json::from_str(&format!(
+                r#"{{"event":{},"data":{data}}}"#,
+                serde_json::to_string(&tag).unwrap()
+            ));
+            match (in_place, tagged) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{tag} {data}"),
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{tag} {data}: in place {a:?}, tagged {b:?}"),
+            }
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@
 
 pub mod entry;
 mod error;
+mod memo;
 pub mod repair;
 mod writer;
 

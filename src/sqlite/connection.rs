@@ -223,6 +223,11 @@ impl Db {
         Ok(())
     }
 
+    /// Settings and their checks in three statements, each parsed afresh
+    /// on this new connection (so as few as possible): the settings that
+    /// return nothing, in one batch; one query that reads the header and
+    /// schema (a garbage file fails here) and the synchronous level back;
+    /// the journal mode, which answers with what it became.
     fn configure(&self, opts: &SqliteOptions) -> Result<(), SqliteError> {
         let (sync_sql, sync_num) = opts.synchronous.as_sql();
         self.conn
@@ -230,9 +235,14 @@ impl Db {
                 "PRAGMA synchronous={sync_sql}; PRAGMA temp_store=MEMORY;"
             ))
             .map_err(|e| self.error("set PRAGMA synchronous", e))?;
-        // Reads the header and schema: a garbage file fails here.
-        self.conn
-            .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get::<_, i64>(0))
+        let actual: i64 = self
+            .conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM sqlite_schema), \
+                 (SELECT synchronous FROM pragma_synchronous)",
+                [],
+                |r| r.get(1),
+            )
             .map_err(|e| self.error("read schema", e))?;
         let mode: String = self
             .conn
@@ -250,10 +260,6 @@ impl Db {
                 actual: mode,
             });
         }
-        let actual: i64 = self
-            .conn
-            .query_row("PRAGMA synchronous", [], |r| r.get(0))
-            .map_err(|e| self.error("read PRAGMA synchronous", e))?;
         if actual != sync_num {
             return Err(SqliteError::Pragma {
                 path: self.path.clone(),

@@ -22,10 +22,11 @@
 //! migration the harness must learn first (its `LoopRound` op and the
 //! oracle's checkpointed-loop model would go with them).
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 use crate::canary::{Canaries, Canary};
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 
 /// Schema version of [`LoopCheckpoint`]; loads from a newer one are refused.
@@ -144,7 +145,7 @@ impl CheckpointStore {
         msg: &Message,
         now_ms: u64,
     ) -> Result<i64, StoreError> {
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO messages (session_id, turn, role, content, tool_call_id, tool_name, \
              tool_args, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
@@ -170,10 +171,9 @@ impl CheckpointStore {
         input: &CheckpointInput,
         now_ms: u64,
     ) -> Result<LoopCheckpoint, StoreError> {
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("checkpoint begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("checkpoint begin"))?;
         let last_msg_id: i64 = tx
-            .query_row(
+            .query_row_cached(
                 "SELECT COALESCE(MAX(id), 0) FROM messages WHERE session_id = ?1",
                 [&input.session_id],
                 |r| r.get(0),
@@ -199,7 +199,7 @@ impl CheckpointStore {
         };
         let messages_json = json("messages", serde_json::to_string(&cp.messages))?;
         let usage_json = json("usage", serde_json::to_string(&cp.total_usage))?;
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO loop_checkpoints (run_id, session_id, turn, last_msg_id, messages_json, \
              usage_json, tool_calls_count, schema_version, created_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -227,6 +227,8 @@ impl CheckpointStore {
         run_id: &str,
     ) -> Result<Option<LoopCheckpoint>, StoreError> {
         type Raw = (String, u64, i64, String, String, u64, u32, u64);
+        // Not cached: run once per resumed run (boot), so a cached prepare
+        // would only cost (see `crate::store::cached`).
         let raw: Option<Raw> = conn
             .query_row(
                 "SELECT session_id, turn, last_msg_id, messages_json, usage_json, \
@@ -308,6 +310,7 @@ impl CheckpointStore {
     /// rolling back each one's partial round. Returns each run's resume.
     pub fn resume_all(&self, conn: &Connection) -> Result<Vec<(String, Resume)>, StoreError> {
         let runs = {
+            // Not cached: once per boot (see `crate::store::cached`).
             let mut stmt = conn
                 .prepare("SELECT DISTINCT run_id FROM loop_checkpoints ORDER BY run_id")
                 .map_err(sql("checkpoint runs"))?;
@@ -336,6 +339,7 @@ impl CheckpointStore {
         session_id: &str,
         last_msg_id: i64,
     ) -> Result<usize, StoreError> {
+        // Not cached: once per resumed run (see `crate::store::cached`).
         conn.execute(
             "DELETE FROM messages WHERE session_id = ?1 AND id > ?2",
             params![session_id, last_msg_id],
@@ -351,7 +355,7 @@ impl CheckpointStore {
         last_msg_id: i64,
     ) -> Result<Vec<StoredMessage>, StoreError> {
         let mut stmt = conn
-            .prepare(
+            .prepare_cached(
                 "SELECT id, session_id, turn, role, content, tool_call_id, tool_name, tool_args \
                  FROM messages WHERE session_id = ?1 AND id <= ?2 ORDER BY id",
             )

@@ -15,6 +15,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::store::cached::CachedSql;
 use crate::store::schema::{sql, StoreError};
 use crate::store::tool_calls::RunStatus;
 use crate::store::triggers::TriggerStatus;
@@ -93,14 +94,14 @@ fn run_row(raw: RawRun) -> Result<RunRow, StoreError> {
 pub fn user_runs(conn: &Connection, page: Page) -> Result<(Vec<RunRow>, u64), StoreError> {
     let pattern = format!("{BOOKKEEPING_RUN_PREFIX}%");
     let total: u64 = conn
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM runs WHERE run_id NOT LIKE ?1",
             [&pattern],
             |r| r.get(0),
         )
         .map_err(sql("inspect runs count"))?;
     let mut stmt = conn
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE run_id NOT LIKE ?1 \
              ORDER BY created_at DESC, run_id DESC LIMIT ?2 OFFSET ?3"
         ))
@@ -119,7 +120,7 @@ pub fn user_runs(conn: &Connection, page: Page) -> Result<(Vec<RunRow>, u64), St
 /// One run (a bookkeeping one too), if it exists.
 pub fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRow>, StoreError> {
     let raw: Option<RawRun> = conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
             [run_id],
             |r| RawRun::try_from(r),
@@ -151,7 +152,7 @@ pub struct SessionUsage {
 /// Every recorded call's tokens, summed (`session` = `None`), or one
 /// session's.
 pub fn token_sum(conn: &Connection, session: Option<&str>) -> Result<TokenSum, StoreError> {
-    conn.query_row(
+    conn.query_row_cached(
         "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) \
          FROM token_usage WHERE ?1 IS NULL OR session_id = ?1",
         [session],
@@ -180,7 +181,7 @@ pub struct ModelUsage {
 /// handful).
 pub fn usage_by_model(conn: &Connection) -> Result<Vec<ModelUsage>, StoreError> {
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT model, COUNT(*), SUM(input_tokens), SUM(output_tokens) FROM token_usage \
              GROUP BY model ORDER BY model IS NULL, model LIMIT ?1",
         )
@@ -206,12 +207,12 @@ pub fn usage_by_model(conn: &Connection) -> Result<Vec<ModelUsage>, StoreError> 
 /// and how many sessions recorded usage.
 pub fn usage_by_session(conn: &Connection, page: Page) -> Result<(Vec<SessionUsage>, u64), StoreError> {
     let total: u64 = conn
-        .query_row("SELECT COUNT(DISTINCT session_id) FROM token_usage", [], |r| {
+        .query_row_cached("SELECT COUNT(DISTINCT session_id) FROM token_usage", [], |r| {
             r.get(0)
         })
         .map_err(sql("inspect usage count"))?;
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT session_id, MIN(agent_id), COUNT(*), SUM(input_tokens), SUM(output_tokens), \
              MAX(created_at) AS last FROM token_usage GROUP BY session_id \
              ORDER BY last DESC, session_id DESC LIMIT ?1 OFFSET ?2",
@@ -258,14 +259,14 @@ pub fn errors(
     page: Page,
 ) -> Result<(Vec<ErrorRow>, u64), StoreError> {
     let total: u64 = conn
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM errors WHERE ?1 IS NULL OR session_id = ?1",
             [session],
             |r| r.get(0),
         )
         .map_err(sql("inspect errors count"))?;
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT session_id, agent_id, turn, context, message, attempt, created_at FROM errors \
              WHERE ?1 IS NULL OR session_id = ?1 ORDER BY id DESC LIMIT ?2 OFFSET ?3",
         )
@@ -297,14 +298,14 @@ pub fn trigger_ids(
 ) -> Result<(Vec<String>, u64), StoreError> {
     let status = status.map(|s| s.as_str());
     let total: u64 = conn
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM triggers WHERE ?1 IS NULL OR status = ?1",
             [status],
             |r| r.get(0),
         )
         .map_err(sql("inspect triggers count"))?;
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT id FROM triggers WHERE ?1 IS NULL OR status = ?1 \
              ORDER BY created_at DESC, id DESC LIMIT ?2 OFFSET ?3",
         )
@@ -374,7 +375,7 @@ mod tests {
         assert_eq!(total, 2);
         assert_eq!(by[0].session_id, "b", "the most recently active first");
         // A row from before schema 4 has no model: its own row, never guessed.
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO token_usage (session_id, agent_id, turn, input_tokens, output_tokens, \
              created_at) VALUES ('c', 'agent-c', 0, 1, 1, 1)",
             [],

@@ -4,8 +4,11 @@
 //! The SQLite stores are stateless: each call takes the `&Connection` to
 //! act on (a `crate::sqlite` connection over the `Fs` seam in production, an
 //! in-memory one in unit tests), after [`schema::migrate`] has run on it.
+//! Their statements go through the connection's statement cache
+//! (`cached`): a statement is parsed once per connection.
 
 pub mod activities;
+mod cached;
 pub mod checkpoints;
 pub mod inspect;
 pub mod manifest;

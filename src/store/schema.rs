@@ -112,6 +112,8 @@ fn is_corruption(e: &rusqlite::Error) -> bool {
 
 /// Bring the database to [`SCHEMA_VERSION`]; `db` names it in errors.
 /// Returns the version found before migrating (0 for a fresh database).
+/// Also readies the connection for the stores' statement cache
+/// (`cached::configure`).
 pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
     let classify = |source: rusqlite::Error| {
         if is_corruption(&source) {
@@ -126,6 +128,9 @@ pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
             }
         }
     };
+    // Every store connection comes through here: ready it for the
+    // stores' statement cache.
+    super::cached::configure(conn).map_err(classify)?;
     let found = user_version(conn).map_err(classify)?;
     if found > SCHEMA_VERSION {
         return Err(StoreError::FutureSchema {

@@ -10,9 +10,10 @@
 //! — so the caller keeps only the sessions whose work is not settled
 //! (their errors say why a run is stuck).
 
-use rusqlite::{params, params_from_iter, Connection, TransactionBehavior};
+use rusqlite::{params, params_from_iter, Connection};
 use serde::Serialize;
 
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 use crate::store::triggers::{cutoff_and_kept, cutoff_ms};
 
@@ -52,7 +53,7 @@ impl UsageStore {
         output_tokens: u64,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO token_usage (session_id, agent_id, turn, input_tokens, output_tokens, \
              created_at, model) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
@@ -71,7 +72,7 @@ impl UsageStore {
 
     /// `(SUM(input_tokens), SUM(output_tokens))` of a session.
     pub fn total_token_usage(&self, conn: &Connection, session_id: &str) -> Result<(u64, u64), StoreError> {
-        conn.query_row(
+        conn.query_row_cached(
             "SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) \
              FROM token_usage WHERE session_id = ?1",
             [session_id],
@@ -90,7 +91,7 @@ impl UsageStore {
         attempt: u32,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO errors (session_id, agent_id, turn, context, message, attempt, created_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
@@ -110,7 +111,7 @@ impl UsageStore {
     /// A session's errors, oldest first.
     pub fn errors(&self, conn: &Connection, session_id: &str) -> Result<Vec<StoredError>, StoreError> {
         let mut stmt = conn
-            .prepare(
+            .prepare_cached(
                 "SELECT turn, context, message, attempt, created_at FROM errors \
                  WHERE session_id = ?1 ORDER BY id",
             )
@@ -154,12 +155,11 @@ impl UsageStore {
         let cutoff_ms = cutoff_ms(now_ms, ttl_ms);
         let (kept, binds) = cutoff_and_kept(cutoff_ms, keep_session_ids);
         let eligible = format!("created_at < ?1 AND session_id NOT IN ({kept})");
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("usage gc begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("usage gc begin"))?;
         let mut deleted = [0u64; 2];
         for (n, table) in deleted.iter_mut().zip(["token_usage", "errors"]) {
             *n = tx
-                .execute(
+                .execute_cached(
                     &format!("DELETE FROM {table} WHERE {eligible}"),
                     params_from_iter(binds.iter()),
                 )

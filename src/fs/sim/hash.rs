@@ -5,6 +5,7 @@
 //! 64 written out here (a dozen lines; std's hashers are seeded per process
 //! and not stable across Rust versions, so they cannot be used).
 
+use super::pages::Pages;
 use super::types::TraceEntry;
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -51,14 +52,22 @@ impl Default for ImageHasher {
 }
 
 impl ImageHasher {
-    /// One entry: a file's bytes, or `None` for a directory.
-    pub(super) fn entry(&mut self, path: &std::path::Path, bytes: Option<&[u8]>) {
+    /// One entry: a file's bytes, or `None` for a directory. (The same
+    /// hash as a `field` of the file's bytes made contiguous.)
+    pub(super) fn entry(&mut self, path: &std::path::Path, bytes: Option<&Pages>) {
         use std::os::unix::ffi::OsStrExt;
         self.0.field(path.as_os_str().as_bytes());
         match bytes {
-            None => self.0.bytes(b"d"),
-            Some(b) => self.0.bytes(b"f").field(b),
-        };
+            None => {
+                self.0.bytes(b"d");
+            }
+            Some(pages) => {
+                self.0.bytes(b"f").bytes(&(pages.len() as u64).to_le_bytes());
+                pages.chunks().for_each(|chunk| {
+                    self.0.bytes(chunk);
+                });
+            }
+        }
     }
 
     pub(super) fn finish(&self) -> u64 {

@@ -1,9 +1,13 @@
 //! One file's bytes, identified by inode: the visible image (page cache),
 //! the durable base, and the log of writes a power loss has yet to decide.
+//! Both images are [`Pages`]: copies of an inode share their bytes, and a
+//! write copies only the pages it changes.
 //!
 //! Invariants: `visible == apply(base, every op in log)`; `base` plus the
 //! `Synced` ops of `log` is guaranteed on disk; a `Synced` op is folded
 //! into `base` as soon as nothing undecided precedes it.
+
+use super::pages::Pages;
 
 pub(super) type Ino = u64;
 
@@ -21,22 +25,14 @@ pub(super) enum DataOp {
 }
 
 impl DataOp {
-    /// Apply to an image. Lengths were checked against `max_file_bytes`
-    /// when the op was accepted, so they fit in memory.
-    pub(super) fn apply(&self, image: &mut Vec<u8>) {
+    /// Apply to an image: a write overwrites what overlaps and appends
+    /// the rest (zero-filling a hole before it), a truncate resizes with
+    /// zeros. Lengths were checked against `max_file_bytes` when the op
+    /// was accepted, so they fit in memory.
+    pub(super) fn apply(&self, image: &mut Pages) {
         match self {
-            DataOp::Write { offset, data } => {
-                let start = to_usize(*offset);
-                // Overwrite what overlaps, append the rest: no zero-fill
-                // of bytes about to be written (most writes append).
-                if start > image.len() {
-                    image.resize(start, 0);
-                }
-                let overlap = (image.len() - start).min(data.len());
-                image[start..start + overlap].copy_from_slice(&data[..overlap]);
-                image.extend_from_slice(&data[overlap..]);
-            }
-            DataOp::Truncate { len } => image.resize(to_usize(*len), 0),
+            DataOp::Write { offset, data } => image.write(to_usize(*offset), data),
+            DataOp::Truncate { len } => image.truncate(to_usize(*len)),
         }
     }
 }
@@ -68,8 +64,8 @@ pub(super) struct LoggedOp {
 /// One file's data, identified by inode, independent of any name.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Inode {
-    pub visible: Vec<u8>,
-    pub base: Vec<u8>,
+    pub visible: Pages,
+    pub base: Pages,
     pub log: Vec<LoggedOp>,
 }
 
@@ -166,9 +162,9 @@ impl Inode {
 
 #[cfg(test)]
 mod tests {
-    use super::DataOp;
+    use super::{DataOp, Pages};
 
-    fn write(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    fn write(image: &mut Pages, offset: u64, data: &[u8]) {
         DataOp::Write {
             offset,
             data: data.to_vec(),
@@ -216,18 +212,18 @@ mod tests {
 
     #[test]
     fn writes_overwrite_straddle_append_and_zero_fill_gaps() {
-        let mut image = b"abcdef".to_vec();
+        let mut image = Pages::from(&b"abcdef"[..]);
         write(&mut image, 1, b"XY"); // inside
-        assert_eq!(image, b"aXYdef");
+        assert_eq!(image.to_vec(), b"aXYdef");
         write(&mut image, 4, b"1234"); // straddles the end
-        assert_eq!(image, b"aXYd1234");
+        assert_eq!(image.to_vec(), b"aXYd1234");
         write(&mut image, 8, b"!"); // appends
-        assert_eq!(image, b"aXYd1234!");
+        assert_eq!(image.to_vec(), b"aXYd1234!");
         write(&mut image, 11, b"z"); // past the end: a zero-filled hole
-        assert_eq!(image, b"aXYd1234!\0\0z");
+        assert_eq!(image.to_vec(), b"aXYd1234!\0\0z");
         write(&mut image, 2, b""); // empty: no change
-        assert_eq!(image, b"aXYd1234!\0\0z");
+        assert_eq!(image.to_vec(), b"aXYd1234!\0\0z");
         DataOp::Truncate { len: 3 }.apply(&mut image);
-        assert_eq!(image, b"aXY");
+        assert_eq!(image.to_vec(), b"aXY");
     }
 }

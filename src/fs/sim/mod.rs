@@ -113,6 +113,7 @@ mod hash;
 mod inode;
 mod key;
 mod ops;
+mod pages;
 mod power;
 mod report;
 mod state;
@@ -421,7 +422,7 @@ impl SimFs {
                 ),
             ));
         }
-        inode.base[at] ^= mask;
+        inode.base.xor(at, mask);
         let mut visible = inode.base.clone();
         inode.log.iter().for_each(|e| e.op.apply(&mut visible));
         inode.visible = visible;
@@ -432,7 +433,7 @@ impl SimFs {
     /// file bytes.
     pub fn image_hash(&self) -> u64 {
         let mut h = hash::ImageHasher::default();
-        self.visit_image(|path, bytes| h.entry(path, bytes));
+        self.visit_pages(|path, bytes| h.entry(path, bytes));
         h.finish()
     }
 
@@ -441,7 +442,15 @@ impl SimFs {
     /// the disk its own way (the harness's verdict cache hashes a SQLite
     /// WAL only as far as its last commit frame).
     pub fn visit_image(&self, mut f: impl FnMut(&Path, Option<&[u8]>)) {
+        // The visitor wants each file's bytes contiguous: a file of more
+        // than one page is copied once per version (`Pages::contiguous`).
+        self.visit_pages(|path, bytes| f(path, bytes.map(pages::Pages::contiguous)));
+    }
+
+    /// [`SimFs::visit_image`] with each file's bytes as its pages.
+    fn visit_pages(&self, mut f: impl FnMut(&Path, Option<&pages::Pages>)) {
         let s = self.lock();
+        let empty = pages::Pages::default();
         let mut spelled = Vec::new();
         for (key, node) in &s.image.ns {
             spelled.clear();
@@ -451,16 +460,9 @@ impl SimFs {
             ));
             match node {
                 state::Node::Dir => f(path, None),
-                state::Node::File(ino) => f(
-                    path,
-                    Some(
-                        s.image
-                            .inodes
-                            .get(ino)
-                            .map(|i| i.visible.as_slice())
-                            .unwrap_or_default(),
-                    ),
-                ),
+                state::Node::File(ino) => {
+                    f(path, Some(s.image.inodes.get(ino).map_or(&empty, |i| &i.visible)))
+                }
             }
         }
     }
@@ -573,9 +575,16 @@ impl SimFs {
 /// The files of `image`'s durable floor whose path `wanted` accepts.
 fn durable_where(image: &Image, wanted: impl Fn(&Path) -> bool) -> BTreeMap<PathBuf, Vec<u8>> {
     let disk = power::resolve(image, DirModel::Strict, &mut power::Nothing);
-    let mut files = state::files_of(&disk.ns, |ino| disk.data.get(&ino));
-    files.retain(|p, _| wanted(p));
-    files
+    // Copy only the bytes of the files wanted.
+    disk.ns
+        .iter()
+        .filter_map(|(key, node)| match node {
+            state::Node::File(ino) => Some((key.to_path_buf(), *ino)),
+            state::Node::Dir => None,
+        })
+        .filter(|(path, _)| wanted(path))
+        .filter_map(|(path, ino)| disk.data.get(&ino).map(|bytes| (path, bytes.to_vec())))
+        .collect()
 }
 
 /// What a crash at a point does to the op it interrupts: done with

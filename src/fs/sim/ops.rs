@@ -157,14 +157,13 @@ impl Fs for SimFs {
             let start = usize::try_from(offset).unwrap_or(usize::MAX).min(file.len());
             let available = buf.len().min(file.len() - start);
             let n = self.config.short_read(point, available);
-            buf[..n].copy_from_slice(&file[start..start + n]);
-            Ok(n)
+            Ok(file.read_at(start, &mut buf[..n]))
         })
     }
 
     fn read(&self, path: &Path, label: &str) -> io::Result<Vec<u8>> {
         self.point(IoOp::Read, path, None, label, |image, _| {
-            Ok(image.inode(&Arg::new(path))?.visible.clone())
+            Ok(image.inode(&Arg::new(path))?.visible.to_vec())
         })
     }
 

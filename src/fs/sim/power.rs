@@ -13,6 +13,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::key::Key;
+use super::pages::Pages;
 use super::state::{DataOp, Durability, Image, Ino, Node};
 use super::types::{DirModel, SimConfig};
 
@@ -73,7 +74,7 @@ impl Chooser for Nothing {
 /// The disk after a power loss: namespace and each surviving inode's bytes.
 pub(super) struct Disk {
     pub ns: BTreeMap<Key, Node>,
-    pub data: BTreeMap<Ino, Vec<u8>>,
+    pub data: BTreeMap<Ino, Pages>,
 }
 
 /// Resolve a power loss on `image` under `model`. Draw order is fixed
@@ -81,6 +82,7 @@ pub(super) struct Disk {
 pub(super) fn resolve(image: &Image, model: DirModel, chooser: &mut impl Chooser) -> Disk {
     let mut data = BTreeMap::new();
     for (ino, inode) in &image.inodes {
+        // Shares the durable pages; a surviving write copies those it changes.
         let mut bytes = inode.base.clone();
         for entry in &inode.log {
             let fate = match entry.durability {

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 pub(super) use super::inode::{DataOp, Durability, Ino, Inode};
 use super::key::{Arg, Key, KeyRef};
+use super::pages::Pages;
 
 /// A directory entry's target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +113,9 @@ pub(super) struct Image {
     pub ns_base: BTreeMap<Key, Node>,
     pub dir_log: Vec<DirOp>,
     /// Shared, copied on write: a crash image (one per I/O point in
-    /// capture mode) clones the map, not the files, and a later write
-    /// copies only the file it changes.
+    /// capture mode) clones the map, not the files; a later write copies
+    /// the inode's page lists and the pages it changes
+    /// ([`super::pages::Pages`]), never a whole file.
     pub inodes: BTreeMap<Ino, Arc<Inode>>,
     next_ino: Ino,
 }
@@ -324,10 +326,11 @@ impl Image {
 
     /// Replace everything with a resolved on-disk state (after a power
     /// loss): the visible image is the disk, nothing is pending.
-    pub(super) fn install(&mut self, ns: BTreeMap<Key, Node>, data: BTreeMap<Ino, Vec<u8>>) {
+    pub(super) fn install(&mut self, ns: BTreeMap<Key, Node>, data: BTreeMap<Ino, Pages>) {
         self.inodes = data
             .into_iter()
             .map(|(ino, bytes)| {
+                // One set of pages, shared by both views until written.
                 let inode = Inode {
                     visible: bytes.clone(),
                     base: bytes,
@@ -360,7 +363,7 @@ impl Image {
                 Node::Dir => None,
             })
             .filter(|(p, _)| wanted(p))
-            .filter_map(|(p, ino)| self.inodes.get(&ino).map(|i| (p, i.visible.clone())))
+            .filter_map(|(p, ino)| self.inodes.get(&ino).map(|i| (p, i.visible.to_vec())))
             .collect()
     }
 }
@@ -368,11 +371,11 @@ impl Image {
 /// Files of a namespace with their bytes, by path.
 pub(super) fn files_of<'a>(
     ns: &BTreeMap<Key, Node>,
-    bytes: impl Fn(Ino) -> Option<&'a Vec<u8>>,
+    bytes: impl Fn(Ino) -> Option<&'a Pages>,
 ) -> BTreeMap<PathBuf, Vec<u8>> {
     ns.iter()
         .filter_map(|(p, n)| match n {
-            Node::File(ino) => bytes(*ino).map(|b| (p.to_path_buf(), b.clone())),
+            Node::File(ino) => bytes(*ino).map(|b| (p.to_path_buf(), b.to_vec())),
             Node::Dir => None,
         })
         .collect()
@@ -382,7 +385,7 @@ pub(super) fn files_of<'a>(
 mod tests {
     use super::*;
 
-    fn replayed(inode: &Inode) -> Vec<u8> {
+    fn replayed(inode: &Inode) -> Pages {
         let mut bytes = inode.base.clone();
         inode.log.iter().for_each(|e| e.op.apply(&mut bytes));
         bytes
@@ -415,7 +418,11 @@ mod tests {
             assert_eq!(replayed(inode), inode.visible);
         }
         assert_eq!(
-            image.inode(&Arg::new(Path::new("/d/f"))).unwrap().visible,
+            image
+                .inode(&Arg::new(Path::new("/d/f")))
+                .unwrap()
+                .visible
+                .to_vec(),
             [99; 3]
         );
     }

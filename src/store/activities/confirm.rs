@@ -28,6 +28,7 @@ use rusqlite::{params, Connection};
 use serde::{Deserialize, Serialize};
 
 use super::{ActivityStatus, ActivityStore};
+use crate::store::cached::CachedSql;
 use crate::store::schema::{sql, StoreError};
 
 /// What a human says happened to a NEEDS_CONFIRMATION action.
@@ -61,7 +62,7 @@ impl ActivityStore {
         // Each arm is one autocommitted statement guarded by the status.
         let (changed, after) = match resolution {
             Resolution::Delivered { provider_ref } => (
-                conn.execute(
+                conn.execute_cached(
                     "UPDATE activity_log SET status = 'DONE', provider_ref = ?2, error = NULL, \
                      updated_at = ?3 WHERE idem_key = ?1 AND status = 'NEEDS_CONFIRMATION'",
                     params![idem_key, provider_ref, now_ms],
@@ -70,7 +71,7 @@ impl ActivityStore {
                 Some(ActivityStatus::Done),
             ),
             Resolution::NotDelivered => (
-                conn.execute(
+                conn.execute_cached(
                     "DELETE FROM activity_log WHERE idem_key = ?1 AND status = 'NEEDS_CONFIRMATION'",
                     params![idem_key],
                 )
@@ -78,7 +79,7 @@ impl ActivityStore {
                 None,
             ),
             Resolution::Abandon => (
-                conn.execute(
+                conn.execute_cached(
                     "UPDATE activity_log SET status = 'FAILED', error = ?2, updated_at = ?3 \
                      WHERE idem_key = ?1 AND status = 'NEEDS_CONFIRMATION'",
                     params![idem_key, ABANDONED, now_ms],

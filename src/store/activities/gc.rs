@@ -31,10 +31,11 @@
 //! selected again, and `updated_at` is not touched (the GC TTL still
 //! counts from the settlement).
 
-use rusqlite::{params_from_iter, Connection, TransactionBehavior};
+use rusqlite::{params_from_iter, Connection};
 use serde::Serialize;
 
 use super::ActivityStore;
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 pub use crate::store::triggers::GcReport;
 use crate::store::triggers::{cutoff_and_kept, cutoff_ms};
@@ -63,11 +64,10 @@ impl ActivityStore {
         let eligible =
             format!("status IN ('DONE', 'FAILED') AND updated_at < ?1 AND task_id NOT IN ({kept})");
 
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("activity gc begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("activity gc begin"))?;
         let deleted = {
             let mut stmt = tx
-                .prepare(&format!(
+                .prepare_cached(&format!(
                     "SELECT idem_key FROM activity_log WHERE {eligible} ORDER BY rowid"
                 ))
                 .map_err(sql("activity gc select"))?;
@@ -79,7 +79,7 @@ impl ActivityStore {
         };
         if !deleted.is_empty() {
             let n = tx
-                .execute(
+                .execute_cached(
                     &format!("DELETE FROM activity_log WHERE {eligible}"),
                     params_from_iter(binds.iter()),
                 )
@@ -129,11 +129,10 @@ impl ActivityStore {
             "status IN ('DONE', 'FAILED') AND updated_at < ?1 AND task_id NOT IN ({kept}) \
              AND payload_json <> ?{sentinel}"
         );
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("activity strip begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("activity strip begin"))?;
         let stripped = {
             let mut stmt = tx
-                .prepare(&format!(
+                .prepare_cached(&format!(
                     "SELECT idem_key FROM activity_log WHERE {eligible} ORDER BY rowid"
                 ))
                 .map_err(sql("activity strip select"))?;
@@ -145,7 +144,7 @@ impl ActivityStore {
         };
         if !stripped.is_empty() {
             let n = tx
-                .execute(
+                .execute_cached(
                     &format!("UPDATE activity_log SET payload_json = ?{sentinel} WHERE {eligible}"),
                     params_from_iter(binds.iter()),
                 )

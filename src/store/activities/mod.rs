@@ -18,6 +18,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::canary::{Canaries, Canary};
+use crate::store::cached::CachedSql;
 use crate::store::schema::{sql, str_enum, StoreError};
 use crate::world::{DeliveryError, Outbox};
 
@@ -234,7 +235,7 @@ impl ActivityStore {
             source,
         })?;
         // Autocommit: returns only after the INTENT is committed.
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO activity_log (idem_key, task_id, action, payload_json, status, \
              created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 'INTENT', ?5, ?5)",
             params![idem_key, call.task_id, call.action, payload, now_ms],
@@ -295,7 +296,7 @@ impl ActivityStore {
         error: Option<&str>,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        conn.execute(
+        conn.execute_cached(
             "UPDATE activity_log SET status = ?2, provider_ref = COALESCE(?3, provider_ref), \
              error = COALESCE(?4, error), updated_at = ?5 WHERE idem_key = ?1",
             params![idem_key, status.as_str(), provider_ref, error, now_ms],
@@ -307,7 +308,7 @@ impl ActivityStore {
     /// One ledger row by key.
     pub fn get(&self, conn: &Connection, idem_key: &str) -> Result<Option<ActivityRecord>, StoreError> {
         let raw = conn
-            .query_row(
+            .query_row_cached(
                 &format!("SELECT {COLUMNS} FROM activity_log WHERE idem_key = ?1"),
                 [idem_key],
                 raw_row,
@@ -324,7 +325,7 @@ impl ActivityStore {
         status: ActivityStatus,
     ) -> Result<Vec<ActivityRecord>, StoreError> {
         let mut stmt = conn
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM activity_log WHERE status = ?1 ORDER BY created_at, rowid"
             ))
             .map_err(sql("activity select"))?;

@@ -24,10 +24,11 @@
 //! new run instead of refusing). The TTL must outlive every resume and
 //! re-run horizon, as for the other stores.
 
-use rusqlite::{params_from_iter, Connection, TransactionBehavior};
+use rusqlite::{params_from_iter, Connection};
 use serde::Serialize;
 
 use super::ToolCallStore;
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 use crate::store::triggers::{cutoff_and_kept, cutoff_ms};
 
@@ -70,13 +71,12 @@ impl ToolCallStore {
              AND session_id NOT IN ({kept_sessions}) \
              AND NOT EXISTS (SELECT 1 FROM tool_calls c WHERE c.run_id = runs.run_id)"
         );
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("tool call gc begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("tool call gc begin"))?;
         let calls = select_ids(&tx, "tool_calls", "id", &calls_eligible, &call_binds)?;
         let mut attempts = 0;
         if !calls.is_empty() {
             let n = tx
-                .execute(
+                .execute_cached(
                     &format!(
                         "DELETE FROM tool_call_attempts WHERE call_id IN \
                          (SELECT id FROM tool_calls WHERE {calls_eligible})"
@@ -86,7 +86,7 @@ impl ToolCallStore {
                 .map_err(sql("tool call attempts gc delete"))?;
             attempts = n as u64;
             let n = tx
-                .execute(
+                .execute_cached(
                     &format!("DELETE FROM tool_calls WHERE {calls_eligible}"),
                     params_from_iter(call_binds.iter()),
                 )
@@ -97,7 +97,7 @@ impl ToolCallStore {
         let runs = select_ids(&tx, "runs", "run_id", &runs_eligible, &run_binds)?;
         if !runs.is_empty() {
             let n = tx
-                .execute(
+                .execute_cached(
                     &format!("DELETE FROM runs WHERE {runs_eligible}"),
                     params_from_iter(run_binds.iter()),
                 )
@@ -133,7 +133,7 @@ fn select_ids(
     binds: &[rusqlite::types::Value],
 ) -> Result<Vec<String>, StoreError> {
     let mut stmt = conn
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "SELECT {key} FROM {table} WHERE {eligible} ORDER BY rowid"
         ))
         .map_err(sql("tool call gc select"))?;

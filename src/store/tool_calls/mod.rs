@@ -18,8 +18,9 @@
 //! settled calls, their attempts and settled runs deleted after a longer
 //! one (`gc.rs`) — never those of a run that may still resume.
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 
 mod gc;
@@ -71,7 +72,7 @@ impl ToolCallStore {
         session_id: &str,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO runs (run_id, session_id, status, created_at, updated_at) \
              VALUES (?1, ?2, 'running', ?3, ?3) ON CONFLICT(run_id) DO NOTHING",
             params![run_id, session_id, now_ms],
@@ -83,7 +84,7 @@ impl ToolCallStore {
     /// Create a job run (idempotent in `run_id`): the job it runs, as
     /// JSON, and the run it was forked from, if any.
     pub fn create_job_run(&self, conn: &Connection, run: &RunRecord, now_ms: u64) -> Result<(), StoreError> {
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO runs (run_id, session_id, status, parent_run_id, job_json, created_at, \
              updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT(run_id) DO NOTHING",
             params![
@@ -102,7 +103,7 @@ impl ToolCallStore {
     /// One run, with its job and parent.
     pub fn get_run(&self, conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         let raw: Option<(String, String, Option<String>, Option<String>)> = conn
-            .query_row(
+            .query_row_cached(
                 "SELECT session_id, status, parent_run_id, job_json FROM runs WHERE run_id = ?1",
                 [run_id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
@@ -124,7 +125,7 @@ impl ToolCallStore {
     /// Every run id, oldest first.
     pub fn run_ids(&self, conn: &Connection) -> Result<Vec<String>, StoreError> {
         let mut stmt = conn
-            .prepare("SELECT run_id FROM runs ORDER BY created_at, run_id")
+            .prepare_cached("SELECT run_id FROM runs ORDER BY created_at, run_id")
             .map_err(sql("run list"))?;
         let rows = stmt
             .query_map([], |r| r.get::<_, String>(0))
@@ -136,7 +137,7 @@ impl ToolCallStore {
     /// first: bookkeeping `session:…` runs included (they stay `running`).
     pub fn unsettled_runs(&self, conn: &Connection) -> Result<Vec<RunRecord>, StoreError> {
         let mut stmt = conn
-            .prepare(
+            .prepare_cached(
                 "SELECT run_id, session_id, status, parent_run_id, job_json FROM runs \
                  WHERE status NOT IN ('succeeded', 'failed') ORDER BY created_at, run_id",
             )
@@ -164,7 +165,7 @@ impl ToolCallStore {
     /// (cheaper than [`Self::calls_of`]: no body is read).
     pub fn call_ids(&self, conn: &Connection, run_id: &str) -> Result<Vec<String>, StoreError> {
         let mut stmt = conn
-            .prepare("SELECT id FROM tool_calls WHERE run_id = ?1 ORDER BY rowid")
+            .prepare_cached("SELECT id FROM tool_calls WHERE run_id = ?1 ORDER BY rowid")
             .map_err(sql("tool call ids"))?;
         let rows = stmt
             .query_map([run_id], |r| r.get::<_, String>(0))
@@ -174,7 +175,7 @@ impl ToolCallStore {
 
     pub fn run_status(&self, conn: &Connection, run_id: &str) -> Result<RunStatus, StoreError> {
         let s: Option<String> = conn
-            .query_row("SELECT status FROM runs WHERE run_id = ?1", [run_id], |r| {
+            .query_row_cached("SELECT status FROM runs WHERE run_id = ?1", [run_id], |r| {
                 r.get(0)
             })
             .optional()
@@ -208,7 +209,7 @@ impl ToolCallStore {
             what: format!("tool call input of {}", call.id),
             source,
         })?;
-        conn.execute(
+        conn.execute_cached(
             "INSERT INTO tool_calls (id, run_id, tool_name, raw_tool_name, input_json, \
              idempotency_key, side_effect, status, replay_attempts, created_at, updated_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'prepared', 0, ?8, ?8) \
@@ -308,7 +309,7 @@ impl ToolCallStore {
             "status IN ('prepared', 'running')"
         };
         let n = conn
-            .execute(
+            .execute_cached(
                 &format!(
                     "UPDATE tool_calls SET status = ?2, result_json = COALESCE(?3, result_json), \
                      error = COALESCE(?4, error), updated_at = ?5 WHERE id = ?1 AND {guard}"
@@ -352,8 +353,7 @@ impl ToolCallStore {
     /// `max_replays` more times. One transaction; a run in any other state
     /// is [`StoreError::WrongState`], unchanged.
     pub fn release(&self, conn: &Connection, run_id: &str, now_ms: u64) -> Result<RunRecord, StoreError> {
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("run release begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("run release begin"))?;
         let missing = || StoreError::NotFound {
             table: "runs",
             id: run_id.to_string(),
@@ -369,7 +369,7 @@ impl ToolCallStore {
             });
         }
         set_run_status(&tx, run_id, RunStatus::Running, now_ms)?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE tool_calls SET replay_attempts = 0, updated_at = ?2 \
              WHERE run_id = ?1 AND status IN ('prepared', 'running')",
             params![run_id, now_ms],
@@ -390,8 +390,7 @@ impl ToolCallStore {
         outcome: Result<&serde_json::Value, &str>,
         now_ms: u64,
     ) -> Result<ReplayOutcome, StoreError> {
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("replay begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("replay begin"))?;
         let call = self.get(&tx, id)?.ok_or_else(|| StoreError::NotFound {
             table: "tool_calls",
             id: id.to_string(),
@@ -403,7 +402,7 @@ impl ToolCallStore {
             }
             Err(error) => {
                 let attempts = call.replay_attempts + 1;
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE tool_calls SET replay_attempts = ?2, error = ?3, updated_at = ?4 \
                      WHERE id = ?1 AND status IN ('prepared', 'running')",
                     params![id, attempts, error, now_ms],
@@ -439,7 +438,7 @@ impl ToolCallStore {
         error: &str,
         now_ms: u64,
     ) -> Result<u32, StoreError> {
-        conn.query_row(
+        conn.query_row_cached(
             "INSERT INTO tool_call_attempts (call_id, attempt, error, created_at) \
              SELECT ?1, COALESCE(MAX(attempt), 0) + 1, ?2, ?3 FROM tool_call_attempts WHERE call_id = ?1 \
              RETURNING attempt",
@@ -452,7 +451,7 @@ impl ToolCallStore {
     /// Every failed attempt of call `id`, in order.
     pub fn attempts(&self, conn: &Connection, id: &str) -> Result<Vec<FailedAttempt>, StoreError> {
         let mut stmt = conn
-            .prepare(
+            .prepare_cached(
                 "SELECT call_id, attempt, error, created_at FROM tool_call_attempts \
                  WHERE call_id = ?1 ORDER BY attempt",
             )
@@ -489,9 +488,8 @@ impl ToolCallStore {
             what: format!("parked tool call payload of {id}"),
             source,
         })?;
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("tool call park begin"))?;
-        tx.execute(
+        let tx = WriteTx::begin(conn).map_err(sql("tool call park begin"))?;
+        tx.execute_cached(
             "INSERT INTO activity_log (idem_key, task_id, action, payload_json, status, error, \
              created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 'NEEDS_CONFIRMATION', ?5, ?6, ?6) \
              ON CONFLICT(idem_key) DO NOTHING",
@@ -522,7 +520,7 @@ impl ToolCallStore {
 
     fn select(&self, conn: &Connection, tail: &str, arg: &str) -> Result<Vec<ToolCall>, StoreError> {
         let mut stmt = conn
-            .prepare(&format!("SELECT {COLUMNS} FROM tool_calls {tail}"))
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM tool_calls {tail}"))
             .map_err(sql("tool call select"))?;
         type Raw = (
             String,
@@ -572,7 +570,7 @@ impl ToolCallStore {
 
 fn set_run_status(conn: &Connection, run_id: &str, status: RunStatus, now_ms: u64) -> Result<(), StoreError> {
     let n = conn
-        .execute(
+        .execute_cached(
             "UPDATE runs SET status = ?2, updated_at = ?3 WHERE run_id = ?1",
             params![run_id, status.as_str(), now_ms],
         )

@@ -17,10 +17,11 @@
 //! is never read back by a resume or an idempotency check, only shown.
 
 use rusqlite::types::Value;
-use rusqlite::{params_from_iter, Connection, TransactionBehavior};
+use rusqlite::{params_from_iter, Connection};
 
 use super::ToolCallStore;
 pub use crate::store::activities::{StripReport, STRIPPED_JSON};
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 use crate::store::triggers::{cutoff_and_kept, cutoff_ms};
 
@@ -50,11 +51,10 @@ impl ToolCallStore {
         );
         // The select binds up to `?{json}`; the update also `?{text}`.
         let select_binds = &binds[..json];
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("tool call strip begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("tool call strip begin"))?;
         let stripped = {
             let mut stmt = tx
-                .prepare(&format!(
+                .prepare_cached(&format!(
                     "SELECT id FROM tool_calls WHERE {eligible} ORDER BY rowid"
                 ))
                 .map_err(sql("tool call strip select"))?;
@@ -66,7 +66,7 @@ impl ToolCallStore {
         };
         if !stripped.is_empty() {
             let n = tx
-                .execute(
+                .execute_cached(
                     &format!(
                         "UPDATE tool_calls SET input_json = ?{json}, \
                          result_json = CASE WHEN result_json IS NULL THEN NULL ELSE ?{json} END, \

@@ -11,9 +11,10 @@
 //! status: only a PENDING row moves, to DONE; a CLAIMED one (someone's
 //! lease) and a settled one are left as they are.
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{decode, raw_row, Trigger, TriggerStatus, TriggerStore, COLUMNS};
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 
 impl TriggerStore {
@@ -26,7 +27,7 @@ impl TriggerStore {
         now_ms: u64,
     ) -> Result<Vec<Trigger>, StoreError> {
         let mut stmt = conn
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM triggers WHERE status = ?1 ORDER BY rowid"
             ))
             .map_err(sql("trigger select by status"))?;
@@ -51,17 +52,16 @@ impl TriggerStore {
     /// settles every claim before its owner thread takes the next call, so
     /// none is outstanding when a retry runs there.
     pub fn retry(&self, conn: &Connection, id: &str, now_ms: u64) -> Result<Trigger, StoreError> {
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("trigger retry begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("trigger retry begin"))?;
         let moved = tx
-            .execute(
+            .execute_cached(
                 "UPDATE triggers SET status = 'PENDING', attempts = 0, not_before = NULL, \
                  lease_until = NULL, updated_at = ?2 WHERE id = ?1 AND status IN ('DEAD', 'FAILED')",
                 params![id, now_ms],
             )
             .map_err(sql("trigger retry update"))?;
         let raw = tx
-            .query_row(
+            .query_row_cached(
                 &format!("SELECT {COLUMNS} FROM triggers WHERE id = ?1"),
                 [id],
                 raw_row,
@@ -101,10 +101,9 @@ impl TriggerStore {
         dedup_key: &str,
         now_ms: u64,
     ) -> Result<Option<Trigger>, StoreError> {
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("trigger settle begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("trigger settle begin"))?;
         let moved = tx
-            .execute(
+            .execute_cached(
                 "UPDATE triggers SET status = 'DONE', not_before = NULL, lease_until = NULL, \
                  updated_at = ?2 WHERE dedup_key = ?1 AND status = 'PENDING'",
                 params![dedup_key, now_ms],
@@ -115,7 +114,7 @@ impl TriggerStore {
             return Ok(None);
         }
         let raw = tx
-            .query_row(
+            .query_row_cached(
                 &format!("SELECT {COLUMNS} FROM triggers WHERE dedup_key = ?1"),
                 [dedup_key],
                 raw_row,

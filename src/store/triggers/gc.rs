@@ -25,10 +25,11 @@
 //! row keeps `MAX(rowid)` monotonic, so ids are never reused.
 
 use rusqlite::types::Value;
-use rusqlite::{params_from_iter, Connection, TransactionBehavior};
+use rusqlite::{params_from_iter, Connection};
 use serde::Serialize;
 
 use super::TriggerStore;
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 
 /// What one GC deleted (also the activity ledger's report,
@@ -90,11 +91,10 @@ impl TriggerStore {
         let eligible = format!(
             "{SETTLED} AND updated_at < ?1 AND rowid < (SELECT MAX(rowid) FROM triggers) AND id NOT IN ({kept})"
         );
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("trigger gc begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("trigger gc begin"))?;
         let deleted = {
             let mut stmt = tx
-                .prepare(&format!(
+                .prepare_cached(&format!(
                     "SELECT id FROM triggers WHERE {eligible} ORDER BY rowid"
                 ))
                 .map_err(sql("trigger gc select"))?;
@@ -107,7 +107,7 @@ impl TriggerStore {
         // Nothing old enough (the common case): skip the write.
         if !deleted.is_empty() {
             let n = tx
-                .execute(
+                .execute_cached(
                     &format!("DELETE FROM triggers WHERE {eligible}"),
                     params_from_iter(binds.iter()),
                 )

@@ -13,9 +13,10 @@
 //! crash leaves the row either before or after it. Time is the caller's
 //! logical `now` in milliseconds.
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::canary::{Canaries, Canary};
+use crate::store::cached::{CachedSql, WriteTx};
 use crate::store::schema::{sql, StoreError};
 
 mod admin;
@@ -57,12 +58,11 @@ impl TriggerStore {
             what: format!("trigger payload for {:?}", spec.dedup_key),
             source,
         })?;
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("trigger emit begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("trigger emit begin"))?;
         // The id derives from the rowid inside the same transaction: unique,
         // deterministic, and never reused for a committed row.
         let inserted = tx
-            .execute(
+            .execute_cached(
                 "INSERT INTO triggers (id, source, dedup_key, session_id, fire_at, not_before, \
                  priority, description, payload_json, status, attempts, created_at, updated_at) \
                  VALUES ('trg-' || (SELECT COALESCE(MAX(rowid), 0) + 1 FROM triggers), \
@@ -82,7 +82,7 @@ impl TriggerStore {
             .map_err(sql("trigger emit insert"))?;
         let outcome = if inserted == 1 {
             let id: String = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT id FROM triggers WHERE rowid = last_insert_rowid()",
                     [],
                     |r| r.get(0),
@@ -91,7 +91,7 @@ impl TriggerStore {
             EmitOutcome::Inserted(id)
         } else {
             let id: String = tx
-                .query_row("SELECT id FROM triggers WHERE dedup_key = ?1", [dedup_key], |r| {
+                .query_row_cached("SELECT id FROM triggers WHERE dedup_key = ?1", [dedup_key], |r| {
                     r.get(0)
                 })
                 .map_err(sql("trigger emit read duplicate"))?;
@@ -111,10 +111,9 @@ impl TriggerStore {
         now_ms: u64,
         lease_ms: u64,
     ) -> Result<Option<Trigger>, StoreError> {
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("trigger claim begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("trigger claim begin"))?;
         let next = tx
-            .query_row(
+            .query_row_cached(
                 &format!(
                     "SELECT {COLUMNS} FROM triggers WHERE status = 'PENDING' AND fire_at <= ?1 \
                      AND (not_before IS NULL OR not_before <= ?1) \
@@ -129,7 +128,7 @@ impl TriggerStore {
             return Ok(None);
         };
         let lease_until = now_ms.saturating_add(lease_ms);
-        tx.execute(
+        tx.execute_cached(
             "UPDATE triggers SET status = 'CLAIMED', lease_until = ?2, attempts = attempts + 1, \
              updated_at = ?3 WHERE id = ?1 AND status = 'PENDING'",
             params![raw.id, lease_until, now_ms],
@@ -201,10 +200,9 @@ impl TriggerStore {
         now_ms: u64,
     ) -> Result<TriggerStatus, StoreError> {
         let id = claim.id.as_str();
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("trigger ack begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("trigger ack begin"))?;
         let row: Option<(String, u32, Option<u64>)> = tx
-            .query_row(
+            .query_row_cached(
                 "SELECT status, attempts, lease_until FROM triggers WHERE id = ?1",
                 [id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -236,7 +234,7 @@ impl TriggerStore {
             });
         }
         let (status, not_before) = next(attempts);
-        tx.execute(
+        tx.execute_cached(
             "UPDATE triggers SET status = ?2, not_before = COALESCE(?3, not_before), \
              lease_until = NULL, last_error = COALESCE(?4, last_error), updated_at = ?5 \
              WHERE id = ?1",
@@ -264,11 +262,10 @@ impl TriggerStore {
     }
 
     fn reclaim(&self, conn: &Connection, now_ms: u64, expired_by: u64) -> Result<Vec<String>, StoreError> {
-        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
-            .map_err(sql("trigger reclaim begin"))?;
+        let tx = WriteTx::begin(conn).map_err(sql("trigger reclaim begin"))?;
         let ids = {
             let mut stmt = tx
-                .prepare(
+                .prepare_cached(
                     "SELECT id FROM triggers WHERE status = 'CLAIMED' AND lease_until <= ?1 \
                      ORDER BY rowid",
                 )
@@ -282,7 +279,7 @@ impl TriggerStore {
         // Nothing expired (the common boot): the write lock held since the
         // select guarantees the update would match nothing; skip it.
         if !ids.is_empty() {
-            tx.execute(
+            tx.execute_cached(
                 // A trigger dead-lettered here never got an ack: say why
                 // (a DEAD row always carries its reason).
                 "UPDATE triggers SET status = CASE WHEN attempts >= ?2 THEN 'DEAD' ELSE 'PENDING' END, \
@@ -319,7 +316,7 @@ impl TriggerStore {
     /// One trigger by id.
     pub fn get(&self, conn: &Connection, id: &str, now_ms: u64) -> Result<Option<Trigger>, StoreError> {
         let raw = conn
-            .query_row(
+            .query_row_cached(
                 &format!("SELECT {COLUMNS} FROM triggers WHERE id = ?1"),
                 [id],
                 raw_row,
@@ -331,7 +328,7 @@ impl TriggerStore {
 
     fn select(&self, conn: &Connection, tail: &str, now_ms: u64) -> Result<Vec<Trigger>, StoreError> {
         let mut stmt = conn
-            .prepare(&format!("SELECT {COLUMNS} FROM triggers {tail}"))
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM triggers {tail}"))
             .map_err(sql("trigger select"))?;
         let raws = stmt
             .query_map([], raw_row)
