@@ -9,13 +9,20 @@
 //! (acknowledged means durable). An injected I/O error (EIO, ENOSPC, lost
 //! reply) that fails op k is judged the same way after the system reopens
 //! in place. The state compared: live agents (parent, completed turns,
-//! pending and delivered messages), the external world's outbox, the
-//! durable triggers, and the checkpointed loop's messages.
+//! pending and delivered messages), each live agent's session record on
+//! disk (`session.json`: its schema version, the provider and model the
+//! system was booted with, and ACTIVE exactly while the session holds a
+//! provider slot — [`Model::records`]), the external world's outbox
+//! (counted per agent: an effect is the agent whose durable decision
+//! carries its key, and the call's logical `key`; two agents' identical
+//! calls are two effects), the durable triggers, and the checkpointed
+//! loop's messages.
 //!
 //! Relaxations (the only ones; sim/RELAXATIONS.md mirrors this list):
 //!
 //! - **R1 A restart resets residency and leases.** Recovery holds no
-//!   provider slots, so every surviving session is `suspended`; a reboot
+//!   provider slots, so every surviving session is `suspended`, its
+//!   record SUSPENDED on disk too (a promise: compared exactly); a reboot
 //!   outlasts every trigger lease, so boot returns each CLAIMED trigger to
 //!   PENDING (DEAD once out of attempts).
 //! - **R2 In-flight op all-or-nothing.** The op the crash interrupted was
@@ -113,10 +120,15 @@
 //!   strictly increases down the file (the runtime's one clock, restored
 //!   past every logged tick at boot: an entry recovery appends included).
 //! - **I4 No duplicate side effect.** No effect reaches the external
-//!   world twice, counted per logical action (the scripted call's `key`),
-//!   whatever idempotency key carried it: the harness's model words a
-//!   re-asked round differently ([`crate::standins::Rewording`]), so an
-//!   effect sent again under a new key is still one effect twice.
+//!   world twice, counted per agent and logical action (the scripted
+//!   call's `key`), whatever idempotency key carried it: the harness's
+//!   model words a re-asked round differently
+//!   ([`crate::standins::Rewording`]), so an effect sent again under a new
+//!   key is still one effect twice. Per agent: a twin turn
+//!   ([`crate::op::Op::TwinTurn`]) makes another agent's calls word for
+//!   word, and each agent's call is an effect of its own — sent once
+//!   each, never merged into the other's, never answered with the
+//!   other's result.
 //! - **I6 No effect without a durable decision** (after every restart;
 //!   `driver::project::undecided_effects`): every effect the world
 //!   received carries the idempotency key of a `round.decided` entry in
@@ -292,6 +304,19 @@ fn against(
     lost_msgs: &BTreeSet<(String, Msg)>,
 ) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
+                                             // Every record SUSPENDED after a restart (R1), the rest as written.
+    let records = adopted.records();
+    if recovered.records != records {
+        let differ: Vec<&String> = records
+            .keys()
+            .chain(recovered.records.keys())
+            .filter(|n| records.get(*n) != recovered.records.get(*n))
+            .collect();
+        return Err(format!(
+            "session records differ (agents {differ:?}): expected {records:?}, on disk {:?}",
+            recovered.records
+        ));
+    }
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
     let got_names: Vec<&String> = recovered.agents.keys().collect();
@@ -398,14 +423,20 @@ fn against(
 pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
     match action {
         Some(
-            Action::RunTurn { prompt, tools, .. }
-            | Action::Fire { prompt, tools, .. }
-            | Action::WorkTurn { prompt, tools, .. },
+            Action::RunTurn {
+                agent, prompt, tools, ..
+            }
+            | Action::Fire {
+                agent, prompt, tools, ..
+            }
+            | Action::WorkTurn {
+                agent, prompt, tools, ..
+            },
         ) => tools
             .iter()
             .enumerate()
             .filter(|(_, t)| t.irreversible && t.ok)
-            .map(|(i, _)| effect_key(prompt, i))
+            .map(|(i, _)| effect_key(agent, prompt, i))
             .collect(),
         _ => BTreeSet::new(),
     }
@@ -457,7 +488,7 @@ pub fn judge(
                 adopted,
             }),
             Err(reason) => Err(Box::new(Rejected {
-                expected: before.restarted().state,
+                expected: before.restarted().expected(),
                 side: Side::After,
                 reason,
             })),
@@ -539,12 +570,12 @@ pub fn judge(
                     let same_agents = |m: &Model| m.state.agents.keys().eq(recovered.agents.keys());
                     let reason = format!("neither candidate matches.\n  vs after  (ops 1..k):   {after_e}\n  vs before (ops 1..k-1): {before_err}");
                     if same_agents(before) && !same_agents(after) {
-                        (before.restarted().state, Side::Before, reason)
+                        (before.restarted().expected(), Side::Before, reason)
                     } else {
-                        (after.restarted().state, Side::After, reason)
+                        (after.restarted().expected(), Side::After, reason)
                     }
                 }
-                None => (before.restarted().state, Side::After, before_err),
+                None => (before.restarted().expected(), Side::After, before_err),
             };
             Err(Box::new(Rejected {
                 expected,
