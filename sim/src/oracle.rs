@@ -76,6 +76,19 @@
 //!   sends them again. Its children, deferred to `turn.complete`, never
 //!   exist without it.
 //!
+//! - **R9 A failing call replayed after crashes.** The tool-call ledger
+//!   of a turn answered live is checked call by call against the rule the
+//!   model states ([`crate::model::ledger_calls`]: settled as its result
+//!   says, its side-effect class, no failed replay; the session's run
+//!   `running`) — except that a failing reversible call of a re-run turn,
+//!   caught in flight by n crashes, is replayed after each and each
+//!   failed replay is counted on its row, which stays `running` with
+//!   n ≥ 1 replays (`ToolCallStore::record_replay`); the run then waits
+//!   for a human exactly when a call of it reached the limit
+//!   ([`crate::model::MAX_REPLAYS`]). The harness cannot know which call
+//!   a crash caught in flight; a succeeding call, or an irreversible one
+//!   (the activity ledger decides it, never a replay), is never relaxed.
+//!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
 //!   that may be acknowledged, so "acknowledged means durable" cannot be
@@ -144,6 +157,10 @@
 //!   learn what a crash cost. And the boot settled every INTENT of the
 //!   activity ledger (re-sent to a dedup sink, else NEEDS_CONFIRMATION:
 //!   the scripted world always answers a live process), so none is left.
+//!
+//! And after every turn the runtime answers live (`Driver::check_answer`):
+//! its calls' rows in the tool-call ledger, and its session's run, are
+//! what [`crate::model::ledger_calls`] says (up to R9).
 //!
 //! And after an op that failed under an injected I/O fault: a runtime
 //! that says it is poisoned refuses the next change with `Poisoned` and
