@@ -321,19 +321,7 @@ fn against(
     lost_msgs: &BTreeSet<(String, Msg)>,
 ) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
-                                             // Every record SUSPENDED after a restart (R1), the rest as written.
-    let records = adopted.records();
-    if recovered.records != records {
-        let differ: Vec<&String> = records
-            .keys()
-            .chain(recovered.records.keys())
-            .filter(|n| records.get(*n) != recovered.records.get(*n))
-            .collect();
-        return Err(format!(
-            "session records differ (agents {differ:?}): expected {records:?}, on disk {:?}",
-            recovered.records
-        ));
-    }
+    let records = adopted.records(); // every one SUSPENDED (R1)
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
     let got_names: Vec<&String> = recovered.agents.keys().collect();
@@ -401,6 +389,17 @@ fn against(
         }
         w.pending = g.pending.clone();
         w.delivered = g.delivered.clone();
+    }
+    if recovered.records != records {
+        let differ: Vec<&String> = records
+            .keys()
+            .chain(recovered.records.keys())
+            .filter(|n| records.get(*n) != recovered.records.get(*n))
+            .collect();
+        return Err(format!(
+            "session records differ (agents {differ:?}): expected {records:?}, on disk {:?}",
+            recovered.records
+        ));
     }
     if want.loop_messages != recovered.loop_messages {
         return Err(format!(
