@@ -208,6 +208,13 @@ pub enum Op {
         work: u8,
         tools: Vec<ToolStep>,
     },
+    /// A turn of `agent` with the prompt of another agent's completed
+    /// turn (the `of`-th one without orchestration calls, over all
+    /// agents): the same script, so the same calls with the same
+    /// arguments — twin calls from two agents. Each agent's call is its
+    /// own effect: a runtime that keys them alike sends one of them once,
+    /// or answers one agent with the other's result.
+    TwinTurn { agent: AgentRef, of: u8 },
     /// Enqueue a message from one agent to another (or itself).
     SendMessage { from: AgentRef, to: AgentRef },
     /// Deliver every pending message of an agent that has some.
@@ -347,6 +354,7 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         1 => any::<u8>().prop_map(|trigger| Op::RetryTrigger { trigger }),
         1 => any::<u8>().prop_map(|pick| Op::Confirm { pick }),
         1 => Just(Op::Gc),
+        2 => (agent_ref(), any::<u8>()).prop_map(|(agent, of)| Op::TwinTurn { agent, of }),
     ]
     .boxed()
 }
@@ -399,6 +407,7 @@ pub fn render(op: &Op) -> String {
                 render_tools(tools)
             ),
         },
+        Op::TwinTurn { agent, of } => format!("twin_turn(#{}, the prompt of turn #{of})", agent.0),
         Op::SendMessage { from, to } => format!("send_message(#{} -> #{})", from.0, to.0),
         Op::Deliver { agent } => format!("deliver(#{})", agent.0),
         Op::Evict { agent } => format!("evict(#{})", agent.0),

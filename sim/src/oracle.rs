@@ -9,13 +9,20 @@
 //! (acknowledged means durable). An injected I/O error (EIO, ENOSPC, lost
 //! reply) that fails op k is judged the same way after the system reopens
 //! in place. The state compared: live agents (parent, completed turns,
-//! pending and delivered messages), the external world's outbox, the
-//! durable triggers, and the checkpointed loop's messages.
+//! pending and delivered messages), each live agent's session record on
+//! disk (`session.json`: its schema version, the provider and model the
+//! system was booted with, and ACTIVE exactly while the session holds a
+//! provider slot — [`Model::records`]), the external world's outbox
+//! (counted per agent: an effect is the agent whose durable decision
+//! carries its key, and the call's logical `key`; two agents' identical
+//! calls are two effects), the durable triggers, and the checkpointed
+//! loop's messages.
 //!
 //! Relaxations (the only ones; sim/RELAXATIONS.md mirrors this list):
 //!
 //! - **R1 A restart resets residency and leases.** Recovery holds no
-//!   provider slots, so every surviving session is `suspended`; a reboot
+//!   provider slots, so every surviving session is `suspended`, its
+//!   record SUSPENDED on disk too (a promise: compared exactly); a reboot
 //!   outlasts every trigger lease, so boot returns each CLAIMED trigger to
 //!   PENDING (DEAD once out of attempts).
 //! - **R2 In-flight op all-or-nothing.** The op the crash interrupted was
@@ -69,6 +76,19 @@
 //!   sends them again. Its children, deferred to `turn.complete`, never
 //!   exist without it.
 //!
+//! - **R9 A failing call replayed after crashes.** The tool-call ledger
+//!   of a turn answered live is checked call by call against the rule the
+//!   model states ([`crate::model::ledger_calls`]: settled as its result
+//!   says, its side-effect class, no failed replay; the session's run
+//!   `running`) — except that a failing reversible call of a re-run turn,
+//!   caught in flight by n crashes, is replayed after each and each
+//!   failed replay is counted on its row, which stays `running` with
+//!   n ≥ 1 replays (`ToolCallStore::record_replay`); the run then waits
+//!   for a human exactly when a call of it reached the limit
+//!   ([`crate::model::MAX_REPLAYS`]). The harness cannot know which call
+//!   a crash caught in flight; a succeeding call, or an irreversible one
+//!   (the activity ledger decides it, never a replay), is never relaxed.
+//!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
 //!   that may be acknowledged, so "acknowledged means durable" cannot be
@@ -113,10 +133,15 @@
 //!   strictly increases down the file (the runtime's one clock, restored
 //!   past every logged tick at boot: an entry recovery appends included).
 //! - **I4 No duplicate side effect.** No effect reaches the external
-//!   world twice, counted per logical action (the scripted call's `key`),
-//!   whatever idempotency key carried it: the harness's model words a
-//!   re-asked round differently ([`crate::standins::Rewording`]), so an
-//!   effect sent again under a new key is still one effect twice.
+//!   world twice, counted per agent and logical action (the scripted
+//!   call's `key`), whatever idempotency key carried it: the harness's
+//!   model words a re-asked round differently
+//!   ([`crate::standins::Rewording`]), so an effect sent again under a new
+//!   key is still one effect twice. Per agent: a twin turn
+//!   ([`crate::op::Op::TwinTurn`]) makes another agent's calls word for
+//!   word, and each agent's call is an effect of its own — sent once
+//!   each, never merged into the other's, never answered with the
+//!   other's result.
 //! - **I6 No effect without a durable decision** (after every restart;
 //!   `driver::project::undecided_effects`): every effect the world
 //!   received carries the idempotency key of a `round.decided` entry in
@@ -132,6 +157,10 @@
 //!   learn what a crash cost. And the boot settled every INTENT of the
 //!   activity ledger (re-sent to a dedup sink, else NEEDS_CONFIRMATION:
 //!   the scripted world always answers a live process), so none is left.
+//!
+//! And after every turn the runtime answers live (`Driver::check_answer`):
+//! its calls' rows in the tool-call ledger, and its session's run, are
+//! what [`crate::model::ledger_calls`] says (up to R9).
 //!
 //! And after an op that failed under an injected I/O fault: a runtime
 //! that says it is poisoned refuses the next change with `Poisoned` and
@@ -292,6 +321,7 @@ fn against(
     lost_msgs: &BTreeSet<(String, Msg)>,
 ) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
+    let records = adopted.records(); // every one SUSPENDED (R1)
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
     let got_names: Vec<&String> = recovered.agents.keys().collect();
@@ -360,6 +390,17 @@ fn against(
         w.pending = g.pending.clone();
         w.delivered = g.delivered.clone();
     }
+    if recovered.records != records {
+        let differ: Vec<&String> = records
+            .keys()
+            .chain(recovered.records.keys())
+            .filter(|n| records.get(*n) != recovered.records.get(*n))
+            .collect();
+        return Err(format!(
+            "session records differ (agents {differ:?}): expected {records:?}, on disk {:?}",
+            recovered.records
+        ));
+    }
     if want.loop_messages != recovered.loop_messages {
         return Err(format!(
             "loop messages differ: expected {:?}, recovered {:?}",
@@ -398,14 +439,20 @@ fn against(
 pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
     match action {
         Some(
-            Action::RunTurn { prompt, tools, .. }
-            | Action::Fire { prompt, tools, .. }
-            | Action::WorkTurn { prompt, tools, .. },
+            Action::RunTurn {
+                agent, prompt, tools, ..
+            }
+            | Action::Fire {
+                agent, prompt, tools, ..
+            }
+            | Action::WorkTurn {
+                agent, prompt, tools, ..
+            },
         ) => tools
             .iter()
             .enumerate()
             .filter(|(_, t)| t.irreversible && t.ok)
-            .map(|(i, _)| effect_key(prompt, i))
+            .map(|(i, _)| effect_key(agent, prompt, i))
             .collect(),
         _ => BTreeSet::new(),
     }
@@ -457,7 +504,7 @@ pub fn judge(
                 adopted,
             }),
             Err(reason) => Err(Box::new(Rejected {
-                expected: before.restarted().state,
+                expected: before.restarted().expected(),
                 side: Side::After,
                 reason,
             })),
@@ -539,12 +586,12 @@ pub fn judge(
                     let same_agents = |m: &Model| m.state.agents.keys().eq(recovered.agents.keys());
                     let reason = format!("neither candidate matches.\n  vs after  (ops 1..k):   {after_e}\n  vs before (ops 1..k-1): {before_err}");
                     if same_agents(before) && !same_agents(after) {
-                        (before.restarted().state, Side::Before, reason)
+                        (before.restarted().expected(), Side::Before, reason)
                     } else {
-                        (after.restarted().state, Side::After, reason)
+                        (after.restarted().expected(), Side::After, reason)
                     }
                 }
-                None => (before.restarted().state, Side::After, before_err),
+                None => (before.restarted().expected(), Side::After, before_err),
             };
             Err(Box::new(Rejected {
                 expected,

@@ -18,7 +18,7 @@ use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
-use crate::model::{effect_key, parse_script, OrchCall, ScriptStep};
+use crate::model::{call_key, parse_script, OrchCall, ScriptStep};
 use crate::op::Lost;
 use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
 
@@ -70,9 +70,11 @@ const REWORD_OF_4: u64 = 3;
 impl Rewording {
     /// Record this ask (a live process only: a dead one asks nothing) and
     /// say how to word it: `None` for the script's own words, else a
-    /// variant tag.
-    fn ask(&self, prompt: &str, round: u32) -> Option<String> {
-        let id = durable_agent::runtime::ids::fnv1a(format!("{prompt}\n{round}").as_bytes());
+    /// variant tag. Asks are counted per agent: another agent running the
+    /// same prompt (a twin turn) is asked afresh, so its calls are the
+    /// first agent's calls word for word.
+    fn ask(&self, agent: &str, prompt: &str, round: u32) -> Option<String> {
+        let id = durable_agent::runtime::ids::fnv1a(format!("{agent}\n{prompt}\n{round}").as_bytes());
         let mut asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
         let before = asks.iter().filter(|(a, _)| *a == id).count() as u64;
         if !self.fs.crashed() {
@@ -122,7 +124,10 @@ impl Provider for ScriptedProvider {
             })
             .ok_or_else(|| ProviderError("no prompt in the open turn".into()))?;
         let rounds = parse_rounds(prompt);
-        let wording = self.rewording.as_ref().and_then(|r| r.ask(prompt, request.round));
+        let wording = self
+            .rewording
+            .as_ref()
+            .and_then(|r| r.ask(request.agent_name, prompt, request.round));
         if let Some(round) = rounds.get(request.round as usize) {
             let tool_calls = round
                 .iter()
@@ -142,7 +147,7 @@ impl Provider for ScriptedProvider {
                         invalid_args: None,
                     },
                     None => {
-                        let mut args = json!({ "key": effect_key(prompt, *index), "ok": step.ok });
+                        let mut args = json!({ "key": call_key(prompt, *index), "ok": step.ok });
                         let lost = match step.lost {
                             Lost::None => None,
                             Lost::Reply => Some("reply"),

@@ -1,5 +1,7 @@
 //! The oracle accepts exactly the documented relaxations (R1–R4) and
 //! rejects everything else. Built on model states only: no runtime.
+//! (`Model::expected` is the state with its derived session records, as
+//! the projection reads them from disk.)
 
 use durable_agent_sim::model::{Action, Model, Status};
 use durable_agent_sim::op::ToolStep;
@@ -46,7 +48,7 @@ const IRREV: ToolStep = ToolStep {
 #[test]
 fn exact_recovered_state_is_accepted_with_sessions_suspended() {
     let m = model(&[root("a"), send("a", "a", "m1")]);
-    let recovered = m.restarted().state;
+    let recovered = m.restarted().expected();
     let ok = judge(&m, None, None, &recovered, false).unwrap();
     assert_eq!(ok.side, Side::After);
     assert!(ok
@@ -66,7 +68,7 @@ fn interrupted_spawn_may_vanish_but_not_half_exist() {
     };
     let mut after = before.clone();
     after.apply(&action);
-    let vanished = before.restarted().state;
+    let vanished = before.restarted().expected();
     assert_eq!(
         judge(&before, Some(&after), Some(&action), &vanished, false)
             .unwrap()
@@ -74,7 +76,7 @@ fn interrupted_spawn_may_vanish_but_not_half_exist() {
         Side::Before
     );
     // The child present with the wrong parent is neither candidate.
-    let mut wrong = after.restarted().state;
+    let mut wrong = after.restarted().expected();
     wrong.agents.get_mut("b").unwrap().parent = None;
     assert!(judge(&before, Some(&after), Some(&action), &wrong, false).is_err());
 }
@@ -82,7 +84,7 @@ fn interrupted_spawn_may_vanish_but_not_half_exist() {
 #[test]
 fn acknowledged_message_lost_is_rejected() {
     let m = model(&[root("a"), send("a", "a", "m1")]);
-    let mut recovered = m.restarted().state;
+    let mut recovered = m.restarted().expected();
     recovered.agents.get_mut("a").unwrap().pending.clear();
     let err = judge(&m, None, None, &recovered, false).unwrap_err();
     assert!(err.reason.contains("messages lost"), "{}", err.reason);
@@ -98,14 +100,14 @@ fn delivered_message_may_come_back_as_pending_in_order() {
         deliver,
         send("a", "a", "m3"),
     ]);
-    let mut recovered = m.restarted().state;
+    let mut recovered = m.restarted().expected();
     let a = recovered.agents.get_mut("a").unwrap();
     let m2 = a.delivered.pop().unwrap();
     a.pending.insert(0, m2.clone());
     let ok = judge(&m, None, None, &recovered, false).unwrap();
     assert_eq!(ok.adopted.state.agents["a"].pending[0], m2);
     // Out of order (behind m3) is not re-delivery, it is reordering.
-    let mut reordered = m.restarted().state;
+    let mut reordered = m.restarted().expected();
     let a = reordered.agents.get_mut("a").unwrap();
     let m2 = a.delivered.pop().unwrap();
     a.pending.push(m2);
@@ -113,7 +115,7 @@ fn delivered_message_may_come_back_as_pending_in_order() {
     // After a clean stop and start nothing comes back: R3 is for crashes.
     let err = judge(&m, None, None, &recovered, true).unwrap_err();
     assert!(err.reason.contains("clean restart"), "{}", err.reason);
-    assert!(judge(&m, None, None, &m.restarted().state, true).is_ok());
+    assert!(judge(&m, None, None, &m.restarted().expected(), true).is_ok());
 }
 
 #[test]
@@ -122,17 +124,75 @@ fn lost_turn_may_leave_its_side_effect_once_but_no_other() {
     let action = turn("a", "p1:I", vec![IRREV]);
     let mut after = before.clone();
     after.apply(&action);
-    let mut recovered = before.restarted().state;
-    recovered.outbox.push("p1:I#0".into());
+    let mut recovered = before.restarted().expected();
+    recovered.outbox.push("a/p1:I#0".into());
     let ok = judge(&before, Some(&after), Some(&action), &recovered, false).unwrap();
     assert_eq!(ok.side, Side::Before);
-    assert_eq!(ok.adopted.state.outbox, vec!["p1:I#0".to_string()]);
+    assert_eq!(ok.adopted.state.outbox, vec!["a/p1:I#0".to_string()]);
     // An effect of no in-flight turn is rejected.
-    let mut stray = before.restarted().state;
-    stray.outbox.push("p9:I#0".into());
+    let mut stray = before.restarted().expected();
+    stray.outbox.push("a/p9:I#0".into());
     assert!(judge(&before, Some(&after), Some(&action), &stray, false).is_err());
     // Between ops there is no in-flight turn: any extra effect is rejected.
     assert!(judge(&before, None, None, &recovered, false).is_err());
+}
+
+/// Session records are compared exactly: after a restart every live
+/// agent's record is SUSPENDED (R1), of this build's version and the
+/// system's provider; one left ACTIVE, or missing, is a failure.
+#[test]
+fn session_records_are_suspended_after_a_restart_and_compared_exactly() {
+    let m = model(&[root("a"), root("b")]);
+    assert!(
+        m.records().values().all(|r| r.active),
+        "created sessions hold a slot"
+    );
+    let recovered = m.restarted().expected();
+    assert!(recovered
+        .records
+        .values()
+        .all(|r| !r.active && r.schema_version == 2));
+    assert!(judge(&m, None, None, &recovered, false).is_ok());
+    let mut active = recovered.clone();
+    active.records.get_mut("a").unwrap().active = true;
+    let err = judge(&m, None, None, &active, false).unwrap_err();
+    assert!(err.reason.contains("session records differ"), "{}", err.reason);
+    let mut missing = recovered.clone();
+    missing.records.remove("b");
+    assert!(judge(&m, None, None, &missing, false).is_err());
+}
+
+/// Two agents' identical calls (a twin turn: the same prompt) are two
+/// effects: both must reach the world, and one of them reaching it for
+/// both agents is a lost effect, not a deduplicated one.
+#[test]
+fn twin_calls_of_two_agents_are_two_effects() {
+    let before = model(&[root("a"), root("b"), turn("a", "p1:I", vec![IRREV])]);
+    let action = turn("b", "p1:I", vec![IRREV]);
+    let mut after = before.clone();
+    after.apply(&action);
+    assert_eq!(after.state.outbox, ["a/p1:I#0", "b/p1:I#0"]);
+    let recovered = after.restarted().expected();
+    assert_eq!(
+        judge(&before, None, None, &before.restarted().expected(), false)
+            .unwrap()
+            .side,
+        Side::After
+    );
+    assert_eq!(
+        judge(&after, None, None, &recovered, false).unwrap().side,
+        Side::After
+    );
+    // The twin's effect merged into the first agent's: b's turn completed
+    // with an effect the world never saw from b.
+    let mut merged = recovered.clone();
+    merged.outbox.pop();
+    assert!(judge(&after, None, None, &merged, false).is_err());
+    // Each agent's effect is still at most once (I4).
+    let mut twice = after.state.clone();
+    twice.outbox.push("b/p1:I#0".into());
+    assert!(state_invariants(&twice).iter().any(|x| x.starts_with("I4")));
+    assert!(state_invariants(&after.state).is_empty());
 }
 
 #[test]
@@ -159,17 +219,17 @@ fn partial_loop_round_and_lost_trigger_are_rejected() {
     let action = Action::LoopRound { round: 1, tools: 2 };
     let mut after = before.clone();
     after.apply(&action);
-    let mut partial = before.restarted().state;
+    let mut partial = before.restarted().expected();
     partial.loop_messages = vec!["a1".into(), "t1.0".into()];
     assert!(judge(&before, Some(&after), Some(&action), &partial, false).is_err());
-    let mut lost = after.restarted().state;
+    let mut lost = after.restarted().expected();
     lost.triggers.clear();
     assert!(judge(&before, Some(&after), Some(&action), &lost, false).is_err());
     assert!(judge(
         &before,
         Some(&after),
         Some(&action),
-        &after.restarted().state,
+        &after.restarted().expected(),
         false
     )
     .is_ok());

@@ -150,6 +150,10 @@ pub struct Driver {
     /// The key the last op's turn stopped at (`NeedsConfirmation`), with
     /// the effect the ledger's row names.
     blocked: Option<(String, Option<String>)>,
+    /// The agent each delivered idempotency key belongs to, as the
+    /// decisions in the logs say ([`Driver::attribute`]): a cache (a key's
+    /// session never changes), refilled when an unknown key is delivered.
+    owners: BTreeMap<String, String>,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -203,6 +207,7 @@ impl Driver {
             answer_violations: Vec::new(),
             trigger_ids: BTreeMap::new(),
             blocked: None,
+            owners: BTreeMap::new(),
         }
     }
 
@@ -463,6 +468,8 @@ impl Driver {
                 outcome.response
             ));
         }
+        let mut ledger = self.ledger_violations(agent, outcome, tools);
+        self.answer_violations.append(&mut ledger);
     }
 
     /// The trigger id the system answered for dedup key `key` (an emit's
@@ -506,12 +513,14 @@ impl Driver {
         }
     }
 
-    /// The effect (the world's key, `payload.key`) of the NEEDS_CONFIRMATION
-    /// row `idem_key`, as an operator listing them sees it.
+    /// The effect (the world's key, `payload.key`, of the agent the row's
+    /// task names) of the NEEDS_CONFIRMATION row `idem_key`, as an
+    /// operator listing them sees it.
     fn effect_of(&self, idem_key: &str) -> Option<String> {
         let rows = self.system().ok()?.needs_confirmation().ok()?;
         let row = rows.iter().find(|r| r.idem_key == idem_key)?;
-        Some(row.payload.get("key")?.as_str()?.to_string())
+        let agent = self.names.get(&AgentId::from_hex(&row.task_id).ok()?)?;
+        Some(format!("{agent}/{}", row.payload.get("key")?.as_str()?))
     }
 
     /// A clean stop: close everything (SQLite checkpoints on close), then

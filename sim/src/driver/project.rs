@@ -8,19 +8,27 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use durable_agent::fs::Fault;
 use durable_agent::log::{Event, LogEntry};
 use durable_agent::world::Delivery;
 
 use durable_agent::recovery::RecoveryReport;
+use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
 use durable_agent::runtime::{AgentId, ConversationItem, MessageId};
+use durable_agent::runtime::{RuntimeState, TurnOutcome};
 use durable_agent::sqlite::Db;
 use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
-use durable_agent::store::session::SessionState;
+use durable_agent::store::session::{SessionRecord, SessionState, SESSION_FILE};
+use durable_agent::store::tool_calls::{RunStatus, SideEffect, ToolCall, ToolCallStatus, ToolCallStore};
 use durable_agent::store::triggers::TriggerStatus as StoreStatus;
+use durable_agent::system::session_run;
 use durable_agent::system::System;
 
 use super::{Driver, LOOP_RUN, LOOP_SESSION};
-use crate::model::{round_messages, Agent, Msg, State, Status, TriggerRow, TriggerStatus, Turn};
+use crate::model::{
+    ledger_calls, round_messages, Agent, Msg, Record, State, Status, TriggerRow, TriggerStatus, Turn,
+    MAX_REPLAYS,
+};
 use crate::op::{Lost, Orch, ToolStep};
 
 /// The loop's checkpoint after round `round`.
@@ -142,23 +150,32 @@ impl Driver {
                 }
             }
         };
-        // The world counts effects per logical action (the scripted call's
-        // `key`), whatever idempotency key the runtime derived: an effect
-        // sent twice under two runtime keys is still a duplicate.
-        let outbox = self
-            .world
-            .deliveries()
-            .into_iter()
-            .map(|d| match d.payload.get("key").and_then(|k| k.as_str()) {
-                Some(k) => k.to_string(),
-                None => format!("?{} (no logical key)", d.idem_key),
+        // The world counts effects per agent and logical action (the
+        // scripted call's `key`), whatever idempotency key the runtime
+        // derived: an effect sent twice under two runtime keys is still a
+        // duplicate, and two agents' identical calls are two effects.
+        let deliveries = self.world.deliveries();
+        if deliveries.iter().any(|d| !self.owners.contains_key(&d.idem_key)) {
+            self.attribute();
+        }
+        let outbox = deliveries
+            .iter()
+            .map(|d| {
+                let owner = self.owners.get(&d.idem_key).map_or("?", String::as_str);
+                match d.payload.get("key").and_then(|k| k.as_str()) {
+                    Some(k) => format!("{owner}/{k}"),
+                    None => format!("{owner}/?{} (no logical key)", d.idem_key),
+                }
             })
             .collect();
+        let (records, mut record_violations) = self.records(&rs);
+        violations.append(&mut record_violations);
         let mut state = State {
             agents: BTreeMap::new(),
             outbox,
             triggers,
             loop_messages,
+            records,
         };
         for (id, view) in &rs.agents {
             let pending: Vec<Msg> = rs
@@ -206,6 +223,223 @@ impl Driver {
             state.agents.insert(view.name.clone(), agent);
         }
         (state, violations)
+    }
+
+    /// The tool-call ledger's bookkeeping of the turn `outcome` of `agent`
+    /// just answered, against the rule the model states
+    /// ([`crate::model::ledger_calls`]; the relaxation is oracle R9): each
+    /// call's row (its own, or the row of the same call a rolled-back run
+    /// of the turn left, which the ledger answers it from) in the agent's
+    /// session run, settled as the call's result says, with its
+    /// side-effect class, no failed replay unless R9; the run `running`
+    /// unless a call reached the replay limit. Read through the system's
+    /// own connection, as an operator's `runs` view would.
+    pub(super) fn ledger_violations(
+        &self,
+        agent: &str,
+        outcome: &TurnOutcome,
+        tools: &[ToolStep],
+    ) -> Vec<String> {
+        let expected = ledger_calls(tools);
+        if expected.is_empty() {
+            // No call of this turn is in the ledger; the SQL is the cost.
+            return Vec::new();
+        }
+        let read = || -> Result<(Vec<ToolCall>, RunStatus), String> {
+            let system = self.system()?;
+            let id = self.id(agent)?;
+            let session = system
+                .runtime()
+                .session_id(&id)
+                .cloned()
+                .ok_or_else(|| format!("{agent} has no session"))?;
+            let run = session_run(session.as_str());
+            let store = ToolCallStore::default();
+            let db = system.db();
+            let rows = store.calls_of(db.conn(), &run).map_err(|e| e.to_string())?;
+            if rows.is_empty() {
+                return Ok((rows, RunStatus::Running));
+            }
+            let status = store.run_status(db.conn(), &run).map_err(|e| e.to_string())?;
+            Ok((rows, status))
+        };
+        // An I/O fault armed for the op, not reached by it, is not the
+        // harness's to trip (suspended for the read, as the boot's check
+        // does); a crash point reached here is a crash after the op, whose
+        // process never reads its answer: nothing is judged.
+        let armed = self.fs.fault();
+        let suspended = matches!(armed, Some(Fault::FailAt(..) | Fault::LostReplyAt(..)));
+        if suspended {
+            self.fs.set_fault(None);
+        }
+        let read = read();
+        if suspended {
+            self.fs.set_fault(armed);
+        }
+        if self.fs.crashed() {
+            return Vec::new();
+        }
+        let (rows, run_status) = match read {
+            Ok(read) => read,
+            Err(e) => return vec![format!("ledger of {agent}: cannot be read: {e}")],
+        };
+        let mut out = Vec::new();
+        let calls = outcome
+            .tool_calls
+            .iter()
+            .filter(|(_, req, _)| req.tool != SPAWN_AGENT && req.tool != SEND_MESSAGE);
+        for ((call_id, req, _), want) in calls.zip(expected) {
+            let row = rows.iter().find(|r| r.id == *call_id).or_else(|| {
+                rows.iter()
+                    .find(|r| r.input == req.args && r.raw_tool_name == req.tool)
+            });
+            let Some(row) = row else {
+                out.push(format!(
+                    "ledger of {agent}: no row for call {call_id} ({} {})",
+                    req.tool, req.args
+                ));
+                continue;
+            };
+            let class = if want.irreversible {
+                SideEffect::Irreversible
+            } else {
+                SideEffect::Reversible
+            };
+            let settled = match want.succeeded {
+                true => row.status == ToolCallStatus::Succeeded && row.replay_attempts == 0,
+                false => {
+                    (row.status == ToolCallStatus::Failed && row.replay_attempts == 0)
+                        // R9: replayed after crashes, each replay failed.
+                        || (!want.irreversible && row.status == ToolCallStatus::Running && row.replay_attempts >= 1)
+                }
+            };
+            if row.side_effect != class || !settled {
+                out.push(format!(
+                    "ledger of {agent}: call {call_id} ({}) is {:?}, {:?}, {} failed replays; the turn answered it {} ({:?} expected)",
+                    req.tool,
+                    row.status,
+                    row.side_effect,
+                    row.replay_attempts,
+                    if want.succeeded { "ok" } else { "failed" },
+                    class
+                ));
+            }
+        }
+        let exhausted = rows.iter().any(|r| r.replay_attempts >= MAX_REPLAYS);
+        let want_run = if exhausted {
+            RunStatus::WaitingForHuman
+        } else {
+            RunStatus::Running
+        };
+        if run_status != want_run {
+            out.push(format!(
+                "ledger of {agent}: run is {run_status:?}, {want_run:?} expected (a call at the replay limit: {exhausted})"
+            ));
+        }
+        out
+    }
+
+    /// Each live agent's session record as the process sees it on disk
+    /// (read outside the I/O trace: no point is added to the run), and
+    /// what is wrong with a record beyond the model's fields: missing,
+    /// unreadable, or naming another agent or session.
+    fn records(&self, rs: &RuntimeState) -> (BTreeMap<String, Record>, Vec<String>) {
+        let is_record = |p: &Path| p.file_name().is_some_and(|n| n == SESSION_FILE);
+        let disk = self.fs.disk_image_where(is_record);
+        let mut records = BTreeMap::new();
+        let mut bad = Vec::new();
+        for (id, view) in &rs.agents {
+            let path = Path::new(super::ROOT)
+                .join("agents")
+                .join(view.session_id.as_str())
+                .join(SESSION_FILE);
+            let Some(bytes) = disk.get(&path) else {
+                bad.push(format!(
+                    "{}: the live agent {}'s record is missing",
+                    path.display(),
+                    view.name
+                ));
+                continue;
+            };
+            match serde_json::from_slice::<SessionRecord>(bytes) {
+                Ok(r) => {
+                    if r.agent_id != *id || r.session_id != view.session_id {
+                        bad.push(format!(
+                            "{}: the record of {} names agent {} and session {}",
+                            path.display(),
+                            view.name,
+                            r.agent_id,
+                            r.session_id
+                        ));
+                    }
+                    let record = Record {
+                        schema_version: r.schema_version,
+                        provider: r.provider,
+                        model: r.model,
+                        active: r.state == SessionState::Active,
+                    };
+                    if r.state == SessionState::Terminated {
+                        bad.push(format!(
+                            "{}: the live agent {}'s record is TERMINATED",
+                            path.display(),
+                            view.name
+                        ));
+                    }
+                    records.insert(view.name.clone(), record);
+                }
+                Err(e) => bad.push(format!("{}: unreadable record: {e}", path.display())),
+            }
+        }
+        (records, bad)
+    }
+
+    /// Learn which agent each delivered effect's idempotency key belongs
+    /// to: the session whose event log holds the durable decision
+    /// (`round.decided`) that carries it (I6: every delivery has one), by
+    /// the agent its record names. A key two sessions' decisions carry is
+    /// no one's (`?a+b`): keys are per agent, so it shows as a difference.
+    fn attribute(&mut self) {
+        let wanted = |p: &Path| {
+            p.file_name()
+                .is_some_and(|n| n == SESSION_FILE || n == "events.jsonl")
+        };
+        let disk = self.fs.disk_image_where(wanted);
+        let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (path, bytes) in &disk {
+            if path.file_name().is_some_and(|n| n != "events.jsonl") {
+                continue;
+            }
+            let owner = disk
+                .get(&path.with_file_name(SESSION_FILE))
+                .and_then(|b| serde_json::from_slice::<SessionRecord>(b).ok())
+                .and_then(|r| self.names.get(&r.agent_id).cloned())
+                .unwrap_or_else(|| format!("?{}", path.display()));
+            let lines = bytes.split(|b| *b == b'\n');
+            for line in lines.filter(|l| l.windows(15).any(|w| w == b"\"round.decided\"")) {
+                if let Ok(LogEntry {
+                    event: Event::RoundDecided { calls, .. },
+                    ..
+                }) = LogEntry::parse(line)
+                {
+                    for call in calls {
+                        seen.entry(call.idempotency_key)
+                            .or_default()
+                            .insert(owner.clone());
+                    }
+                }
+            }
+        }
+        for (key, owners) in seen {
+            let owner = owners.into_iter().collect::<Vec<_>>().join("+");
+            self.owners.insert(
+                key,
+                if owner.contains('+') {
+                    format!("?{owner}")
+                } else {
+                    owner
+                },
+            );
+        }
     }
 
     /// The event logs as the process sees them (for the log invariant):

@@ -396,7 +396,7 @@ impl Exec {
         let full_outbox = state.outbox.clone();
         // Residency too: the model's LRU evicts as the runtime's slots do.
         let mut recovered = state.clone();
-        let mut expected = self.model.state.clone();
+        let mut expected = self.model.expected();
         // Effects of unknown fate (R4) are compared by the oracle and I4
         // only; one that shows up now becomes known.
         let maybe = &self.model.maybe_effects;

@@ -78,7 +78,32 @@ pub struct State {
     /// checkpoint: what a resumed loop reloads.
     #[serde(default)]
     pub loop_messages: Vec<String>,
+    /// Each live agent's session record (`session.json`) as the disk
+    /// holds it. Derived, never kept: the model's own state leaves it
+    /// empty and [`Model::expected`] fills it from the rule
+    /// ([`Model::records`]) where a state is compared.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub records: BTreeMap<String, Record>,
 }
+
+/// A session record's fields the harness can predict (the provider's
+/// blob and the write time are the runtime's business).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Record {
+    pub schema_version: u32,
+    pub provider: String,
+    pub model: String,
+    /// ACTIVE exactly while the session holds a provider slot; SUSPENDED
+    /// otherwise (a live agent's record is never TERMINATED).
+    pub active: bool,
+}
+
+/// The version this build writes session records with: a record of any
+/// other version on disk was not written by this run.
+pub const RECORD_VERSION: u32 = 2;
+/// The scripted provider's names ([`crate::standins::ScriptedProvider`]),
+/// which every record of a system booted with it carries.
+pub const PROVIDER: (&str, &str) = ("scripted", "scripted-1");
 
 /// A resolved operation: concrete names and payloads, ready for both the
 /// model and the runtime.
@@ -200,11 +225,51 @@ pub fn round_messages(round: u64, tools: u8) -> Vec<String> {
 /// Longer scripts (from `arbitrary`) are cut.
 pub const MAX_TOOLS_PER_TURN: usize = 3;
 
-/// The idempotency key of the `index`-th tool of the turn with `prompt`:
-/// prompts are unique, so a duplicate in the outbox is a real double side
-/// effect.
-pub fn effect_key(prompt: &str, index: usize) -> String {
+/// How the tool-call ledger (seed 004) must hold one tool call of a turn
+/// the runtime answered: settled — `succeeded` exactly when its result
+/// was ok —, classed irreversible exactly when it acts on the world, and
+/// never replayed. The session's run is `running`. What a crash may
+/// change (oracle R9): a failing reversible call of a turn re-run after a
+/// crash that caught it in flight is replayed, once per such crash; each
+/// failed replay is counted on the call, which then stays `running`, and
+/// the run waits for a human once a call reaches [`MAX_REPLAYS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerCall {
+    pub irreversible: bool,
+    pub succeeded: bool,
+}
+
+/// Failed replays of one call before its run waits for a human (the
+/// system's tool-call ledger is built with the default limit, 3).
+pub const MAX_REPLAYS: u32 = 3;
+
+/// The ledger's calls of a turn asked with `tools`, in order: its tool
+/// steps (orchestration calls are the runtime's own, not in the ledger).
+pub fn ledger_calls(tools: &[ToolStep]) -> Vec<LedgerCall> {
+    tools
+        .iter()
+        .filter(|t| t.orch.is_none())
+        .map(|t| LedgerCall {
+            irreversible: t.irreversible,
+            succeeded: t.ok,
+        })
+        .collect()
+}
+
+/// The logical action the `index`-th tool of the turn with `prompt` asks
+/// for (the call's `key` argument, what the world counts an effect by).
+/// Every agent that runs the prompt asks for it with the same arguments:
+/// a twin turn ([`crate::op::Op::TwinTurn`]) makes the same call.
+pub fn call_key(prompt: &str, index: usize) -> String {
     format!("{prompt}#{index}")
+}
+
+/// The effect the `index`-th tool of `agent`'s turn with `prompt` has on
+/// the world: agent-scoped, since two agents' identical calls are two
+/// effects (a prompt runs at most once per agent, so within an agent a
+/// duplicate in the outbox is a real double side effect).
+pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
+    format!("{agent}/{}", call_key(prompt, index))
 }
 
 /// A turn's prompt: unique (`p<n>`) and carrying the tool script, so the
@@ -491,7 +556,7 @@ impl Model {
             });
         }
         for (i, t) in tools.iter().enumerate() {
-            let key = effect_key(prompt, i);
+            let key = effect_key(agent, prompt, i);
             // A resumed turn reuses its keys: the ledger never sends a
             // key twice, and one of unknown fate stays unknown.
             if t.irreversible
@@ -672,6 +737,7 @@ impl Model {
                     reads,
                 }
             }
+            Op::TwinTurn { agent, of } => return self.resolve_twin(agent.0, *of),
             Op::SendMessage { from, to } => Action::SendMessage {
                 from: pick(&all, from.0)?.clone(),
                 to: pick(&all, to.0)?.clone(),
@@ -735,6 +801,46 @@ impl Model {
                 tools: tools % 3,
             },
             Op::Crash { .. } | Op::Fault { .. } | Op::Recover => return None,
+        })
+    }
+
+    /// A twin turn ([`Op::TwinTurn`]): the `of`-th completed turn without
+    /// orchestration calls (over all agents, in name order) is run again
+    /// by another live agent, the `agent`-th of those that never ran that
+    /// prompt (completed, or rolled back and awaiting `resume_turn`): the
+    /// same prompt, so the same calls word for word. A spawn or a send is
+    /// named by its prompt, so a turn with one is never twinned.
+    fn resolve_twin(&self, agent: u8, of: u8) -> Option<Action> {
+        let sources: Vec<(&String, &Turn)> = self
+            .state
+            .agents
+            .iter()
+            .flat_map(|(name, a)| a.turns.iter().map(move |t| (name, t)))
+            .filter(|(_, t)| !t.tools.is_empty() && orch_calls(&t.prompt).is_empty())
+            .collect();
+        let (source, turn) = *sources.get(usize::from(of) % sources.len().max(1))?;
+        let ran = |name: &String, a: &Agent| {
+            a.turns.iter().any(|t| t.prompt == turn.prompt)
+                || matches!(self.lost_turns.get(name), Some(Action::RunTurn { prompt, .. }) if *prompt == turn.prompt)
+        };
+        let twins: Vec<&String> = self
+            .state
+            .agents
+            .iter()
+            .filter(|(name, a)| *name != source && !ran(name, a))
+            .map(|(name, _)| name)
+            .collect();
+        Some(Action::RunTurn {
+            agent: pick(&twins, agent)?.clone(),
+            prompt: turn.prompt.clone(),
+            // As the script asks them (rounds, lost answers): the
+            // recorded turn keeps only what it did.
+            tools: parse_script(&turn.prompt)
+                .into_iter()
+                .map(|(_, t, _)| t)
+                .collect(),
+            response: turn.response.clone(),
+            reads: false,
         })
     }
 
@@ -1003,6 +1109,36 @@ impl Model {
         }
         m.counter += 1;
         Some(m)
+    }
+
+    /// Every live agent's session record as the runtime must have
+    /// written it: the current version, the provider the system was
+    /// booted with, and the residency the model predicts — each change of
+    /// slot (a create, an LRU eviction, a turn's or a restore's
+    /// acquisition, an evict, a restart) is written through to the record
+    /// before the op is acknowledged.
+    pub fn records(&self) -> BTreeMap<String, Record> {
+        self.state
+            .agents
+            .iter()
+            .map(|(name, a)| {
+                let record = Record {
+                    schema_version: RECORD_VERSION,
+                    provider: PROVIDER.0.to_string(),
+                    model: PROVIDER.1.to_string(),
+                    active: a.status == Status::Resident,
+                };
+                (name.clone(), record)
+            })
+            .collect()
+    }
+
+    /// The state to compare a projection with: the acknowledged state and
+    /// what derives from it ([`Model::records`]).
+    pub fn expected(&self) -> State {
+        let mut state = self.state.clone();
+        state.records = self.records();
+        state
     }
 
     /// Set the clock to op number `step`'s time (the driver's
