@@ -13,9 +13,6 @@
 //! - [`runtime`]: the orchestrator: agents, tree, inbox, turns, tools.
 //! - [`recovery`]: the one recovery procedure.
 //! - [`system`]: the one composition and its boot ([`system::System::boot`]).
-//! - `daemon` (feature `fakes`): the simulated concurrent workload the madsim
-//!   simulation runs (tokio; madsim under `--cfg madsim`); the product's
-//!   daemon is `durable-agent serve` (the `app` crate).
 //! - [`worker`]: the daemon's logic once, sans-IO: API requests, scheduler
 //!   passes and call results in; calls and replies out. `serve` and the
 //!   madsim simulation are its two drivers.
@@ -23,8 +20,6 @@
 
 pub mod canary;
 pub mod checksum;
-#[cfg(feature = "fakes")]
-pub mod daemon;
 pub mod fs;
 pub mod log;
 pub mod recovery;
