@@ -183,4 +183,26 @@ mod sim {
             &["is lost", "is corrupt", "is gone", "not durable", "boot"],
         );
     }
+
+    /// A core canary: the worker acks a trigger DONE as its turn starts. A
+    /// crash (or the horizon) mid-turn leaves DONE with the work unfinished.
+    #[test]
+    fn canary_trigger_acked_before_its_turn_is_caught() {
+        let plans = (500..=519).map(|seed| SimPlan::new(seed, 3, 6 * 60_000, 2));
+        let seed = caught(
+            Canary::TriggerAckedBeforeTurn,
+            plans,
+            &["acked before its effects"],
+        );
+        eprintln!("TriggerAckedBeforeTurn caught with seed {seed}");
+    }
+
+    /// A core canary: a schedule bucket's trigger without its dedup key. A
+    /// restart inside the bucket emits it again: the bucket fires twice.
+    #[test]
+    fn canary_schedule_bucket_refired_after_a_restart_is_caught() {
+        let plans = (600..=619).map(|seed| SimPlan::new(seed, 3, 6 * 60_000, 2));
+        let seed = caught(Canary::ScheduleBucketWithoutKey, plans, &["(fires twice)"]);
+        eprintln!("ScheduleBucketWithoutKey caught with seed {seed}");
+    }
 }

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::canary::Canary;
 use crate::fs::{Fs, OpenMode};
 use crate::store::triggers::{TriggerSource, TriggerSpec};
 use crate::store::StoreError;
@@ -259,7 +260,10 @@ impl Schedules {
             let key = schedule.key(bucket);
             let spec = TriggerSpec {
                 source: TriggerSource::Scheduled,
-                dedup_key: Some(key.clone()),
+                // The bucket's key is what makes it fire once across restarts
+                // (the canary drops it: keyed by row id, re-fired after one).
+                dedup_key: (!system.config().canaries.has(Canary::ScheduleBucketWithoutKey))
+                    .then(|| key.clone()),
                 session_id: None,
                 fire_at_ms: bucket.saturating_mul(schedule.period_ms),
                 priority: 0,

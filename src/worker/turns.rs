@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::canary::Canary;
 use crate::runtime::{CallResult, OutsideCall, RuntimeError, Started, TurnStep, TurnTask};
 use crate::system::{Fired, System, SystemError};
 
@@ -43,8 +44,9 @@ pub enum End {
         prepared: PreparedTurn,
         request: RequestId,
     },
-    /// A trigger's turn: ack the claim.
-    Fire { claimed: Claimed },
+    /// A trigger's turn: ack the claim (`acked`: already acked, only
+    /// under the `TriggerAckedBeforeTurn` canary).
+    Fire { claimed: Claimed, acked: bool },
 }
 
 #[derive(Debug)]
@@ -140,17 +142,12 @@ impl Turns {
                 self.answers.push_back((request, answer));
                 fatal.map_or(Ok(()), Err)
             }
-            End::Fire { claimed } => {
+            End::Fire { claimed, acked } => {
                 let fired = ended.map(|o| Fired::Ran {
                     tool_calls: o.tool_calls.len(),
                 });
-                end_fire(
-                    system,
-                    lifecycle,
-                    &turn.scope,
-                    &claimed,
-                    fired.map_err(SystemError::Runtime),
-                )
+                let fired = fired.map_err(SystemError::Runtime);
+                end_fire(system, lifecycle, &turn.scope, &claimed, fired, acked)
             }
         }
     }
@@ -201,7 +198,14 @@ impl Turns {
         let scope = lifecycle.turn_started(system, &c.agent, &System::trigger_work(&c.claim));
         let fired = match started {
             Ok(Started::Running(task, TurnStep::Call(call))) => {
-                self.launch(StartedTurn { task, call, scope }, End::Fire { claimed });
+                let acked = system.config().canaries.has(Canary::TriggerAckedBeforeTurn);
+                if acked {
+                    // The bug: DONE before the turn's effects are durable.
+                    system
+                        .ack_fire(&claimed.claim, Fired::Ran { tool_calls: 0 })
+                        .map_err(|e| OpError::UnknownOutcome(e.to_string()))?;
+                }
+                self.launch(StartedTurn { task, call, scope }, End::Fire { claimed, acked });
                 return Ok(());
             }
             Ok(Started::Running(_, TurnStep::Done(o))) => Ok(Fired::Ran {
@@ -210,20 +214,25 @@ impl Turns {
             Ok(Started::AlreadyDone) => Ok(Fired::AlreadyDone),
             Err(e) => Err(e),
         };
-        end_fire(system, lifecycle, &scope, &claimed, fired)
+        end_fire(system, lifecycle, &scope, &claimed, fired, false)
     }
 }
 
-/// A trigger's turn ended: ack it DONE (proving the lease) or settle the
-/// failure ([`ops::settle_fire`]), and report `turn_end`.
+/// A trigger's turn ended: ack it DONE (proving the lease; unless it was
+/// `acked` already) or settle the failure ([`ops::settle_fire`]), and
+/// report `turn_end`.
 fn end_fire(
     system: &mut System,
     lifecycle: &dyn Lifecycle,
     scope: &TurnScope,
     claimed: &Claimed,
     fired: Result<Fired, SystemError>,
+    acked: bool,
 ) -> Result<(), OpError> {
-    let outcome = fired.and_then(|fired| system.ack_fire(&claimed.claim, fired));
+    let outcome = match acked {
+        true => fired,
+        false => fired.and_then(|fired| system.ack_fire(&claimed.claim, fired)),
+    };
     lifecycle.turn_ended(
         scope,
         outcome

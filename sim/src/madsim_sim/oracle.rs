@@ -17,9 +17,11 @@
 //! - **D4 triggers settle**: a trigger due more than `settle_ms` before the
 //!   end is DONE, DEAD or FAILED; a DONE trigger's turn is durable (its
 //!   effects before its ack).
-//! - **D5 timing**: a trigger's turn never starts before its fire time; a
-//!   schedule bucket's turn starts at most once (D3) and never before its
-//!   bucket.
+//! - **D5 timing**: a trigger's turn never starts before its fire time,
+//!   and starts within `poll_ms + lease_ms` of it unless the daemon was
+//!   down meanwhile; a schedule bucket is emitted (and fires) once, never
+//!   before its bucket; after a failed attempt a trigger's turn starts
+//!   again no sooner than the policy's backoff for that many failures.
 //! - **Invariants**: `Runtime::check_invariants`, the on-disk
 //!   `recovery::check_invariants` and the fuzzer's log check are clean.
 //!
@@ -64,6 +66,10 @@ pub struct FinalView {
     pub completed: BTreeSet<(String, String)>,
     /// Schedule ids defined.
     pub schedules: BTreeSet<String>,
+    /// Trigger rows per (schedule, bucket), from their payloads.
+    pub buckets: BTreeMap<(String, u64), usize>,
+    /// Trigger rows per dedup key (the store keeps one).
+    pub rows_per_key: BTreeMap<String, usize>,
     pub runtime_violations: Vec<String>,
     pub disk_violations: Vec<String>,
     /// Logical time of the final crash.
@@ -90,8 +96,26 @@ pub fn works_to_check(events: &[(u64, Event)]) -> BTreeSet<(String, String)> {
     works
 }
 
+/// What the oracle needs to know of the plan and the run.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    pub settle_ms: u64,
+    /// A due trigger's turn starts within this much of its fire time.
+    pub fire_bound_ms: u64,
+    /// When the daemon was down (killed or stopped .. restarted).
+    pub down: Vec<(u64, u64)>,
+    pub policy: durable_agent::store::triggers::TriggerPolicy,
+}
+
+impl Bounds {
+    fn down_between(&self, from: u64, to: u64) -> bool {
+        self.down.iter().any(|(a, b)| *a <= to && *b >= from)
+    }
+}
+
 /// Every violation found (empty: the run kept every guarantee).
-pub fn check(events: &[(u64, Event)], view: &FinalView, settle_ms: u64) -> Vec<String> {
+pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<String> {
+    let settle_ms = bounds.settle_ms;
     let mut bad = Vec::new();
     bad.extend(
         view.runtime_violations
@@ -126,6 +150,7 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, settle_ms: u64) -> Vec<S
     let mut ran: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
     let mut acked_works: BTreeMap<(&str, String), u64> = BTreeMap::new();
     let mut emitted: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut emitted_at: BTreeMap<&str, u64> = BTreeMap::new();
     let mut first_start: BTreeMap<&str, u64> = BTreeMap::new();
     for (at, event) in events {
         match event {
@@ -150,6 +175,7 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, settle_ms: u64) -> Vec<S
                 Op::Emit { key, .. } => {
                     let fire_at = reply["fire_at_ms"].as_u64().unwrap_or(*at);
                     emitted.insert(key, fire_at);
+                    emitted_at.entry(key).or_insert(*at);
                 }
                 Op::AddSchedule { id, .. }
                     if !schedule_deletes.contains(id.as_str()) && !view.schedules.contains(id) =>
@@ -233,14 +259,43 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, settle_ms: u64) -> Vec<S
             ));
         }
         let work = format!("trigger:{key}");
-        if let Some(started) = first_start.get(work.as_str()) {
-            if started < fire_at {
-                bad.push(format!(
-                    "D5: trigger {key} due at {fire_at} ms started at {started} ms"
-                ));
+        let due = (*fire_at).max(emitted_at.get(key).copied().unwrap_or(0));
+        match first_start.get(work.as_str()) {
+            Some(started) if started < fire_at => {
+                bad.push(format!("D5: trigger {key} due at {fire_at} ms started at {started} ms"))
             }
+            Some(started)
+                if *started > due + bounds.fire_bound_ms && !bounds.down_between(due, *started) =>
+            {
+                bad.push(format!(
+                    "D5: trigger {key} due at {due} ms started only at {started} ms (bound {} ms, the daemon up)",
+                    bounds.fire_bound_ms
+                ))
+            }
+            None if view.end_ms > due + bounds.fire_bound_ms
+                && !bounds.down_between(due, due + bounds.fire_bound_ms) =>
+            {
+                bad.push(format!(
+                    "D5: trigger {key} due at {due} ms never started (bound {} ms, the daemon up)",
+                    bounds.fire_bound_ms
+                ))
+            }
+            _ => {}
         }
     }
+    for ((schedule, bucket), n) in &view.buckets {
+        if *n > 1 {
+            bad.push(format!(
+                "D5: schedule {schedule} bucket {bucket} was emitted {n} times (fires twice)"
+            ));
+        }
+    }
+    for (key, n) in &view.rows_per_key {
+        if *n > 1 {
+            bad.push(format!("D1: trigger key {key} has {n} rows (runs {n} times)"));
+        }
+    }
+    check_backoff(events, bounds, &mut bad);
     for (key, row) in &view.triggers {
         let Some(agent) = &row.agent else { continue };
         if row.status == "DONE"
@@ -269,4 +324,43 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, settle_ms: u64) -> Vec<S
         }
     }
     bad
+}
+
+/// After its k-th failed attempt a trigger's turn starts again no sooner
+/// than `backoff_ms(k)` (attempts ≥ failures seen: a lower bound), unless
+/// a crash, stop, human retry or confirmation came in between (those
+/// re-pend or reclaim it at once, by design).
+fn check_backoff(events: &[(u64, Event)], bounds: &Bounds, bad: &mut Vec<String>) {
+    let mut failures: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+    let mut human_at = 0u64;
+    for (at, e) in events {
+        match e {
+            Event::Sent {
+                op: Op::RetryTrigger { .. } | Op::Confirm { .. },
+                ..
+            } => human_at = *at,
+            Event::TurnEnded {
+                work,
+                error: Some(error),
+                ..
+            } if work.starts_with("trigger:") && error.contains("provider") => {
+                let entry = failures.entry(work).or_insert((0, 0));
+                *entry = (entry.0 + 1, *at);
+            }
+            Event::TurnStarted { work, .. } => {
+                let Some((n, failed_at)) = failures.get(work.as_str()).copied() else {
+                    continue;
+                };
+                let earliest = failed_at + bounds.policy.backoff_ms(n);
+                if *at < earliest && human_at < failed_at && !bounds.down_between(failed_at, *at) {
+                    bad.push(format!(
+                        "D5: {work} started again at {at} ms, {} ms after failure {n} (backoff {} ms)",
+                        at - failed_at,
+                        bounds.policy.backoff_ms(n)
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
 }

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::clients::run_client;
 use super::node::{boot_and_run, NodeCtx};
-use super::oracle::{check, works_to_check, AgentMessages, FinalView, TriggerRow};
+use super::oracle::{check, works_to_check, AgentMessages, Bounds, FinalView, TriggerRow};
 use super::{fnv1a, CrashRecord, Recorder, SimClock, SimOutcome, SimPlan, FNV_START};
 
 /// SQLite's PRNG is process-global: runs in one process take turns.
@@ -197,7 +197,16 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
     let events = ctx.recorder.events();
     let view = final_view(&ctx, end_ms, &events);
     let mut violations = ctx.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    violations.extend(check(&events, &view, plan.settle_ms));
+    let bounds = Bounds {
+        settle_ms: plan.settle_ms,
+        fire_bound_ms: plan.poll_ms + plan.lease_ms,
+        down: crashes
+            .iter()
+            .map(|c| (c.at_ms, c.restarted_ms + 1_000))
+            .collect(),
+        policy: plan.trigger_policy,
+    };
+    violations.extend(check(&events, &view, &bounds));
     let hash = [ctx.fs.trace_hash(), ctx.fs.image_hash(), ctx.recorder.hash()]
         .iter()
         .fold(FNV_START, |h, x| fnv1a(h, &x.to_le_bytes()));
@@ -303,6 +312,14 @@ fn read_stores(
                     agent,
                     work: System::trigger_work(&t),
                 };
+                if let (Some(schedule), Some(bucket)) =
+                    (t.payload["schedule"].as_str(), t.payload["bucket"].as_u64())
+                {
+                    *view.buckets.entry((schedule.to_string(), bucket)).or_insert(0) += 1;
+                }
+                if let Some(key) = &t.dedup_key {
+                    *view.rows_per_key.entry(key.clone()).or_insert(0) += 1;
+                }
                 view.triggers.insert(t.dedup_key.clone().unwrap_or(t.id), row);
             }
         }
