@@ -45,7 +45,16 @@ mod sim {
         std::env::var("MADSIM_TEST_SEED").is_err() && std::env::var("MADSIM_TEST_SEEDS").is_err()
     }
 
+    /// `DA_SIM_TRACE=<text>`: print the trace's events whose text holds it.
     fn assert_clean(out: &SimOutcome) {
+        if let Ok(needle) = std::env::var("DA_SIM_TRACE") {
+            for (at, e) in &out.events {
+                let text = format!("{e:?}");
+                if text.contains(&needle) {
+                    eprintln!("{at:>8} {text}");
+                }
+            }
+        }
         assert!(out.violations.is_empty(), "{}", out.report());
     }
 

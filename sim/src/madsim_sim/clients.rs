@@ -170,6 +170,32 @@ impl Client {
         }
     }
 
+    /// Answer the first key `status` lists as needing confirmation, as an
+    /// honest human would: look it up in the world (their outbox) and say
+    /// what happened; now and then abandon it instead.
+    async fn confirm_from(&mut self, status: &Value) {
+        let Some(key) = status["needs_confirmation"][0]["idem_key"].as_str() else {
+            return;
+        };
+        let key = key.to_string();
+        let (delivered, provider_ref) = match self.ctx.world.honest_answer(&key) {
+            Resolution::Delivered { provider_ref } => (true, Some(provider_ref)),
+            _ => (false, None),
+        };
+        let abandon = self.rng.random_bool(0.2);
+        let op = Op::Confirm {
+            key: key.clone(),
+            delivered,
+        };
+        let request = Request::Confirm(ConfirmRequest {
+            idem_key: key,
+            delivered,
+            provider_ref,
+            abandon,
+        });
+        self.call(op, request).await;
+    }
+
     async fn one(&mut self) {
         let roll = self.rng.random_range(0..100u32);
         match roll {
@@ -260,29 +286,8 @@ impl Client {
                 self.call(op, Request::DeleteSchedule(id)).await;
             }
             84..=89 => {
-                let Some(status) = self.status().await else { return };
-                let key = status["needs_confirmation"][0]["idem_key"]
-                    .as_str()
-                    .map(str::to_string);
-                if let Some(key) = key {
-                    // An honest human: looks the key up in the world (their
-                    // outbox) and says what happened; sometimes abandons it.
-                    let (delivered, provider_ref) = match self.ctx.world.honest_answer(&key) {
-                        Resolution::Delivered { provider_ref } => (true, Some(provider_ref)),
-                        _ => (false, None),
-                    };
-                    let abandon = self.rng.random_bool(0.2);
-                    let op = Op::Confirm {
-                        key: key.clone(),
-                        delivered,
-                    };
-                    let request = Request::Confirm(ConfirmRequest {
-                        idem_key: key,
-                        delivered,
-                        provider_ref,
-                        abandon,
-                    });
-                    self.call(op, request).await;
+                if let Some(status) = self.status().await {
+                    self.confirm_from(&status).await;
                 }
             }
             90..=95 => {
@@ -306,7 +311,10 @@ impl Client {
                 self.call(Op::Gc, request).await;
             }
             _ => {
-                self.status().await;
+                // A human reads the status and answers what waits for them.
+                if let Some(status) = self.status().await {
+                    self.confirm_from(&status).await;
+                }
             }
         }
     }

@@ -119,6 +119,8 @@ pub struct SimPlan {
     pub lease_ms: u64,
     pub slots: usize,
     pub trigger_policy: TriggerPolicy,
+    /// Wake-ups for pending messages (`[orchestration] wake`).
+    pub wake: bool,
     pub recurring: Vec<Recurring>,
     /// Known bugs to re-introduce; empty for the guarantees' runs.
     pub canaries: Canaries,
@@ -128,6 +130,9 @@ pub struct SimPlan {
     pub crashes: u32,
     /// Stops (SIGTERM, drained) during the run.
     pub stops: u32,
+    /// Sends whose answer the world loses (delivered or not), spread over
+    /// the run.
+    pub lost_answers: u32,
     /// Where crash and stop instants are drawn from (logical ms).
     pub crash_window_ms: (u64, u64),
     /// Time the node stays down after a crash or stop.
@@ -160,6 +165,7 @@ impl SimPlan {
                 overdue_grace_ms: 1_000,
                 ..TriggerPolicy::default()
             },
+            wake: true,
             recurring: vec![Recurring {
                 id: "digest".into(),
                 agent: 0,
@@ -169,6 +175,7 @@ impl SimPlan {
             horizon_ms,
             crashes,
             stops: 1,
+            lost_answers: 6,
             crash_window_ms: (
                 horizon_ms / 20,
                 horizon_ms.saturating_sub(settle_ms + 60_000).max(horizon_ms / 2),

@@ -144,9 +144,44 @@ fn draw(rng: &mut ChaCha8Rng, (lo, hi): (u64, u64)) -> u64 {
     }
 }
 
-/// Boot and drive the worker until it fails, the node is killed, or a
-/// stop drained it.
+/// How a run of the worker ended.
+enum Exit {
+    /// An unknown outcome stopped it (the process exits 1).
+    Failed,
+    /// A stop drained it, or boot refused the root.
+    Ended,
+}
+
+/// How long the service manager waits before restarting a daemon that
+/// exited on an unknown outcome (systemd's `RestartSec`).
+const RESTART_MS: u64 = 5_000;
+
+/// The daemon process under a service manager: boot and drive the worker;
+/// when an unknown outcome stops it (fail-stop, exit 1), the process is
+/// gone — its call tasks with it — and is started again, which boots and
+/// recovers. A stop, or a crash the supervisor armed, ends it for good.
 pub(super) async fn boot_and_run(ctx: NodeCtx) {
+    loop {
+        match run_once(&ctx).await {
+            Exit::Failed if !ctx.fs.crashed() && !ctx.stop.load(Ordering::SeqCst) => {
+                tokio::time::sleep(Duration::from_millis(RESTART_MS)).await;
+            }
+            Exit::Failed => {
+                // Dying anyway (a crash is armed) or asked to stop: idle
+                // until the supervisor's kill or stop.
+                while !ctx.stop.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                ctx.ended.store(true, Ordering::SeqCst);
+                return;
+            }
+            Exit::Ended => return,
+        }
+    }
+}
+
+/// Boot and drive the worker until it fails, or a stop drained it.
+async fn run_once(ctx: &NodeCtx) -> Exit {
     let boot = ctx.boots.fetch_add(1, Ordering::SeqCst);
     let fs: Arc<dyn Fs> = Arc::new(ctx.fs.clone());
     let booted = System::boot(
@@ -156,10 +191,13 @@ pub(super) async fn boot_and_run(ctx: NodeCtx) {
     );
     let system = match booted {
         Ok((system, _report)) => system,
+        // The process died booting (a crash the supervisor armed).
+        Err(_) if ctx.fs.crashed() => return Exit::Failed,
         Err(e) => {
             // The process exits with the boot's error.
             ctx.ended.store(true, Ordering::SeqCst);
-            return ctx.note(format!("boot {boot} failed: {e}"));
+            ctx.note(format!("boot {boot} failed: {e}"));
+            return Exit::Ended;
         }
     };
     *ctx.watch.lock().unwrap_or_else(|p| p.into_inner()) = system.db_watch();
@@ -169,7 +207,8 @@ pub(super) async fn boot_and_run(ctx: NodeCtx) {
         Err(e) => {
             // A crash can leave no schedules file, never a broken one.
             ctx.ended.store(true, Ordering::SeqCst);
-            return ctx.note(format!("boot {boot}: schedules: {e}"));
+            ctx.note(format!("boot {boot}: schedules: {e}"));
+            return Exit::Ended;
         }
     };
     let plan = &ctx.plan;
@@ -177,7 +216,9 @@ pub(super) async fn boot_and_run(ctx: NodeCtx) {
         poll_ms: plan.poll_ms,
         lease_ms: plan.lease_ms,
         slots: plan.slots,
-        wake: false,
+        // Wake-ups on: a pending message gets its MESSAGE trigger and the
+        // turn that reads it (what `[orchestration] wake` does in serve).
+        wake: plan.wake,
         gc: None,
         gc_period_ms: 60_000,
     };
@@ -193,6 +234,8 @@ pub(super) async fn boot_and_run(ctx: NodeCtx) {
     let mut rng = ChaCha8Rng::seed_from_u64(plan.seed ^ u64::from(boot).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut replies: BTreeMap<u64, oneshot::Sender<Result<Value, OpError>>> = BTreeMap::new();
     let mut next_request = 1u64;
+    // The call tasks of this process: gone with it if it exits.
+    let calls = std::cell::RefCell::new(Vec::new());
     let act = |worker: &mut Worker, replies: &mut BTreeMap<u64, _>, rng: &mut ChaCha8Rng| {
         while let Some(action) = worker.poll_action() {
             match action {
@@ -205,11 +248,11 @@ pub(super) async fn boot_and_run(ctx: NodeCtx) {
                 Action::Call(call) => {
                     let latency = draw(rng, plan.latency_ms);
                     let (outside, back) = (outside.clone(), back.clone());
-                    tokio::spawn(async move {
+                    calls.borrow_mut().push(tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_millis(latency)).await;
                         let result = outside.perform(&call.call);
                         let _ = back.send((call.turn, result));
-                    });
+                    }));
                 }
             }
         }
@@ -242,14 +285,25 @@ pub(super) async fn boot_and_run(ctx: NodeCtx) {
     ctx.set_inbox(None);
     if let Some(e) = failed {
         ctx.record(Event::Failed { cause: e.to_string() });
-        // Fail-stop: the worker takes nothing more; the process ends at
-        // the next stop (or dies at the next crash).
-        drop(worker);
-        while !ctx.stop.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        // Fail-stop: the process exits; its calls die with it, and its
+        // database is closed before anything boots again.
+        for call in calls.borrow_mut().drain(..) {
+            call.abort();
         }
-        ctx.ended.store(true, Ordering::SeqCst);
-        return;
+        drop(worker);
+        for _ in 0..1_000 {
+            if ctx
+                .watch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .upgrade()
+                .is_none()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        return Exit::Failed;
     }
     // SIGTERM: no new work; the calls out come back and are persisted.
     ctx.record(Event::Stopping);
@@ -275,4 +329,5 @@ pub(super) async fn boot_and_run(ctx: NodeCtx) {
     });
     drop(worker);
     ctx.ended.store(true, Ordering::SeqCst);
+    Exit::Ended
 }

@@ -298,7 +298,13 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<
     check_backoff(events, bounds, &mut bad);
     for (key, row) in &view.triggers {
         let Some(agent) = &row.agent else { continue };
+        // A wake-up whose message another turn read meanwhile runs no turn
+        // (acked as already done): its message delivered is its effect.
+        let read_elsewhere = key
+            .strip_prefix("wake:")
+            .is_some_and(|id| view.agents.get(agent).is_some_and(|a| a.delivered.contains(id)));
         if row.status == "DONE"
+            && !read_elsewhere
             && view.agents.contains_key(agent)
             && !view.completed.contains(&(agent.clone(), row.work.clone()))
         {
@@ -326,8 +332,8 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<
     bad
 }
 
-/// After its k-th failed attempt a trigger's turn starts again no sooner
-/// than `backoff_ms(k)` (attempts ≥ failures seen: a lower bound), unless
+/// After its k-th failed attempt in this boot a trigger's turn starts again
+/// no sooner than `backoff_ms(k)` (attempts ≥ failures seen: a lower bound), unless
 /// a crash, stop, human retry or confirmation came in between (those
 /// re-pend or reclaim it at once, by design).
 fn check_backoff(events: &[(u64, Event)], bounds: &Bounds, bad: &mut Vec<String>) {
@@ -338,7 +344,14 @@ fn check_backoff(events: &[(u64, Event)], bounds: &Bounds, bad: &mut Vec<String>
             Event::Sent {
                 op: Op::RetryTrigger { .. } | Op::Confirm { .. },
                 ..
-            } => human_at = *at,
+            } => {
+                // A human's retry resets the attempts it re-pends.
+                human_at = *at;
+                failures.clear();
+            }
+            // Failures a crash cut before their ack reached the store do
+            // not count there: count each boot's own.
+            Event::Booted { .. } => failures.clear(),
             Event::TurnEnded {
                 work,
                 error: Some(error),

@@ -18,7 +18,7 @@ use durable_agent::store::activities::{ActivityStatus, ActivityStore};
 use durable_agent::store::triggers::TriggerStore;
 use durable_agent::system::System;
 use durable_agent::worker::schedule::Schedules;
-use durable_agent::world::World;
+use durable_agent::world::{Scripted, World};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -127,6 +127,21 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
     for i in 0..plan.clients {
         clients.spawn(run_client(ctx.clone(), i));
     }
+    // The outside world's faults: now and then a send's answer is lost
+    // (delivered or not), which a world without idempotency keys leaves
+    // for a human to confirm.
+    let (world, lost, horizon) = (ctx.world.clone(), plan.lost_answers, plan.horizon_ms);
+    let mut world_rng = ChaCha8Rng::seed_from_u64(plan.seed ^ 0x0077_0e1d);
+    clients.spawn(async move {
+        for _ in 0..lost {
+            sleep_ms(world_rng.random_range(0..=horizon / u64::from(lost.max(1)))).await;
+            let answer = match world_rng.random_bool(0.5) {
+                true => Scripted::DeliverLoseReply,
+                false => Scripted::DropSilently,
+            };
+            world.script([answer]);
+        }
+    });
     let mut rng = ChaCha8Rng::seed_from_u64(plan.seed ^ 0x5eed_c4a5_11ed);
     // Each instant is a crash (true) or a stop (false).
     let mut instants: Vec<(u64, bool)> = Vec::new();
@@ -200,10 +215,7 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
     let bounds = Bounds {
         settle_ms: plan.settle_ms,
         fire_bound_ms: plan.poll_ms + plan.lease_ms,
-        down: crashes
-            .iter()
-            .map(|c| (c.at_ms, c.restarted_ms + 1_000))
-            .collect(),
+        down: down_windows(&crashes, &events),
         policy: plan.trigger_policy,
     };
     violations.extend(check(&events, &view, &bounds));
@@ -219,6 +231,31 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         violations,
         view,
     }
+}
+
+/// When the daemon was down: the supervisor's crashes and stops, and each
+/// fail-stop exit until the boot after it.
+fn down_windows(crashes: &[CrashRecord], events: &[(u64, super::Event)]) -> Vec<(u64, u64)> {
+    let mut down: Vec<(u64, u64)> = crashes
+        .iter()
+        .map(|c| (c.at_ms, c.restarted_ms + 1_000))
+        .collect();
+    let mut failed_at = None;
+    for (at, e) in events {
+        match e {
+            super::Event::Failed { .. } => failed_at = failed_at.or(Some(*at)),
+            super::Event::Booted { .. } => {
+                if let Some(from) = failed_at.take() {
+                    down.push((from, at + 1_000));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = failed_at {
+        down.push((from, u64::MAX));
+    }
+    down
 }
 
 /// Recover the disk once more (outside the node) and read what survived.
