@@ -36,6 +36,8 @@ pub mod effects;
 pub mod gc;
 pub mod ops;
 pub mod schedule;
+#[cfg(all(test, feature = "fakes"))]
+mod tests;
 pub mod turns;
 
 use std::marker::PhantomData;
