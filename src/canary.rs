@@ -70,11 +70,19 @@ pub enum Canary {
     /// idempotency key, and an irreversible call in flight can happen
     /// twice.
     ReaskDecidedRound,
+    /// The worker core acks a trigger DONE when its turn starts, before
+    /// the turn's effects are durable: a crash mid-turn leaves a DONE
+    /// trigger whose work never completed.
+    TriggerAckedBeforeTurn,
+    /// The worker core emits a schedule bucket's trigger without its
+    /// dedup key (keyed by row id): after a restart the bucket already
+    /// emitted is not found and fires again.
+    ScheduleBucketWithoutKey,
 }
 
 impl Canary {
     /// Every canary, in a stable order.
-    pub const ALL: [Canary; 18] = [
+    pub const ALL: [Canary; 20] = [
         Canary::NoFsyncBeforeRename,
         Canary::NoDirFsync,
         Canary::AckBeforeLog,
@@ -93,6 +101,8 @@ impl Canary {
         Canary::NoChecksumVerify,
         Canary::ConfirmationNotBlocking,
         Canary::ReaskDecidedRound,
+        Canary::TriggerAckedBeforeTurn,
+        Canary::ScheduleBucketWithoutKey,
     ];
 }
 

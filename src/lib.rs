@@ -13,15 +13,13 @@
 //! - [`runtime`]: the orchestrator: agents, tree, inbox, turns, tools.
 //! - [`recovery`]: the one recovery procedure.
 //! - [`system`]: the one composition and its boot ([`system::System::boot`]).
-//! - `daemon` (feature `fakes`): the simulated concurrent workload the madsim
-//!   simulation runs (tokio; madsim under `--cfg madsim`); the product's
-//!   daemon is `durable-agent serve` (the `app` crate).
+//! - [`worker`]: the daemon's logic once, sans-IO: API requests, scheduler
+//!   passes and call results in; calls and replies out. `serve` and the
+//!   madsim simulation are its two drivers.
 //! - [`world`]: the outside world's interface ([`world::Outbox`]).
 
 pub mod canary;
 pub mod checksum;
-#[cfg(feature = "fakes")]
-pub mod daemon;
 pub mod fs;
 pub mod log;
 pub mod recovery;
@@ -29,4 +27,5 @@ pub mod runtime;
 pub mod sqlite;
 pub mod store;
 pub mod system;
+pub mod worker;
 pub mod world;

@@ -1,71 +1,50 @@
-//! `durable-agent serve`: the daemon on a root. One worker thread boots and
-//! owns the [`System`] — every runtime and store call happens on it — and
-//! runs the scheduler between requests; the HTTP API (see [`crate::api`])
-//! hands each request to the worker over a channel and waits for its reply.
-//! A turn's provider and tool calls do not run on the worker: each goes out
-//! on a thread of its own and its result comes back over the same channel
-//! ([`crate::turns`]), so a completion that takes seconds stalls no other
-//! request, agent or trigger.
+//! `durable-agent serve`: one driver of the daemon core
+//! ([`durable_agent::worker::Worker`]), the other being the madsim
+//! simulation. One worker thread boots and owns the worker — every runtime
+//! and store call happens on it — and feeds it events: the requests the
+//! HTTP API (see [`crate::api`]) hands over a channel, the results of the
+//! calls it asked for, and a scheduler pass whenever the worker's timeout
+//! has passed (and after each event). The worker's actions go out from
+//! here: a provider or tool call runs on a thread of its own and its
+//! result comes back over the same channel, so a completion that takes
+//! seconds stalls no other request, agent or trigger; a reply goes to the
+//! request's waiting HTTP thread.
 //!
-//! Scheduler: every `poll_ms` (and after each request or call result) the
-//! worker claims the due triggers with a lease and starts each one's turn
-//! with [`System::start_fire`] (keyed by the work id `trigger:{dedup_key}`);
-//! when the turn ends the trigger is acked DONE, or — the provider failed —
-//! acked failed and retried with the trigger policy's backoff. A trigger
-//! whose agent is in another turn keeps its claim and waits for it. A
-//! claim left by a crash or a stop is reclaimed by the next boot, which
-//! holds the root lock, and its turn re-runs under the same work id: a
-//! completed turn is not run again, and the activity ledger decides every
-//! irreversible call it repeats.
+//! What the worker does (scheduler, leases, busy agents, backoff,
+//! schedules, wake-ups, GC, fail-stop) is documented in
+//! [`durable_agent::worker`]; nothing of it is decided here.
 //!
-//! Wake-ups (config `[orchestration] wake`, on whenever the model can
-//! `send_message`): before each pass, every pending message the worker
-//! has not yet emitted one for gets a MESSAGE trigger keyed by the
-//! message id (`wake:{id}`), whose turn reads that message
-//! ([`System::emit_wakeups`]): a crash neither loses a wake-up (the
-//! message stays pending and the next boot's first pass emits again) nor
-//! doubles one (the key deduplicates, the work runs once).
-//!
-//! Recurring schedules ([`crate::schedule`]) are loaded after boot and
-//! ticked before each scheduler pass: each due bucket becomes a trigger
-//! (dedup key `scheduled:{id}:{bucket}`) that this same pass fires.
-//!
-//! GC ([`crate::gc`], config `[gc]`): soon after boot and then every
-//! `period_ms`, the worker runs one GC pass between requests — settled
-//! rows collected after `ttl_ms`, settled bodies stripped after
-//! `payload_ttl_ms` — so no runtime step interleaves with it; what a turn
-//! still in flight may read back is kept by the system (its agent has an
-//! open turn), and its calls' ledger writes wait on the connection lock
-//! each pass transaction holds. A pass that fails with an unknown outcome
-//! stops the daemon like any other step; another failure is logged and
-//! the next period tries again.
-//!
-//! Invariant: the system is used by the worker thread only, one step at a
-//! time; an operation with an unknown outcome stops the daemon (fail-stop,
-//! exit 1) — restarting `serve` boots, and boot recovers. Shutdown on
-//! SIGINT/SIGTERM: the worker stops taking work, waits for the calls still
-//! out (a completion is abandoned at once, see [`crate::interrupt`]; a
-//! tool finishes its step) and persists their results, then stops; the
-//! API answers 503 until it is closed.
+//! Invariant: the worker is driven by the worker thread only; an event
+//! with an unknown outcome stops the daemon (fail-stop, exit 1) —
+//! restarting `serve` boots, and boot recovers. Shutdown on
+//! SIGINT/SIGTERM: the worker stops taking work, this thread waits for the
+//! calls still out (a completion is abandoned at once, see
+//! [`crate::interrupt`]; a tool finishes its step) and hands their results
+//! to the worker, which persists them, then stops; the API answers 503
+//! until it is closed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
-use durable_agent::system::{BootReport, System, WakeUps};
+use std::collections::BTreeMap;
+
+use durable_agent::runtime::{CallResult, OutsideCall, ProviderError, ToolError};
+use durable_agent::system::{BootReport, System};
+use durable_agent::worker::{Action, Call, Settings, Worker};
 use serde_json::{json, Value};
 
 use crate::access::{self, Gate, Token};
 use crate::api::{self, Refused};
 use crate::boot::{boot_watched, ApiKey, BootError};
 use crate::config::Config;
-use crate::gc::Ticker;
+use crate::inspect::View;
 use crate::interrupt::Stop;
-use crate::ops::{self, Begun, OpError, Request};
+use crate::lifecycle::Lifecycle;
+use crate::ops::{OpError, Request};
 use crate::progress::Progress;
 use crate::schedule::Schedules;
 use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
-use crate::turns::{End, Finished, Turns};
 
 /// Scheduler timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +84,13 @@ pub enum ServeError {
 struct Envelope {
     request: Request,
     reply: mpsc::SyncSender<Result<Value, OpError>>,
+}
+
+/// A call's result, on its way back to the worker.
+#[derive(Debug)]
+struct Finished {
+    turn: u64,
+    result: CallResult,
 }
 
 /// What the worker waits for: a request, or a turn's call coming back.
@@ -315,20 +301,6 @@ fn answer(tx: &mpsc::Sender<Msg>, recorded: &Recorded) -> (u16, Value) {
     }
 }
 
-/// Wake-ups ([`System::emit_wakeups`]): a trigger per pending message,
-/// keyed by its id, which this same pass fires. A failed emit has an
-/// unknown outcome: the daemon stops (the next boot emits them again,
-/// deduplicated by key).
-fn wake(system: &System, wakeups: &mut WakeUps) -> Result<(), OpError> {
-    let emitted = system
-        .emit_wakeups(wakeups)
-        .map_err(|e| OpError::UnknownOutcome(format!("emitting wake-up triggers: {e}")))?;
-    for key in emitted {
-        tracing::debug!(key, "wake-up");
-    }
-    Ok(())
-}
-
 /// Requests waiting for their answer at once; more get 503.
 const MAX_WAITING_REQUESTS: usize = 64;
 
@@ -336,8 +308,8 @@ const MAX_WAITING_REQUESTS: usize = 64;
 /// progress finishes its step; a completion is abandoned at once).
 const DRAIN: Duration = Duration::from_secs(30);
 
-/// The worker: boot, report it, then requests, the scheduler and the
-/// results of the calls of the turns in flight until a stop.
+/// The worker thread: boot, report it, then drive the worker with
+/// requests, call results and scheduler passes until a stop.
 /// Returns the fatal error that stopped it, if any.
 fn worker(
     config: &Config,
@@ -347,114 +319,146 @@ fn worker(
     boot_tx: mpsc::SyncSender<Result<BootReport, BootError>>,
     progress: &Arc<Progress>,
 ) -> Result<(), OpError> {
-    let (mut system, lifecycle): (System, _) =
-        match boot_watched(config, stop, ApiKey::Required, Some(progress)) {
-            Ok((system, report, lifecycle)) => {
-                // The receiver waits for exactly this message.
-                let _ = boot_tx.send(Ok(report));
-                (system, lifecycle)
-            }
-            Err(e) => {
-                let _ = boot_tx.send(Err(e));
-                return Ok(());
-            }
-        };
+    let (system, lifecycle): (System, _) = match boot_watched(config, stop, ApiKey::Required, Some(progress))
+    {
+        Ok((system, report, lifecycle)) => {
+            // The receiver waits for exactly this message.
+            let _ = boot_tx.send(Ok(report));
+            (system, lifecycle)
+        }
+        Err(e) => {
+            let _ = boot_tx.send(Err(e));
+            return Ok(());
+        }
+    };
     let fs = match crate::boot::real_fs() {
         Ok(fs) => fs,
         Err(e) => return Err(OpError::UnknownOutcome(e.to_string())),
     };
-    let mut schedules = match Schedules::load(Arc::new(fs), &config.runtime.root) {
+    let schedules = match Schedules::load(Arc::new(fs), &config.runtime.root) {
         Ok(schedules) => schedules,
         Err(e) => {
             // The boot was reported good; a bad schedules file stops the daemon.
             return Err(OpError::UnknownOutcome(format!("cannot load the schedules: {e}")));
         }
     };
-    let back = std::sync::Mutex::new(back);
-    let back: Arc<dyn Fn(Finished) + Send + Sync> = Arc::new(move |done| {
-        // The worker may be gone (stopped): the result is dropped, the
-        // turn stays open for the next boot.
-        let _ = back
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(Msg::Called(done));
-    });
-    let mut turns = Turns::new(&system, config.runtime.slots, back);
-    let mut wakeups = config.wakes_agents().then(WakeUps::default);
-    let poll = Duration::from_millis(settings.poll_ms);
-    let mut gc = Ticker::new(&config.gc, std::time::Instant::now());
+    let outside = system.runtime().outside();
+    let core_settings = Settings {
+        poll_ms: settings.poll_ms,
+        lease_ms: settings.lease_ms,
+        slots: config.runtime.slots,
+        wake: config.wakes_agents(),
+        gc: config
+            .gc
+            .enabled
+            .then(|| crate::gc::request_from_config(&config.gc, None)),
+        gc_period_ms: config.gc.period_ms,
+    };
+    let mut core: Worker<View> = Worker::new(system, schedules, Box::new(lifecycle), core_settings);
+    let mut driver = Driver {
+        replies: BTreeMap::new(),
+        next_request: 1,
+        back,
+        outside,
+    };
     while !stop.requested() {
-        for key in schedules.tick(&system)? {
-            tracing::debug!(key, "schedule");
-        }
-        if let Some(wakeups) = wakeups.as_mut() {
-            wake(&system, wakeups)?;
-        }
-        turns.fire_due(&mut system, &lifecycle, settings.lease_ms, stop)?;
-        if let Some(request) = gc.due(std::time::Instant::now()) {
-            match crate::gc::collect(&system, request) {
-                Ok(_) => {}
-                Err(e) if e.is_fatal() => return Err(e),
-                Err(e) => tracing::warn!(error = %e, "gc pass failed; the next period tries again"),
-            }
-        }
-        let wait = gc
-            .until_next(std::time::Instant::now())
-            .map_or(poll, |next| next.min(poll));
-        match rx.recv_timeout(wait) {
-            Ok(Msg::Request(envelope)) => {
-                match ops::begin(&mut system, &mut schedules, &lifecycle, envelope.request) {
-                    Begun::Turn(begun) => {
-                        let (started, prepared) = *begun;
-                        turns.launch(
-                            started,
-                            End::Api {
-                                prepared,
-                                reply: envelope.reply,
-                            },
-                        )
-                    }
-                    Begun::Answered(result) => {
-                        let fatal = match &result {
-                            Err(OpError::UnknownOutcome(message)) => Some(message.clone()),
-                            _ => None,
-                        };
-                        // The client may have gone away; the operation stands.
-                        let _ = envelope.reply.send(result);
-                        if let Some(message) = fatal {
-                            return Err(OpError::UnknownOutcome(message));
-                        }
-                    }
-                }
-            }
-            Ok(Msg::Called(done)) => turns.finished(&mut system, &lifecycle, done)?,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        let pass = core.handle_timeout();
+        driver.act(&mut core);
+        pass?;
+        let wait = Duration::from_millis(core.poll_timeout_ms());
+        let event = match rx.recv_timeout(wait) {
+            Ok(msg) => driver.feed(&mut core, msg),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(()),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
+        };
+        driver.act(&mut core);
+        event?;
     }
     // Stopping: no new work; the calls still out come back (a completion
     // is abandoned at once, a tool finishes its step) and are persisted,
     // so their turns stop at a durable boundary. What is left is resumed
     // by the next boot, as after a crash.
+    core.stop();
     let deadline = std::time::Instant::now() + DRAIN;
-    while turns.in_flight() > 0 {
+    while core.in_flight() > 0 {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(Msg::Called(done)) => turns.finished(&mut system, &lifecycle, done)?,
-            Ok(Msg::Request(envelope)) => {
-                let _ = envelope
-                    .reply
-                    .send(Err(OpError::Conflict("the daemon is shutting down".into())));
-            }
+        let event = match rx.recv_timeout(left) {
+            Ok(msg) => driver.feed(&mut core, msg),
             Err(_) => {
                 tracing::warn!(
-                    in_flight = turns.in_flight(),
+                    in_flight = core.in_flight(),
                     "calls still out at shutdown; the next boot resumes their turns"
                 );
                 break;
             }
-        }
+        };
+        driver.act(&mut core);
+        event?;
     }
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// The worker thread's side of the worker's events and actions.
+struct Driver {
+    /// Requests waiting for their reply, by the id the worker echoes.
+    replies: BTreeMap<u64, mpsc::SyncSender<Result<Value, OpError>>>,
+    next_request: u64,
+    back: mpsc::Sender<Msg>,
+    outside: durable_agent::runtime::Outside,
+}
+
+impl Driver {
+    /// Hand one message to the worker.
+    fn feed(&mut self, core: &mut Worker<View>, msg: Msg) -> Result<(), OpError> {
+        match msg {
+            Msg::Request(envelope) => {
+                let id = self.next_request;
+                self.next_request += 1;
+                self.replies.insert(id, envelope.reply);
+                core.handle_request(id, envelope.request)
+            }
+            Msg::Called(done) => core.handle_result(done.turn, done.result),
+        }
+    }
+
+    /// Carry out what the worker asks: replies to their requests, calls on
+    /// threads of their own.
+    fn act(&mut self, core: &mut Worker<View>) {
+        while let Some(action) = core.poll_action() {
+            match action {
+                Action::Reply(id, result) => {
+                    if let Some(reply) = self.replies.remove(&id) {
+                        // The client may have gone away; the operation stands.
+                        let _ = reply.send(result);
+                    }
+                }
+                Action::Call(call) => self.spawn(call),
+            }
+        }
+    }
+
+    fn spawn(&self, Call { turn, call, scope }: Call) {
+        let outside = self.outside.clone();
+        let back = self.back.clone();
+        let name = match &call {
+            OutsideCall::Provider(_) => "provider-call",
+            OutsideCall::Tool(_) => "tool-call",
+        };
+        let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+            let result = Lifecycle::in_scope(&scope, || outside.perform(&call));
+            // The worker may be gone (stopped): the result is dropped, the
+            // turn stays open for the next boot.
+            let _ = back.send(Msg::Called(Finished { turn, result }));
+        });
+        if let Err(e) = spawned {
+            // Nothing ran: the call fails as it would have without a thread.
+            let failure = format!("cannot start a thread for the call: {e}");
+            let result = match name {
+                "provider-call" => CallResult::Provider(Err(ProviderError(failure))),
+                _ => CallResult::Tool(Err(ToolError::Failed(failure))),
+            };
+            let _ = self.back.send(Msg::Called(Finished { turn, result }));
+        }
+    }
 }

@@ -1,200 +1,25 @@
-//! Keeping a root tidy: one GC pass ([`collect`]) — settled triggers,
-//! ledger rows (activities, tool calls with their attempts, runs) and
-//! usage and error rows deleted after the TTL ([`System::gc`]), bodies of
-//! settled ledger rows stripped after the shorter payload TTL
-//! ([`System::strip_payloads`]) — run by `serve` on a schedule
-//! ([`Ticker`]) and by `durable-agent gc` by hand (`POST /gc`, or on the
-//! root directly when no daemon holds it).
+//! `durable-agent gc` and `[gc]`'s side of GC: the request the config asks
+//! for, the CLI's duration syntax and table. The pass itself, and its
+//! schedule in `serve`, are the worker core's ([`durable_agent::worker::gc`]).
 //!
-//! Invariant: a pass never collects or strips what recovery or a human
-//! needs — INTENT and NEEDS_CONFIRMATION rows, in-flight tool calls,
-//! PENDING and CLAIMED triggers, FAILED triggers blocked on a
-//! confirmation, runs not settled (running, waiting for a human), and any
-//! row of an agent with an open turn, a parked turn or unfinished work
-//! (the system decides; see `durable_agent::system` admin docs). In `serve` it runs on the worker,
-//! between requests, so no runtime step interleaves with it; the calls of
-//! a turn in flight on another thread commit under the same connection
-//! lock each pass transaction holds, and that turn's agent is kept.
-//! Each table is one transaction: a crash leaves it all done or not done,
-//! and the next pass finishes (every step is idempotent).
+//! Invariant: nothing here touches a store; it only shapes requests and
+//! answers.
 
-use std::time::{Duration, Instant};
-
-use durable_agent::system::{System, SystemError, SystemGcReport, SystemStripReport};
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::config::GcConfig;
-use crate::ops::OpError;
 
-/// The TTLs of one pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GcRequest {
-    /// Settled rows older than this are deleted.
-    pub ttl_ms: u64,
-    /// Bodies of settled rows older than this are stripped (capped at
-    /// `ttl_ms`: a body never outlives its row's deletion by asking).
-    pub payload_ttl_ms: u64,
-}
+pub use durable_agent::worker::gc::{
+    collect, GcOutcome, GcRequest, Ticker, COLLECTED_TABLES, STRIPPED_TABLES,
+};
 
-impl GcRequest {
-    /// The config's TTLs, `ttl_ms` overriding the row TTL (the payload
-    /// TTL then capped by it).
-    pub fn from_config(gc: &GcConfig, ttl_ms: Option<u64>) -> GcRequest {
-        let ttl_ms = ttl_ms.unwrap_or(gc.ttl_ms);
-        GcRequest {
-            ttl_ms,
-            payload_ttl_ms: gc.payload_ttl_ms.min(ttl_ms),
-        }
-    }
-}
-
-/// What one pass did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GcOutcome {
-    pub ttl_ms: u64,
-    pub payload_ttl_ms: u64,
-    pub collected: SystemGcReport,
-    pub stripped: SystemStripReport,
-}
-
-/// The tables a pass collects from, in the order the CLI prints them.
-pub const COLLECTED_TABLES: [&str; 7] = [
-    "triggers",
-    "activity_log",
-    "tool_calls",
-    "tool_call_attempts",
-    "runs",
-    "token_usage",
-    "errors",
-];
-
-/// The tables whose settled bodies a pass strips.
-pub const STRIPPED_TABLES: [&str; 2] = ["activity_log", "tool_calls"];
-
-impl GcOutcome {
-    /// Rows deleted per table (in [`COLLECTED_TABLES`] order).
-    pub fn collected_counts(&self) -> [(&'static str, u64); 7] {
-        let c = &self.collected;
-        [
-            ("triggers", c.triggers.deleted.len() as u64),
-            ("activity_log", c.activities.deleted.len() as u64),
-            ("tool_calls", c.tool_calls.calls.len() as u64),
-            ("tool_call_attempts", c.tool_calls.attempts),
-            ("runs", c.tool_calls.runs.len() as u64),
-            ("token_usage", c.usage.token_usage),
-            ("errors", c.usage.errors),
-        ]
-    }
-
-    /// Rows whose bodies were stripped per table.
-    pub fn stripped_counts(&self) -> [(&'static str, u64); 2] {
-        [
-            ("activity_log", self.stripped.activities.stripped.len() as u64),
-            ("tool_calls", self.stripped.tool_calls.stripped.len() as u64),
-        ]
-    }
-
-    /// The API's answer: the counts per table, then the keys.
-    pub fn answer(&self) -> Value {
-        let counts = |c: &[(&str, u64)]| c.iter().map(|(t, n)| (t.to_string(), json!(n))).collect();
-        json!({
-            "ttl_ms": self.ttl_ms,
-            "payload_ttl_ms": self.payload_ttl_ms,
-            "collected": Value::Object(counts(&self.collected_counts())),
-            "stripped": Value::Object(counts(&self.stripped_counts())),
-            "detail": {"collected": self.collected, "stripped": self.stripped},
-        })
-    }
-
-    /// Whether the pass changed anything.
-    pub fn is_empty(&self) -> bool {
-        self.collected_counts().iter().all(|(_, n)| *n == 0)
-            && self.stripped_counts().iter().all(|(_, n)| *n == 0)
-    }
-}
-
-/// One pass: collect, then strip (each store's step one transaction).
-pub fn collect(system: &System, request: GcRequest) -> Result<GcOutcome, OpError> {
-    if request.ttl_ms == 0 || request.payload_ttl_ms == 0 {
-        return Err(OpError::BadRequest(
-            "`ttl_ms` and `payload_ttl_ms` must be > 0".into(),
-        ));
-    }
-    let payload_ttl_ms = request.payload_ttl_ms.min(request.ttl_ms);
-    let collected = system.gc(request.ttl_ms).map_err(system_error)?;
-    let stripped = system.strip_payloads(payload_ttl_ms).map_err(system_error)?;
-    let outcome = GcOutcome {
-        ttl_ms: request.ttl_ms,
-        payload_ttl_ms,
-        collected,
-        stripped,
-    };
-    if outcome.is_empty() {
-        tracing::debug!(ttl_ms = request.ttl_ms, payload_ttl_ms, "gc: nothing to collect");
-    } else {
-        let [(_, triggers), (_, activities), (_, tool_calls), (_, attempts), (_, runs), (_, token_usage), (_, errors)] =
-            outcome.collected_counts();
-        let [(_, stripped_activities), (_, stripped_calls)] = outcome.stripped_counts();
-        tracing::info!(
-            triggers,
-            activities,
-            tool_calls,
-            attempts,
-            runs,
-            token_usage,
-            errors,
-            stripped_activities,
-            stripped_calls,
-            ttl_ms = request.ttl_ms,
-            payload_ttl_ms,
-            "gc: collected settled rows and stripped settled bodies"
-        );
-    }
-    Ok(outcome)
-}
-
-fn system_error(e: SystemError) -> OpError {
-    match e {
-        // A SQLite failure's commit may have happened: unknown.
-        SystemError::Store(e) => e.into(),
-        SystemError::Runtime(e) => e.into(),
-        e => OpError::UnknownOutcome(e.to_string()),
-    }
-}
-
-/// When `serve`'s next pass is due: soon after boot, then every period.
-#[derive(Debug)]
-pub struct Ticker {
-    request: Option<GcRequest>,
-    period: Duration,
-    next: Instant,
-}
-
-impl Ticker {
-    /// The schedule `gc` asks for, starting at `now` (off if disabled).
-    pub fn new(gc: &GcConfig, now: Instant) -> Ticker {
-        Ticker {
-            request: gc.enabled.then(|| GcRequest::from_config(gc, None)),
-            period: Duration::from_millis(gc.period_ms),
-            next: now,
-        }
-    }
-
-    /// The pass to run now, if one is due (and the next one scheduled).
-    pub fn due(&mut self, now: Instant) -> Option<GcRequest> {
-        let request = self.request?;
-        if now < self.next {
-            return None;
-        }
-        self.next = now + self.period;
-        Some(request)
-    }
-
-    /// How long until the next pass (the worker's wait is no longer).
-    pub fn until_next(&self, now: Instant) -> Option<Duration> {
-        self.request.map(|_| self.next.saturating_duration_since(now))
+/// The config's TTLs, `ttl_ms` overriding the row TTL (the payload TTL
+/// then capped by it).
+pub fn request_from_config(gc: &GcConfig, ttl_ms: Option<u64>) -> GcRequest {
+    let ttl_ms = ttl_ms.unwrap_or(gc.ttl_ms);
+    GcRequest {
+        ttl_ms,
+        payload_ttl_ms: gc.payload_ttl_ms.min(ttl_ms),
     }
 }
 
@@ -246,6 +71,7 @@ pub fn table(answer: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use durable_agent::system::{SystemGcReport, SystemStripReport};
 
     #[test]
     fn durations_take_ms_or_a_unit_and_refuse_zero_and_garbage() {
@@ -258,26 +84,6 @@ mod tests {
         for bad in ["", "0", "0s", "h", "12x", "-5", "99999999999999999999d"] {
             assert!(parse_duration_ms(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn the_ticker_runs_soon_after_boot_then_every_period_and_never_when_off() {
-        let t0 = Instant::now();
-        let gc = GcConfig {
-            period_ms: 1_000,
-            ..GcConfig::default()
-        };
-        let mut ticker = Ticker::new(&gc, t0);
-        assert!(ticker.due(t0).is_some(), "first pass at once");
-        assert!(ticker.due(t0 + Duration::from_millis(999)).is_none());
-        assert_eq!(
-            ticker.until_next(t0 + Duration::from_millis(400)),
-            Some(Duration::from_millis(600))
-        );
-        assert!(ticker.due(t0 + Duration::from_millis(1_000)).is_some());
-        let mut off = Ticker::new(&GcConfig { enabled: false, ..gc }, t0);
-        assert!(off.due(t0 + Duration::from_secs(3_600)).is_none());
-        assert_eq!(off.until_next(t0), None);
     }
 
     #[test]
@@ -303,9 +109,9 @@ mod tests {
     #[test]
     fn a_ttl_override_caps_the_payload_ttl() {
         let gc = GcConfig::default();
-        let r = GcRequest::from_config(&gc, Some(1_000));
+        let r = request_from_config(&gc, Some(1_000));
         assert_eq!((r.ttl_ms, r.payload_ttl_ms), (1_000, 1_000));
-        let r = GcRequest::from_config(&gc, None);
+        let r = request_from_config(&gc, None);
         assert_eq!((r.ttl_ms, r.payload_ttl_ms), (gc.ttl_ms, gc.payload_ttl_ms));
     }
 }

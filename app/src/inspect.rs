@@ -296,6 +296,26 @@ fn agent_ref(runtime: &Runtime, id: &str) -> Value {
     json!({"id": id, "name": name})
 }
 
+/// The worker answers a view request between its steps: the runtime's
+/// memory and SELECTs under the connection's lock, no runtime call while
+/// it is held.
+impl durable_agent::worker::ops::View for View {
+    fn answer(
+        &self,
+        system: &durable_agent::system::System,
+        schedules: Vec<Schedule>,
+    ) -> Result<Value, OpError> {
+        let db = system.db();
+        let source = Source {
+            runtime: system.runtime(),
+            db: &db,
+            schedules,
+            now_ms: system.now_ms(),
+        };
+        answer(&source, self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@ use durable_agent::runtime::{
 const POLL: Duration = Duration::from_millis(25);
 
 /// The message of the provider error an interrupt produces.
-pub const INTERRUPTED: &str = "interrupted by a stop signal before the completion arrived";
+pub use durable_agent::worker::INTERRUPTED;
 
 /// A stop request, shared by clones.
 #[derive(Debug, Clone, Default)]

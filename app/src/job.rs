@@ -104,15 +104,7 @@ impl Job {
 
 /// Run ids name runs on the command line and in the API: keep them plain.
 pub fn check_run_id(id: &str) -> Result<(), String> {
-    let ok = (1..=64).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{id:?}: use 1-64 characters from A-Z a-z 0-9 . _ -"))
-    }
+    durable_agent::worker::check_plain_id(id)
 }
 
 /// `{stem}-{n}` with `n` one past the largest `n` already used with this

@@ -35,6 +35,5 @@ pub mod schedule;
 pub mod server;
 pub mod telemetry;
 pub mod tools;
-pub mod turns;
 pub mod verify;
 pub mod webhook_sink;

@@ -38,25 +38,17 @@ use crate::observe::{Attempt, AttemptOutcome, CallObserver};
 use crate::otel::Otel;
 use crate::telemetry::{now_ms, Envelope, EventType, Telemetry};
 
-/// The agent, session and work of a turn in progress: what its
-/// `turn_end` and its calls' events are attributed to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TurnScope {
-    agent: String,
-    session: Option<String>,
-    work: String,
-}
+/// The agent, session and work of a turn in progress (the worker core's).
+pub use durable_agent::worker::TurnScope;
 
 thread_local! {
     /// The scope of the turn whose call this thread is performing.
     static SCOPE: RefCell<Option<TurnScope>> = const { RefCell::new(None) };
 }
 
-impl TurnScope {
-    /// The turn's trace id, hex (see [`crate::otel::trace_id`]).
-    fn trace_id(&self) -> String {
-        crate::otel::trace_id(self.session.as_deref(), &self.work).to_string()
-    }
+/// The turn's trace id, hex (see [`crate::otel::trace_id`]).
+fn trace_id(scope: &TurnScope) -> String {
+    crate::otel::trace_id(scope.session.as_deref(), &scope.work).to_string()
 }
 
 /// The lifecycle event sink: a no-op without `[telemetry]` sinks or
@@ -85,7 +77,7 @@ impl Lifecycle {
     }
 
     fn emit(&self, event: EventType, session: Option<&str>, agent: &str, payload: Value) {
-        let trace_id = SCOPE.with(|s| s.borrow().as_ref().map(TurnScope::trace_id));
+        let trace_id = SCOPE.with(|s| s.borrow().as_ref().map(trace_id));
         self.emit_traced(event, session, agent, trace_id, payload);
     }
 
@@ -122,8 +114,7 @@ impl Lifecycle {
 
     /// `agent`'s session id (its session directory's name), if live.
     fn session_of(system: &System, agent: &AgentId) -> Option<String> {
-        let dir = system.runtime().session_dir(agent)?;
-        Some(dir.file_name()?.to_string_lossy().into_owned())
+        durable_agent::worker::session_of(system, agent)
     }
 
     /// `agent` was created (its `agent.created` is durable).
@@ -147,16 +138,12 @@ impl Lifecycle {
     /// its calls [`Self::in_scope`] of the returned scope and end it with
     /// [`Self::turn_ended`].
     pub fn turn_started(&self, system: &System, agent: &AgentId, work: &str) -> TurnScope {
-        let scope = TurnScope {
-            agent: agent.to_string(),
-            session: Self::session_of(system, agent),
-            work: work.to_string(),
-        };
+        let scope = TurnScope::of(system, agent, work);
         self.emit_traced(
             EventType::TurnStart,
             scope.session.as_deref(),
             &scope.agent,
-            Some(scope.trace_id()),
+            Some(trace_id(&scope)),
             json!({"work": work}),
         );
         if let Some(otel) = &self.otel {
@@ -186,7 +173,7 @@ impl Lifecycle {
             EventType::TurnEnd,
             scope.session.as_deref(),
             &scope.agent,
-            Some(scope.trace_id()),
+            Some(trace_id(scope)),
             payload,
         );
     }
@@ -221,6 +208,28 @@ impl Lifecycle {
             Err(error) => (EventType::ToolFailure, json!({"tool": tool, "error": error})),
         };
         self.emit(event, session, agent, payload);
+    }
+}
+
+/// The worker core reports through the inherent methods above.
+impl durable_agent::worker::Lifecycle for Lifecycle {
+    fn agent_start(&self, system: &System, agent: &AgentId, name: &str, parent: Option<&AgentId>) {
+        Lifecycle::agent_start(self, system, agent, name, parent);
+    }
+    fn agent_stopping(&self, system: &System, agent: &AgentId) -> Option<String> {
+        Lifecycle::agent_stopping(self, system, agent)
+    }
+    fn agent_stopped(&self, agent: &AgentId, session: Option<&str>) {
+        Lifecycle::agent_stopped(self, agent, session);
+    }
+    fn turn_started(&self, system: &System, agent: &AgentId, work: &str) -> TurnScope {
+        Lifecycle::turn_started(self, system, agent, work)
+    }
+    fn turn_ended(&self, scope: &TurnScope, result: Result<Value, String>) {
+        Lifecycle::turn_ended(self, scope, result);
+    }
+    fn in_scope(&self, scope: &TurnScope, f: &mut dyn FnMut()) {
+        Lifecycle::in_scope(scope, f);
     }
 }
 
@@ -305,7 +314,7 @@ impl CallObserver for Lifecycle {
             .get(&attempt.agent)
             .cloned();
         let session = scope.as_ref().and_then(|s| s.session.as_deref());
-        let trace_id = scope.as_ref().map(TurnScope::trace_id);
+        let trace_id = scope.as_ref().map(trace_id);
         let mut call = json!({
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": attempt.model,

@@ -556,7 +556,7 @@ fn view_cmd(config: &std::path::Path, view: &View, json: bool) -> Result<ExitCod
 /// table of counts per table or the API's JSON.
 fn gc_cmd(config_path: &std::path::Path, ttl: Option<u64>, json: bool) -> Result<ExitCode, String> {
     let config = Config::load(config_path).map_err(|e| e.to_string())?;
-    let request = gc::GcRequest::from_config(&config.gc, ttl);
+    let request = gc::request_from_config(&config.gc, ttl);
     let body = serde_json::to_value(request).map_err(|e| e.to_string())?;
     let answer = call_root(&config, "POST", "/gc", Some(body))?;
     if json {

@@ -39,6 +39,12 @@ pub const IMPLEMENTED: [Canary; 16] = [
 /// counted as caught here.
 pub const REAL_FS_ONLY: [Canary; 2] = [Canary::RealFsSyncNoop, Canary::RealFsSyncDirNoop];
 
+/// Canaries of the worker core (`durable_agent::worker`): the op-sequence
+/// search runs the system, not the daemon's worker, so it cannot see them;
+/// the madsim simulation (`cargo sim`, `sim/tests/madsim_daemon.rs`) is
+/// what must catch them. Listed as such, never counted as caught here.
+pub const WORKER_ONLY: [Canary; 2] = [Canary::TriggerAckedBeforeTurn, Canary::ScheduleBucketWithoutKey];
+
 /// What the search did with one canary on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -58,6 +64,8 @@ pub enum Verdict {
     Unproven,
     /// A [`REAL_FS_ONLY`] canary: out of the simulation's reach.
     RealFsOnly,
+    /// A [`WORKER_ONLY`] canary: `cargo sim`'s to catch.
+    WorkerOnly,
 }
 
 /// One row of the canary table.
@@ -79,6 +87,8 @@ pub fn run(profile: &Profile, only: Option<&[Canary]>) -> Vec<Row> {
         }
         let verdict = if REAL_FS_ONLY.contains(&canary) {
             Verdict::RealFsOnly
+        } else if WORKER_ONLY.contains(&canary) {
+            Verdict::WorkerOnly
         } else if !IMPLEMENTED.contains(&canary) {
             Verdict::Unproven
         } else {
@@ -111,6 +121,7 @@ impl fmt::Display for Row {
             Verdict::Missed { runs } => write!(f, "{name:<26} MISSED in {runs} cases"),
             Verdict::Unproven => write!(f, "{name:<26} UNPROVEN (the system cannot re-introduce it yet)"),
             Verdict::RealFsOnly => write!(f, "{name:<26} not simulated: RealFs only, for the power-cut soak"),
+            Verdict::WorkerOnly => write!(f, "{name:<26} not searched: the worker core's, caught by `cargo sim`"),
         }
     }
 }

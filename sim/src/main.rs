@@ -292,9 +292,12 @@ fn run(cli: Cli) -> Result<bool, String> {
             for row in &rows {
                 println!("{row}");
             }
-            Ok(rows
-                .iter()
-                .all(|r| matches!(r.verdict, Verdict::Caught { .. } | Verdict::RealFsOnly)))
+            Ok(rows.iter().all(|r| {
+                matches!(
+                    r.verdict,
+                    Verdict::Caught { .. } | Verdict::RealFsOnly | Verdict::WorkerOnly
+                )
+            }))
         }
         Command::Sweep {
             case,

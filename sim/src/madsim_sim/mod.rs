@@ -1,57 +1,141 @@
-//! Deterministic simulation of the concurrent daemon under madsim.
+//! Deterministic simulation of the daemon under madsim: the daemon users
+//! run, [`durable_agent::worker::Worker`], driven by simulated clients,
+//! simulated provider and tool latency and simulated time.
 //!
-//! One madsim node runs [`durable_agent::daemon::Daemon`] on a
-//! [`durable_agent::fs::SimFs`]
-//! (madsim has no disk model: SimFs is the disk). The supervisor kills the
-//! node at simulated instants drawn from the seed — either right away or a
-//! seeded number of I/O points later, mid-operation — applies a crash mode
-//! drawn from the seed to the disk (`ProcessCrash`, `PowerLoss(Strict)`,
-//! `PowerLoss(Eager)`), waits a seeded downtime and restarts the node, which
-//! boots (recovery) and goes on. At the horizon it crashes the node once
-//! more, recovers the disk itself and hands everything to [`oracle`].
+//! One madsim node runs the worker on a [`durable_agent::fs::SimFs`]
+//! (madsim has no disk model: SimFs is the disk) with a driver like
+//! `serve`'s ([`node`]): requests in from a channel, each call performed by
+//! a task of its own after a seeded latency, a scheduler pass whenever the
+//! worker's timeout passes. Simulated API clients ([`clients`]) on another
+//! node issue the real request types — agents created and deleted, turns
+//! with work ids (retried after an unknown outcome, and again after an
+//! answer), messages, triggers with delays, recurring schedules,
+//! confirmations, retries of DEAD triggers, status, GC. The supervisor
+//! stops the node (SIGTERM: the worker drains its calls) or kills it at
+//! simulated instants drawn from the seed — either right away or a seeded
+//! number of I/O points later, mid-operation — applies a crash mode to the
+//! disk (`ProcessCrash`, `PowerLoss(Strict)`, `PowerLoss(Eager)`), waits a
+//! seeded downtime and restarts the node, which boots (recovery) and goes
+//! on. At the horizon it crashes the node once more, recovers the disk
+//! itself and hands everything to [`oracle`].
 //!
 //! Invariant: a run is a pure function of its [`SimPlan`]: madsim's task
-//! order, the daemon's choices, the crash schedule and SimFs all draw from
-//! the plan's seed, so [`SimOutcome::hash`] repeats. Runs are serialised in
-//! one process (SQLite's PRNG is process-global).
+//! order, the clients', provider's and latencies' choices, the crash
+//! schedule and SimFs all draw from the plan's seed, so
+//! [`SimOutcome::hash`] repeats. Runs are serialised in one process
+//! (SQLite's PRNG is process-global).
 //!
 //! Run: `cargo sim` (fixed seeds, the PR gate). Reproduce a failing seed:
 //! `MADSIM_TEST_SEED=<seed> cargo sim <test>` (printed on failure). Nightly
 //! ranges: `MADSIM_TEST_SEEDS=<start>..<end> cargo sim`.
-//!
-//! The fuzzer's op-sequence oracle ([`crate::oracle`]) compares a recovered
-//! state with a reference model replaying the same op sequence; the
-//! daemon's history is concurrent and produced by the daemon itself, so
-//! [`oracle`] checks the same guarantees directly against the
-//! acknowledgements the daemon reported, and reuses the fuzzer's log check
-//! ([`crate::oracle::log_invariants`], I3) on the recovered disk.
 
+#[cfg(madsim)]
+mod clients;
+#[cfg(madsim)]
+mod node;
 pub mod oracle;
+pub mod provider;
 pub mod recorder;
 #[cfg(madsim)]
 mod run;
 
-use durable_agent::daemon::DaemonConfig;
-use durable_agent::fs::CrashMode;
+use std::path::PathBuf;
 
-pub use oracle::{check, delivered_without_a_turn, FinalView};
+use durable_agent::canary::Canaries;
+use durable_agent::fs::CrashMode;
+use durable_agent::store::triggers::TriggerPolicy;
+use serde_json::Value;
+
+pub use oracle::{check, FinalView};
+pub use provider::FlakyProvider;
 pub use recorder::Recorder;
 #[cfg(madsim)]
 pub use run::run_sim;
+
+/// The simulation's clock: logical milliseconds since `origin`, plus
+/// `origin_ms`. Under madsim `Instant` is simulated time, and the
+/// supervisor keeps one clock across node restarts, as a wall clock would.
+#[derive(Debug, Clone, Copy)]
+pub struct SimClock {
+    pub origin: tokio::time::Instant,
+    pub origin_ms: u64,
+}
+
+impl durable_agent::system::LogicalClock for SimClock {
+    fn now_ms(&self) -> u64 {
+        SimClock::now_ms(self)
+    }
+}
+
+impl SimClock {
+    /// A clock reading `origin_ms` now.
+    pub fn starting_at(origin_ms: u64) -> Self {
+        SimClock {
+            origin: tokio::time::Instant::now(),
+            origin_ms,
+        }
+    }
+
+    /// Logical milliseconds now.
+    pub fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.origin_ms.saturating_add(elapsed)
+    }
+
+    /// The instant at logical time `ms` (now, if `ms` is past).
+    pub fn instant_at(&self, ms: u64) -> tokio::time::Instant {
+        let offset = ms.saturating_sub(self.origin_ms);
+        self.origin + std::time::Duration::from_millis(offset)
+    }
+}
+
+/// A recurring schedule the clients add at the start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recurring {
+    pub id: String,
+    /// Worker index.
+    pub agent: usize,
+    pub period_ms: u64,
+}
 
 /// What to simulate.
 #[derive(Debug, Clone)]
 pub struct SimPlan {
     pub seed: u64,
-    /// The daemon's configuration (its `seed` and `boot` are set per run).
-    pub daemon: DaemonConfig,
+    /// The root on the SimFs.
+    pub root: PathBuf,
+    /// Worker agents (children of one `lead` root).
+    pub agents: usize,
+    /// Concurrent API clients.
+    pub clients: usize,
+    /// Pause between a client's requests.
+    pub think_ms: (u64, u64),
+    /// Provider and tool latency per call.
+    pub latency_ms: (u64, u64),
+    /// Chance that one provider completion fails.
+    pub provider_failure: f64,
+    /// The worker's settings.
+    pub poll_ms: u64,
+    pub lease_ms: u64,
+    pub slots: usize,
+    pub trigger_policy: TriggerPolicy,
+    /// Wake-ups for pending messages (`[orchestration] wake`).
+    pub wake: bool,
+    pub recurring: Vec<Recurring>,
+    /// Known bugs to re-introduce; empty for the guarantees' runs.
+    pub canaries: Canaries,
     /// Simulated run length.
     pub horizon_ms: u64,
     /// Crashes during the run.
     pub crashes: u32,
-    /// Where crash instants are drawn from (logical ms).
+    /// Stops (SIGTERM, drained) during the run.
+    pub stops: u32,
+    /// Sends whose answer the world loses (delivered or not), spread over
+    /// the run.
+    pub lost_answers: u32,
+    /// Where crash and stop instants are drawn from (logical ms).
     pub crash_window_ms: (u64, u64),
-    /// Time the node stays down after a crash.
+    /// Time the node stays down after a crash or stop.
     pub downtime_ms: (u64, u64),
     /// Chance that a crash is armed some I/O points ahead (dying inside a
     /// write, fsync or SQLite commit) rather than at the instant itself.
@@ -62,15 +146,36 @@ pub struct SimPlan {
 }
 
 impl SimPlan {
-    /// `agents` workers for `horizon_ms`, `crashes` crashes in the middle.
+    /// `agents` workers and two clients for `horizon_ms`, `crashes` crashes
+    /// in the middle.
     pub fn new(seed: u64, agents: usize, horizon_ms: u64, crashes: u32) -> Self {
-        let daemon = DaemonConfig::new(seed, agents);
         let settle_ms = 180_000;
         SimPlan {
             seed,
-            daemon,
+            root: PathBuf::from("/daemon"),
+            agents,
+            clients: 3,
+            think_ms: (500, 8_000),
+            latency_ms: (50, 2_000),
+            provider_failure: 0.1,
+            poll_ms: 1_000,
+            lease_ms: 60_000,
+            slots: 3,
+            trigger_policy: TriggerPolicy {
+                overdue_grace_ms: 1_000,
+                ..TriggerPolicy::default()
+            },
+            wake: true,
+            recurring: vec![Recurring {
+                id: "digest".into(),
+                agent: 0,
+                period_ms: 120_000,
+            }],
+            canaries: Canaries::none(),
             horizon_ms,
             crashes,
+            stops: 1,
+            lost_answers: 6,
             crash_window_ms: (
                 horizon_ms / 20,
                 horizon_ms.saturating_sub(settle_ms + 60_000).max(horizon_ms / 2),
@@ -80,16 +185,118 @@ impl SimPlan {
             settle_ms,
         }
     }
+
+    /// The name of worker `i`.
+    pub fn agent_name(i: usize) -> String {
+        format!("w{i}")
+    }
 }
 
-/// One crash the supervisor caused.
+/// An API operation a client asked for, as the oracle reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    CreateAgent {
+        name: String,
+        parent: Option<String>,
+    },
+    DeleteAgent {
+        name: String,
+    },
+    Turn {
+        agent: String,
+        work_id: String,
+    },
+    Message {
+        from: String,
+        to: String,
+    },
+    Emit {
+        key: String,
+        agent: String,
+        delay_ms: u64,
+    },
+    AddSchedule {
+        id: String,
+        agent: String,
+        period_ms: u64,
+    },
+    DeleteSchedule {
+        id: String,
+    },
+    Confirm {
+        key: String,
+        delivered: bool,
+    },
+    RetryTrigger {
+        id: String,
+    },
+    Status,
+    Gc,
+}
+
+/// What happened, in order: the simulation's trace and the oracle's input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The node booted (recovery ran).
+    Booted {
+        boot: u32,
+    },
+    /// A client sent `op`.
+    Sent {
+        client: usize,
+        op: Op,
+    },
+    /// The worker answered `op` with 200: acknowledged.
+    Acked {
+        client: usize,
+        op: Op,
+        reply: Value,
+    },
+    /// The worker refused `op` (its status and message).
+    Refused {
+        client: usize,
+        op: Op,
+        status: u16,
+        error: String,
+    },
+    /// No answer (the node died or stopped): the outcome is unknown.
+    Lost {
+        client: usize,
+        op: Op,
+    },
+    /// The worker started a turn of `agent` performing `work`.
+    TurnStarted {
+        agent: String,
+        work: String,
+    },
+    /// That turn ended: `ran` (it ran to completion now), or it was done
+    /// before (`already_done`), or it failed (`error`).
+    TurnEnded {
+        agent: String,
+        work: String,
+        ran: bool,
+        error: Option<String>,
+    },
+    /// The worker stopped on an unknown outcome.
+    Failed {
+        cause: String,
+    },
+    /// The node was asked to stop (SIGTERM) / stopped after draining.
+    Stopping,
+    Drained {
+        in_flight: usize,
+    },
+}
+
+/// One crash or stop the supervisor caused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CrashRecord {
     /// When the supervisor decided to crash.
     pub at_ms: u64,
     /// When the node was killed (later than `at_ms` for a mid-I/O crash).
     pub killed_ms: u64,
-    pub mode: CrashMode,
+    /// `None`: a stop (SIGTERM), the disk intact.
+    pub mode: Option<CrashMode>,
     /// The SimFs point the process died at, with its label, if it died
     /// inside an I/O call.
     pub point: Option<(u64, String)>,
@@ -101,16 +308,14 @@ pub struct CrashRecord {
 #[derive(Debug, Clone)]
 pub struct SimOutcome {
     pub seed: u64,
-    /// Hash of the SimFs trace, the final disk image and the daemon's event
-    /// trace: equal seeds give equal hashes.
+    /// Hash of the SimFs trace, the final disk image and the event trace:
+    /// equal seeds give equal hashes.
     pub hash: u64,
-    pub events: Vec<(u64, durable_agent::daemon::DaemonEvent)>,
+    pub events: Vec<(u64, Event)>,
     pub crashes: Vec<CrashRecord>,
     pub io_points: u64,
     /// Oracle violations (empty: the run is correct).
     pub violations: Vec<String>,
-    /// Fire-key deliveries in the world, per key.
-    pub fire_deliveries: std::collections::BTreeMap<String, usize>,
     pub view: FinalView,
 }
 
@@ -119,6 +324,17 @@ impl SimOutcome {
     /// libtest names each test's thread after it).
     pub fn repro(&self) -> String {
         repro_command(self.seed)
+    }
+
+    /// Acknowledged operations of each kind, by a short name.
+    pub fn acked(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut n = std::collections::BTreeMap::new();
+        for (_, e) in &self.events {
+            if let Event::Acked { op, .. } = e {
+                *n.entry(op_name(op)).or_insert(0) += 1;
+            }
+        }
+        n
     }
 
     /// A report for a failing run: seed, command, crashes, violations.
@@ -135,6 +351,23 @@ impl SimOutcome {
             s.push_str(&format!("violation: {v}\n"));
         }
         s
+    }
+}
+
+/// The short name of `op`'s kind.
+pub fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::CreateAgent { .. } => "create_agent",
+        Op::DeleteAgent { .. } => "delete_agent",
+        Op::Turn { .. } => "turn",
+        Op::Message { .. } => "message",
+        Op::Emit { .. } => "emit",
+        Op::AddSchedule { .. } => "add_schedule",
+        Op::DeleteSchedule { .. } => "delete_schedule",
+        Op::Confirm { .. } => "confirm",
+        Op::RetryTrigger { .. } => "retry_trigger",
+        Op::Status => "status",
+        Op::Gc => "gc",
     }
 }
 

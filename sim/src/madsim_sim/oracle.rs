@@ -1,39 +1,39 @@
-//! The daemon-level oracle: the project's guarantees checked against what
-//! the daemon acknowledged (the [`super::Recorder`] trace) and what
-//! recovery finds on the disk at the end ([`FinalView`]).
+//! The daemon oracle: the guarantees the kill soaks check, checked against
+//! what the clients were told (the [`super::Recorder`] trace: `Acked` is a
+//! 200) and what one more recovery finds on the disk at the end
+//! ([`FinalView`]), plus timing only simulated time can check.
 //!
-//! - **Acked messages survive**: every `MessageAcked` id is pending or
-//!   delivered at its recipient, and no id is pending twice or both.
-//! - **Triggers are never lost**: every key whose `emit` returned has a row;
-//!   a trigger due more than `settle_ms` before the end has been handled
-//!   (DONE, or dead-lettered/failed after its retries), not left PENDING or
-//!   CLAIMED.
-//! - **At most once**: a task's trigger runs to DONE at most once (the
-//!   daemon reports `TriggerFired` only after `ack_done`); no idempotency key reaches the world twice (trigger
-//!   firings `fire:{key}` and irreversible tools alike); a DONE trigger's
-//!   firing is settled in the ledger (DONE with exactly one delivery, or
-//!   NEEDS_CONFIRMATION: a crash between INTENT and the answer, surfaced to
-//!   a human because the world cannot dedup).
-//! - **Tree and runtime invariants**: `Runtime::check_invariants` and the
-//!   on-disk `recovery::check_invariants` are clean; the `lead` root and
-//!   every worker are alive under it.
-//!
-//! - **Delivered only with a turn that read them** (seed 002's gap,
-//!   closed): every message recovery shows as delivered was read by a turn
-//!   that completed — or by the attempt in flight when the node died (its
-//!   `turn.complete` may have landed) — never by an attempt that failed
-//!   ([`delivered_without_a_turn`]).
+//! - **D1 acknowledged ops present**: an agent whose creation was acked is
+//!   alive (unless a delete of it was sent); an acked message is pending
+//!   or delivered at its recipient, never both, never twice; an acked
+//!   emit's trigger row exists; an acked schedule is defined (unless a
+//!   delete of it was sent), an acked delete's is not.
+//! - **D2 no duplicate irreversible effect**: no idempotency key reaches
+//!   the world twice.
+//! - **D3 each turn exactly once**: a work (`api:{id}`, `trigger:{key}`)
+//!   runs to completion at most once across every crash and retry; an
+//!   acked turn's outcome is durable; once acked, every later ack of the
+//!   same work id answers `already_done`.
+//! - **D4 triggers settle**: a trigger due more than `settle_ms` before the
+//!   end is DONE, DEAD or FAILED; a DONE trigger's turn is durable (its
+//!   effects before its ack).
+//! - **D5 timing**: a trigger's turn never starts before its fire time,
+//!   and starts within `poll_ms + lease_ms` of it unless the daemon was
+//!   down meanwhile; a schedule bucket is emitted (and fires) once, never
+//!   before its bucket; after a failed attempt a trigger's turn starts
+//!   again no sooner than the policy's backoff for that many failures.
+//! - **Invariants**: `Runtime::check_invariants`, the on-disk
+//!   `recovery::check_invariants` and the fuzzer's log check are clean.
 //!
 //! Invariant: pure; reads its inputs only.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use durable_agent::daemon::{DaemonConfig, DaemonEvent};
+use super::{Event, Op};
 
 /// One live agent after the final recovery.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentMessages {
-    /// Parent agent's name.
     pub parent: Option<String>,
     pub pending: Vec<String>,
     pub delivered: BTreeSet<String>,
@@ -45,6 +45,10 @@ pub struct TriggerRow {
     pub status: String,
     pub fire_at_ms: u64,
     pub attempts: u32,
+    /// The agent its payload names, and its work (`trigger:{key}`, or
+    /// the interrupted work a RESUME trigger continues).
+    pub agent: Option<String>,
+    pub work: String,
 }
 
 /// Everything the final recovery found.
@@ -58,16 +62,60 @@ pub struct FinalView {
     pub ledger: BTreeMap<String, String>,
     /// World deliveries per idempotency key.
     pub deliveries: BTreeMap<String, usize>,
+    /// (agent, work) pairs whose outcome is durable.
+    pub completed: BTreeSet<(String, String)>,
+    /// Schedule ids defined.
+    pub schedules: BTreeSet<String>,
+    /// Trigger rows per (schedule, bucket), from their payloads.
+    pub buckets: BTreeMap<(String, u64), usize>,
+    /// Trigger rows per dedup key (the store keeps one).
+    pub rows_per_key: BTreeMap<String, usize>,
     pub runtime_violations: Vec<String>,
     pub disk_violations: Vec<String>,
-    /// Workers the daemon was configured with.
-    pub workers: usize,
     /// Logical time of the final crash.
     pub end_ms: u64,
 }
 
+/// The (agent, work) pairs whose durability the oracle asks about.
+pub fn works_to_check(events: &[(u64, Event)]) -> BTreeSet<(String, String)> {
+    let mut works = BTreeSet::new();
+    for (_, e) in events {
+        match e {
+            Event::Acked {
+                op: Op::Turn { agent, work_id },
+                ..
+            } => {
+                works.insert((agent.clone(), format!("api:{work_id}")));
+            }
+            Event::TurnStarted { agent, work } => {
+                works.insert((agent.clone(), work.clone()));
+            }
+            _ => {}
+        }
+    }
+    works
+}
+
+/// What the oracle needs to know of the plan and the run.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    pub settle_ms: u64,
+    /// A due trigger's turn starts within this much of its fire time.
+    pub fire_bound_ms: u64,
+    /// When the daemon was down (killed or stopped .. restarted).
+    pub down: Vec<(u64, u64)>,
+    pub policy: durable_agent::store::triggers::TriggerPolicy,
+}
+
+impl Bounds {
+    fn down_between(&self, from: u64, to: u64) -> bool {
+        self.down.iter().any(|(a, b)| *a <= to && *b >= from)
+    }
+}
+
 /// Every violation found (empty: the run kept every guarantee).
-pub fn check(events: &[(u64, DaemonEvent)], view: &FinalView, settle_ms: u64) -> Vec<String> {
+pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<String> {
+    let settle_ms = bounds.settle_ms;
     let mut bad = Vec::new();
     bad.extend(
         view.runtime_violations
@@ -79,285 +127,253 @@ pub fn check(events: &[(u64, DaemonEvent)], view: &FinalView, settle_ms: u64) ->
             .iter()
             .map(|v| format!("disk invariant: {v}")),
     );
-    check_tree(view, &mut bad);
-    let mut emitted: BTreeSet<&str> = BTreeSet::new();
-    let mut fired: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let maybe_deleted: BTreeSet<&str> = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Sent {
+                op: Op::DeleteAgent { name },
+                ..
+            } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let schedule_deletes: BTreeSet<&str> = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Sent {
+                op: Op::DeleteSchedule { id },
+                ..
+            } => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut ran: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
+    let mut acked_works: BTreeMap<(&str, String), u64> = BTreeMap::new();
+    let mut emitted: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut emitted_at: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut first_start: BTreeMap<&str, u64> = BTreeMap::new();
     for (at, event) in events {
         match event {
-            DaemonEvent::MessageAcked { id, from, to } => match view.agents.get(to) {
-                None => bad.push(format!("message {id} ({from} -> {to}, acked at {at} ms): recipient gone")),
-                Some(a) if !a.delivered.contains(id) && !a.pending.contains(id) => bad.push(format!(
-                    "message {id} ({from} -> {to}) acknowledged at {at} ms is lost: neither pending nor delivered"
-                )),
-                Some(_) => {}
+            Event::Acked { op, reply, .. } => match op {
+                Op::CreateAgent { name, .. }
+                    if !maybe_deleted.contains(name.as_str()) && !view.agents.contains_key(name) =>
+                {
+                    bad.push(format!("D1: agent {name} created (acked at {at} ms) is gone"));
+                }
+                Op::Message { from, to } => {
+                    let id = reply["message_id"].as_str().unwrap_or_default();
+                    match view.agents.get(to) {
+                        None => bad.push(format!("D1: message {id} ({from} -> {to}): recipient gone")),
+                        Some(a) if !a.delivered.contains(id) && !a.pending.iter().any(|p| p == id) => {
+                            bad.push(format!(
+                                "D1: message {id} ({from} -> {to}) acknowledged at {at} ms is lost: neither pending nor delivered"
+                            ))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                Op::Emit { key, .. } => {
+                    let fire_at = reply["fire_at_ms"].as_u64().unwrap_or(*at);
+                    emitted.insert(key, fire_at);
+                    emitted_at.entry(key).or_insert(*at);
+                }
+                Op::AddSchedule { id, .. }
+                    if !schedule_deletes.contains(id.as_str()) && !view.schedules.contains(id) =>
+                {
+                    bad.push(format!("D1: schedule {id} added (acked at {at} ms) is gone"));
+                }
+                Op::DeleteSchedule { id } if view.schedules.contains(id) => {
+                    bad.push(format!("D1: schedule {id} deleted (acked at {at} ms) is back"));
+                }
+                Op::Turn { agent, work_id } => {
+                    let work = format!("api:{work_id}");
+                    let key = (agent.as_str(), work.clone());
+                    if let Some(first) = acked_works.get(&key) {
+                        if reply.get("already_done").is_none() {
+                            bad.push(format!(
+                                "D3: turn {work} of {agent} acknowledged at {first} ms ran again for the retry acked at {at} ms"
+                            ));
+                        }
+                    } else {
+                        acked_works.insert(key, *at);
+                    }
+                    if !view.completed.contains(&(agent.clone(), work.clone())) {
+                        bad.push(format!(
+                            "D3: turn {work} of {agent} acknowledged at {at} ms is not durable after recovery"
+                        ));
+                    }
+                }
+                _ => {}
             },
-            DaemonEvent::TriggerEmitted { key, .. } => {
-                emitted.insert(key);
+            Event::TurnEnded {
+                agent,
+                work,
+                ran: true,
+                ..
+            } => ran.entry((agent, work)).or_default().push(*at),
+            Event::TurnStarted { work, .. } => {
+                first_start.entry(work).or_insert(*at);
             }
-            DaemonEvent::TriggerFired { key, .. } => fired.entry(key).or_default().push(*at),
-
             _ => {}
         }
     }
-    for (key, times) in &fired {
+    for ((agent, work), times) in &ran {
         if times.len() > 1 {
             bad.push(format!(
-                "trigger task {key} ran to DONE {} times (at {times:?} ms)",
+                "D3: {work} of {agent} ran to completion {} times (at {times:?} ms)",
                 times.len()
             ));
+        }
+    }
+    for (key, n) in &view.deliveries {
+        if *n > 1 {
+            bad.push(format!("D2: side effect {key} reached the world {n} times"));
         }
     }
     for (name, a) in &view.agents {
         let distinct: BTreeSet<&String> = a.pending.iter().collect();
         if distinct.len() != a.pending.len() {
             bad.push(format!(
-                "agent {name}: a message is pending twice: {:?}",
+                "D1: agent {name}: a message is pending twice: {:?}",
                 a.pending
             ));
         }
         for id in a.pending.iter().filter(|id| a.delivered.contains(*id)) {
             bad.push(format!(
-                "agent {name}: message {id} is both delivered and pending"
+                "D1: agent {name}: message {id} is both delivered and pending"
             ));
         }
     }
-    for key in &emitted {
+    for (key, fire_at) in &emitted {
         let Some(row) = view.triggers.get(*key) else {
-            bad.push(format!("trigger {key}: emit returned but the row is gone (lost)"));
+            bad.push(format!(
+                "D1: trigger {key}: emit acknowledged but the row is gone (lost)"
+            ));
             continue;
         };
-        let handled = matches!(row.status.as_str(), "DONE" | "DEAD" | "FAILED");
-        if !handled && row.fire_at_ms.saturating_add(settle_ms) <= view.end_ms {
+        let settled = matches!(row.status.as_str(), "DONE" | "DEAD" | "FAILED");
+        if !settled && row.fire_at_ms.saturating_add(settle_ms) <= view.end_ms {
             bad.push(format!(
-                "trigger {key}: due at {} ms but still {} at {} ms after {} attempts (delayed or lost)",
+                "D4: trigger {key}: due at {} ms but still {} at {} ms after {} attempts (delayed or lost)",
                 row.fire_at_ms, row.status, view.end_ms, row.attempts
             ));
         }
-    }
-    for (key, n) in &view.deliveries {
-        if *n > 1 {
-            bad.push(format!("side effect {key} reached the world {n} times"));
+        let work = format!("trigger:{key}");
+        let due = (*fire_at).max(emitted_at.get(key).copied().unwrap_or(0));
+        match first_start.get(work.as_str()) {
+            Some(started) if started < fire_at => {
+                bad.push(format!("D5: trigger {key} due at {fire_at} ms started at {started} ms"))
+            }
+            Some(started)
+                if *started > due + bounds.fire_bound_ms && !bounds.down_between(due, *started) =>
+            {
+                bad.push(format!(
+                    "D5: trigger {key} due at {due} ms started only at {started} ms (bound {} ms, the daemon up)",
+                    bounds.fire_bound_ms
+                ))
+            }
+            None if view.end_ms > due + bounds.fire_bound_ms
+                && !bounds.down_between(due, due + bounds.fire_bound_ms) =>
+            {
+                bad.push(format!(
+                    "D5: trigger {key} due at {due} ms never started (bound {} ms, the daemon up)",
+                    bounds.fire_bound_ms
+                ))
+            }
+            _ => {}
         }
     }
-    bad.extend(delivered_without_a_turn(events, view));
+    for ((schedule, bucket), n) in &view.buckets {
+        if *n > 1 {
+            bad.push(format!(
+                "D5: schedule {schedule} bucket {bucket} was emitted {n} times (fires twice)"
+            ));
+        }
+    }
+    for (key, n) in &view.rows_per_key {
+        if *n > 1 {
+            bad.push(format!("D1: trigger key {key} has {n} rows (runs {n} times)"));
+        }
+    }
+    check_backoff(events, bounds, &mut bad);
     for (key, row) in &view.triggers {
-        let fire = DaemonConfig::fire_key(key);
-        let sent = view.deliveries.get(&fire).copied().unwrap_or(0);
-        match (row.status.as_str(), view.ledger.get(&fire).map(String::as_str)) {
-            ("DONE", Some("DONE")) if sent == 1 => {}
-            ("DONE", Some("NEEDS_CONFIRMATION")) => {}
-            ("DONE", ledger) => bad.push(format!(
-                "trigger {key} is DONE but its firing is {ledger:?} in the ledger with {sent} deliveries"
-            )),
-            _ => {}
+        let Some(agent) = &row.agent else { continue };
+        // A wake-up whose message another turn read meanwhile runs no turn
+        // (acked as already done): its message delivered is its effect.
+        let read_elsewhere = key
+            .strip_prefix("wake:")
+            .is_some_and(|id| view.agents.get(agent).is_some_and(|a| a.delivered.contains(id)));
+        if row.status == "DONE"
+            && !read_elsewhere
+            && view.agents.contains_key(agent)
+            && !view.completed.contains(&(agent.clone(), row.work.clone()))
+        {
+            bad.push(format!(
+                "D4: trigger {key} is DONE but its turn ({}) is not durable: acked before its effects",
+                row.work
+            ));
+        }
+        if let Some(bucket) = key
+            .strip_prefix("scheduled:")
+            .and_then(|rest| rest.rsplit_once(':'))
+            .and_then(|(_, b)| b.parse::<u64>().ok())
+        {
+            let work = format!("trigger:{key}");
+            if let Some(started) = first_start.get(work.as_str()) {
+                if *started < row.fire_at_ms {
+                    bad.push(format!(
+                        "D5: schedule bucket {bucket} ({key}) due at {} ms started at {started} ms",
+                        row.fire_at_ms
+                    ));
+                }
+            }
         }
     }
     bad
 }
 
-/// Messages shown delivered that no completed turn read. A turn's read
-/// counts when its `Delivered` event was recorded (the turn completed), or
-/// when its attempt was in flight at a crash (`Reading` with no outcome
-/// before the next boot: its `turn.complete` may be durable); an attempt
-/// that failed (`TurnRetry`, `TurnGaveUp`) read nothing durable.
-pub fn delivered_without_a_turn(events: &[(u64, DaemonEvent)], view: &FinalView) -> Vec<String> {
-    let mut read: BTreeSet<&str> = BTreeSet::new();
-    let mut in_flight: BTreeMap<&str, &Vec<String>> = BTreeMap::new();
-    for (_, event) in events {
-        match event {
-            DaemonEvent::Reading { agent, ids } => {
-                in_flight.insert(agent, ids);
+/// After its k-th failed attempt in this boot a trigger's turn starts again
+/// no sooner than `backoff_ms(k)` (attempts ≥ failures seen: a lower bound), unless
+/// a crash, stop, human retry or confirmation came in between (those
+/// re-pend or reclaim it at once, by design).
+fn check_backoff(events: &[(u64, Event)], bounds: &Bounds, bad: &mut Vec<String>) {
+    let mut failures: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+    let mut human_at = 0u64;
+    for (at, e) in events {
+        match e {
+            Event::Sent {
+                op: Op::RetryTrigger { .. } | Op::Confirm { .. },
+                ..
+            } => {
+                // A human's retry resets the attempts it re-pends.
+                human_at = *at;
+                failures.clear();
             }
-            DaemonEvent::Delivered { agent, ids } => {
-                read.extend(ids.iter().map(String::as_str));
-                in_flight.remove(agent.as_str());
+            // Failures a crash cut before their ack reached the store do
+            // not count there: count each boot's own.
+            Event::Booted { .. } => failures.clear(),
+            Event::TurnEnded {
+                work,
+                error: Some(error),
+                ..
+            } if work.starts_with("trigger:") && error.contains("provider") => {
+                let entry = failures.entry(work).or_insert((0, 0));
+                *entry = (entry.0 + 1, *at);
             }
-            DaemonEvent::TurnRetry { agent, .. } | DaemonEvent::TurnGaveUp { agent, .. } => {
-                in_flight.remove(agent.as_str());
-            }
-            DaemonEvent::Booted { .. } => {
-                for ids in std::mem::take(&mut in_flight).into_values() {
-                    read.extend(ids.iter().map(String::as_str));
+            Event::TurnStarted { work, .. } => {
+                let Some((n, failed_at)) = failures.get(work.as_str()).copied() else {
+                    continue;
+                };
+                let earliest = failed_at + bounds.policy.backoff_ms(n);
+                if *at < earliest && human_at < failed_at && !bounds.down_between(failed_at, *at) {
+                    bad.push(format!(
+                        "D5: {work} started again at {at} ms, {} ms after failure {n} (backoff {} ms)",
+                        at - failed_at,
+                        bounds.policy.backoff_ms(n)
+                    ));
                 }
             }
             _ => {}
         }
-    }
-    for ids in in_flight.into_values() {
-        read.extend(ids.iter().map(String::as_str));
-    }
-    let mut out = Vec::new();
-    for (name, a) in &view.agents {
-        for id in a.delivered.iter().filter(|id| !read.contains(id.as_str())) {
-            out.push(format!(
-                "agent {name}: message {id} is recorded delivered but no completed turn read it (lost to its agent)"
-            ));
-        }
-    }
-    out
-}
-
-fn check_tree(view: &FinalView, bad: &mut Vec<String>) {
-    match view.agents.get("lead") {
-        Some(lead) if lead.parent.is_none() => {}
-        other => bad.push(format!("the lead root is missing or not a root: {other:?}")),
-    }
-    for i in 0..view.workers {
-        let name = DaemonConfig::agent_name(i);
-        match view.agents.get(&name) {
-            Some(a) if a.parent.as_deref() == Some("lead") => {}
-            other => bad.push(format!("worker {name} is missing or not under lead: {other:?}")),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn healthy_view() -> FinalView {
-        let mut view = FinalView {
-            workers: 1,
-            end_ms: 1_000_000,
-            ..FinalView::default()
-        };
-        view.agents.insert("lead".into(), AgentMessages::default());
-        view.agents.insert(
-            "agent-0".into(),
-            AgentMessages {
-                parent: Some("lead".into()),
-                pending: vec!["m2".into()],
-                delivered: BTreeSet::new(),
-            },
-        );
-        view
-    }
-
-    fn acked(id: &str) -> (u64, DaemonEvent) {
-        let event = DaemonEvent::MessageAcked {
-            id: id.into(),
-            from: "agent-0".into(),
-            to: "agent-0".into(),
-        };
-        (5, event)
-    }
-
-    #[test]
-    fn acked_messages_pending_or_delivered_pass_and_a_missing_one_fails() {
-        let mut view = healthy_view();
-        let agent = view.agents.get_mut("agent-0").unwrap();
-        agent.delivered.insert("m1".into());
-        let handed = (
-            6,
-            DaemonEvent::Delivered {
-                agent: "agent-0".into(),
-                ids: vec!["m1".into()],
-            },
-        );
-        assert!(check(&[acked("m1"), acked("m2"), handed.clone()], &view, 0).is_empty());
-        let mut twice = view.clone();
-        twice.agents.get_mut("agent-0").unwrap().pending.push("m1".into());
-        let bad = check(&[acked("m1")], &twice, 0);
-        assert!(
-            bad.iter().any(|b| b.contains("both delivered and pending")),
-            "{bad:?}"
-        );
-        let bad = check(&[acked("m3"), handed], &view, 0);
-        assert_eq!(bad.len(), 1, "{bad:?}");
-        assert!(bad[0].contains("m3"));
-        // Delivered on disk, but no completed turn read it.
-        let bad = check(&[acked("m1")], &view, 0);
-        assert!(
-            bad.len() == 1 && bad[0].contains("m1") && bad[0].contains("no completed turn"),
-            "{bad:?}"
-        );
-        // Read by an attempt that failed: still a violation.
-        let reading = (
-            6,
-            DaemonEvent::Reading {
-                agent: "agent-0".into(),
-                ids: vec!["m1".into()],
-            },
-        );
-        let retry = (
-            7,
-            DaemonEvent::TurnRetry {
-                agent: "agent-0".into(),
-                attempt: 0,
-                backoff_ms: 1,
-            },
-        );
-        assert_eq!(check(&[acked("m1"), reading.clone(), retry], &view, 0).len(), 1);
-        // Read by the attempt in flight when the node died: allowed.
-        assert!(check(&[acked("m1"), reading], &view, 0).is_empty());
-    }
-
-    #[test]
-    fn emitted_trigger_must_exist_and_fire_at_most_once() {
-        let mut view = healthy_view();
-        let key = "scheduled-once:x".to_string();
-        let emitted = (
-            1,
-            DaemonEvent::TriggerEmitted {
-                key: key.clone(),
-                fire_at_ms: 10,
-                inserted: true,
-            },
-        );
-        let bad = check(std::slice::from_ref(&emitted), &view, 1_000);
-        assert!(bad.iter().any(|b| b.contains("lost")), "{bad:?}");
-        let row = TriggerRow {
-            status: "DONE".into(),
-            fire_at_ms: 10,
-            attempts: 1,
-        };
-        view.triggers.insert(key.clone(), row);
-        view.ledger.insert(DaemonConfig::fire_key(&key), "DONE".into());
-        view.deliveries.insert(DaemonConfig::fire_key(&key), 1);
-        assert!(check(std::slice::from_ref(&emitted), &view, 1_000).is_empty());
-        view.deliveries.insert(DaemonConfig::fire_key(&key), 2);
-        let bad = check(&[emitted], &view, 1_000);
-        assert!(bad.iter().any(|b| b.contains("2 times")), "{bad:?}");
-    }
-
-    #[test]
-    fn a_task_fired_twice_is_reported() {
-        let view = healthy_view();
-        let fired = |at| {
-            let event = DaemonEvent::TriggerFired {
-                key: "scheduled-once:z".into(),
-                overdue_note: false,
-                from_ledger: true,
-                needs_confirmation: false,
-            };
-            (at, event)
-        };
-        assert!(check(&[fired(1)], &view, 0).is_empty());
-        let bad = check(&[fired(1), fired(2)], &view, 0);
-        assert!(bad.iter().any(|b| b.contains("2 times")), "{bad:?}");
-    }
-
-    #[test]
-    fn overdue_pending_trigger_is_reported_as_delayed() {
-        let mut view = healthy_view();
-        let row = TriggerRow {
-            status: "PENDING".into(),
-            fire_at_ms: 10,
-            attempts: 0,
-        };
-        view.triggers.insert("scheduled-once:y".into(), row);
-        let emitted = (
-            1,
-            DaemonEvent::TriggerEmitted {
-                key: "scheduled-once:y".into(),
-                fire_at_ms: 10,
-                inserted: true,
-            },
-        );
-        assert!(check(std::slice::from_ref(&emitted), &view, 1_000)
-            .iter()
-            .any(|b| b.contains("delayed")));
-        view.end_ms = 500;
-        assert!(check(&[emitted], &view, 1_000).is_empty());
     }
 }

@@ -1,28 +1,31 @@
-//! [`Recorder`]: the daemon observer that outlives every crash, as the
-//! world does. What it holds is what the daemon acknowledged, in order.
+//! [`Recorder`]: what the simulated clients and the worker's lifecycle
+//! reported, in order, outliving every crash as the world does. It is the
+//! oracle's record of what was acknowledged.
 //!
 //! Invariant: append-only; clones share one trace.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use durable_agent::daemon::{DaemonEvent, DaemonObserver};
-
-use super::{fnv1a, FNV_START};
+use super::{fnv1a, Event, FNV_START};
 
 /// Shared, append-only event trace.
 #[derive(Debug, Clone, Default)]
 pub struct Recorder {
-    events: Arc<Mutex<Vec<(u64, DaemonEvent)>>>,
+    events: Arc<Mutex<Vec<(u64, Event)>>>,
 }
 
 impl Recorder {
-    fn lock(&self) -> MutexGuard<'_, Vec<(u64, DaemonEvent)>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<(u64, Event)>> {
         // Append-only: a panic elsewhere cannot leave it half-written.
         self.events.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub fn record(&self, now_ms: u64, event: Event) {
+        self.lock().push((now_ms, event));
+    }
+
     /// Every event so far, with its logical time.
-    pub fn events(&self) -> Vec<(u64, DaemonEvent)> {
+    pub fn events(&self) -> Vec<(u64, Event)> {
         self.lock().clone()
     }
 
@@ -31,11 +34,5 @@ impl Recorder {
         self.lock().iter().fold(FNV_START, |h, (t, e)| {
             fnv1a(fnv1a(h, &t.to_le_bytes()), format!("{e:?}").as_bytes())
         })
-    }
-}
-
-impl DaemonObserver for Recorder {
-    fn record(&self, now_ms: u64, event: DaemonEvent) {
-        self.lock().push((now_ms, event));
     }
 }

@@ -1,50 +1,52 @@
-//! The turns in flight on the `serve` worker: each turn's provider and tool
-//! calls run on a thread of their own while the worker goes on answering
-//! requests, firing other triggers and advancing other turns; each call's
-//! result comes back to the worker as a message and the worker persists it
-//! ([`durable_agent::runtime::Runtime::continue_turn`]) before the next
-//! call goes out. A completion that takes seconds stalls nothing.
+//! The worker's turns in flight: each turn's provider and tool calls are
+//! handed to the driver ([`Call`]) to perform wherever it likes (a thread
+//! in `serve`, a simulated task under madsim) while the worker goes on
+//! answering requests, firing other triggers and advancing other turns;
+//! each call's result comes back as an event and the worker persists it
+//! ([`crate::runtime::Runtime::continue_turn`]) before the next call goes
+//! out. A completion that takes seconds stalls nothing.
 //!
-//! Invariants: the system is touched on the worker thread only — a call's
-//! thread holds the call and the turn's telemetry scope, nothing else (the
-//! tool-call and activity ledgers commit under their own connection lock,
-//! never across the tool itself). A turn's steps stay in order: its next
+//! Invariants: the system is touched by the worker only — a call holds the
+//! call and the turn's telemetry scope, nothing else (the tool-call and
+//! activity ledgers commit under their own connection lock, never across
+//! the tool itself). A turn's steps stay in order: its next
 //! call goes out only after the previous result is durable. An agent has at
 //! most one turn in flight (the runtime pins it); a due trigger whose agent
 //! is busy keeps its claim and waits here, in claim order, instead of
 //! burning an attempt. At most `limit` turns are in flight or waiting.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::mpsc;
-use std::sync::Arc;
 
-use durable_agent::runtime::{
-    CallResult, Outside, OutsideCall, ProviderError, RuntimeError, Started, ToolError, TurnStep, TurnTask,
-};
-use durable_agent::system::{Fired, System, SystemError};
-use serde_json::Value;
+use crate::canary::Canary;
+use crate::runtime::{CallResult, OutsideCall, RuntimeError, Started, TurnStep, TurnTask};
+use crate::system::{Fired, System, SystemError};
 
-use crate::interrupt::Stop;
-use crate::lifecycle::{Lifecycle, TurnScope};
-use crate::ops::{self, Claimed, FireResult, OpError, PreparedTurn, StartedTurn};
+use super::ops::{self, Claimed, FireResult, OpError, PreparedTurn, StartedTurn};
+use super::{Lifecycle, RequestId, TurnScope};
 
-/// Where a turn's answer goes.
-pub type Reply = mpsc::SyncSender<Result<Value, OpError>>;
-
-/// A call's result, on its way back to the worker.
+/// A call for the driver to perform; its result comes back to
+/// [`super::Worker::handle_result`] with the same `turn`.
 #[derive(Debug)]
-pub struct Finished {
+pub struct Call {
     pub turn: u64,
-    pub result: CallResult,
+    pub call: OutsideCall,
+    pub scope: TurnScope,
 }
+
+/// A request's answer, for the driver to deliver.
+pub type Answer = (RequestId, Result<serde_json::Value, OpError>);
 
 /// What ends a turn.
 #[derive(Debug)]
 pub enum End {
     /// An API turn: answer the request.
-    Api { prepared: PreparedTurn, reply: Reply },
-    /// A trigger's turn: ack the claim.
-    Fire { claimed: Claimed },
+    Api {
+        prepared: PreparedTurn,
+        request: RequestId,
+    },
+    /// A trigger's turn: ack the claim (`acked`: already acked, only
+    /// under the `TriggerAckedBeforeTurn` canary).
+    Fire { claimed: Claimed, acked: bool },
 }
 
 #[derive(Debug)]
@@ -55,34 +57,28 @@ struct InFlight {
 }
 
 /// The worker's turns in flight.
+#[derive(Debug)]
 pub struct Turns {
     live: BTreeMap<u64, InFlight>,
     next: u64,
     waiting: VecDeque<Claimed>,
-    outside: Outside,
     limit: usize,
-    back: Arc<dyn Fn(Finished) + Send + Sync>,
-}
-
-impl std::fmt::Debug for Turns {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Turns")
-            .field("live", &self.live.len())
-            .field("waiting", &self.waiting.len())
-            .finish_non_exhaustive()
-    }
+    /// Calls to hand to the driver, in order.
+    pub(super) calls: VecDeque<Call>,
+    /// Answers to hand to the driver, in order.
+    pub(super) answers: VecDeque<Answer>,
 }
 
 impl Turns {
-    /// `back` hands a call's result to the worker (from the call's thread).
-    pub fn new(system: &System, limit: usize, back: Arc<dyn Fn(Finished) + Send + Sync>) -> Turns {
+    /// At most `limit` turns in flight or waiting.
+    pub fn new(limit: usize) -> Turns {
         Turns {
             live: BTreeMap::new(),
             next: 1,
             waiting: VecDeque::new(),
-            outside: system.runtime().outside(),
             limit: limit.max(1),
-            back,
+            calls: VecDeque::new(),
+            answers: VecDeque::new(),
         }
     }
 
@@ -91,35 +87,22 @@ impl Turns {
         self.live.len()
     }
 
+    /// Claims waiting for their agent.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Track `started` and send its first call out.
     pub fn launch(&mut self, started: StartedTurn, end: End) {
         let id = self.next;
         self.next += 1;
         let StartedTurn { task, call, scope } = started;
-        self.spawn(id, call, scope.clone());
-        self.live.insert(id, InFlight { task, scope, end });
-    }
-
-    fn spawn(&self, turn: u64, call: OutsideCall, scope: TurnScope) {
-        let outside = self.outside.clone();
-        let back = self.back.clone();
-        let name = match &call {
-            OutsideCall::Provider(_) => "provider-call",
-            OutsideCall::Tool(_) => "tool-call",
-        };
-        let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
-            let result = Lifecycle::in_scope(&scope, || outside.perform(&call));
-            back(Finished { turn, result });
+        self.calls.push_back(Call {
+            turn: id,
+            call,
+            scope: scope.clone(),
         });
-        if let Err(e) = spawned {
-            // Nothing ran: the call fails as it would have without a thread.
-            let failure = format!("cannot start a thread for the call: {e}");
-            let result = match name {
-                "provider-call" => CallResult::Provider(Err(ProviderError(failure))),
-                _ => CallResult::Tool(Err(ToolError::Failed(failure))),
-            };
-            (self.back)(Finished { turn, result });
-        }
+        self.live.insert(id, InFlight { task, scope, end });
     }
 
     /// Persist a call's result and send the turn's next call out, or end
@@ -127,44 +110,44 @@ impl Turns {
     pub fn finished(
         &mut self,
         system: &mut System,
-        lifecycle: &Lifecycle,
-        done: Finished,
+        lifecycle: &dyn Lifecycle,
+        turn_id: u64,
+        result: CallResult,
     ) -> Result<(), OpError> {
-        let Some(mut turn) = self.live.remove(&done.turn) else {
-            tracing::warn!(turn = done.turn, "a result for no turn in flight; dropped");
+        let Some(mut turn) = self.live.remove(&turn_id) else {
+            tracing::warn!(turn = turn_id, "a result for no turn in flight; dropped");
             return Ok(());
         };
-        let ended = match system.runtime_mut().continue_turn(&mut turn.task, done.result) {
+        let ended = match system.runtime_mut().continue_turn(&mut turn.task, result) {
             Ok(TurnStep::Call(call)) => {
-                self.spawn(done.turn, call, turn.scope.clone());
-                self.live.insert(done.turn, turn);
+                self.calls.push_back(Call {
+                    turn: turn_id,
+                    call,
+                    scope: turn.scope.clone(),
+                });
+                self.live.insert(turn_id, turn);
                 return Ok(());
             }
             Ok(TurnStep::Done(outcome)) => Ok(outcome),
             Err(e) => Err(e),
         };
         match turn.end {
-            End::Api { prepared, reply } => {
+            End::Api { prepared, request } => {
                 let answer = ops::end_api_turn(system, lifecycle, &turn.scope, &prepared, ended.map(Some));
                 let fatal = match &answer {
                     Err(e) if e.is_fatal() => Some(OpError::UnknownOutcome(e.to_string())),
                     _ => None,
                 };
                 // The client may have gone away; the turn stands.
-                let _ = reply.send(answer);
+                self.answers.push_back((request, answer));
                 fatal.map_or(Ok(()), Err)
             }
-            End::Fire { claimed } => {
+            End::Fire { claimed, acked } => {
                 let fired = ended.map(|o| Fired::Ran {
                     tool_calls: o.tool_calls.len(),
                 });
-                end_fire(
-                    system,
-                    lifecycle,
-                    &turn.scope,
-                    &claimed,
-                    fired.map_err(SystemError::Runtime),
-                )
+                let fired = fired.map_err(SystemError::Runtime);
+                end_fire(system, lifecycle, &turn.scope, &claimed, fired, acked)
             }
         }
     }
@@ -175,9 +158,8 @@ impl Turns {
     pub fn fire_due(
         &mut self,
         system: &mut System,
-        lifecycle: &Lifecycle,
+        lifecycle: &dyn Lifecycle,
         lease_ms: u64,
-        stop: &Stop,
     ) -> Result<(), OpError> {
         for _ in 0..self.waiting.len() {
             let Some(claimed) = self.waiting.pop_front() else {
@@ -186,7 +168,7 @@ impl Turns {
             self.start_fire(system, lifecycle, claimed)?;
         }
         let mut results = Vec::new();
-        while !stop.requested() && self.live.len() + self.waiting.len() < self.limit {
+        while self.live.len() + self.waiting.len() < self.limit {
             let Some(claimed) = ops::claim_next(system, lease_ms, &mut results)? else {
                 break;
             };
@@ -201,7 +183,7 @@ impl Turns {
     fn start_fire(
         &mut self,
         system: &mut System,
-        lifecycle: &Lifecycle,
+        lifecycle: &dyn Lifecycle,
         claimed: Claimed,
     ) -> Result<(), OpError> {
         let c = &claimed;
@@ -216,7 +198,14 @@ impl Turns {
         let scope = lifecycle.turn_started(system, &c.agent, &System::trigger_work(&c.claim));
         let fired = match started {
             Ok(Started::Running(task, TurnStep::Call(call))) => {
-                self.launch(StartedTurn { task, call, scope }, End::Fire { claimed });
+                let acked = system.config().canaries.has(Canary::TriggerAckedBeforeTurn);
+                if acked {
+                    // The bug: DONE before the turn's effects are durable.
+                    system
+                        .ack_fire(&claimed.claim, Fired::Ran { tool_calls: 0 })
+                        .map_err(|e| OpError::UnknownOutcome(e.to_string()))?;
+                }
+                self.launch(StartedTurn { task, call, scope }, End::Fire { claimed, acked });
                 return Ok(());
             }
             Ok(Started::Running(_, TurnStep::Done(o))) => Ok(Fired::Ran {
@@ -225,20 +214,25 @@ impl Turns {
             Ok(Started::AlreadyDone) => Ok(Fired::AlreadyDone),
             Err(e) => Err(e),
         };
-        end_fire(system, lifecycle, &scope, &claimed, fired)
+        end_fire(system, lifecycle, &scope, &claimed, fired, false)
     }
 }
 
-/// A trigger's turn ended: ack it DONE (proving the lease) or settle the
-/// failure ([`ops::settle_fire`]), and report `turn_end`.
+/// A trigger's turn ended: ack it DONE (proving the lease; unless it was
+/// `acked` already) or settle the failure ([`ops::settle_fire`]), and
+/// report `turn_end`.
 fn end_fire(
     system: &mut System,
-    lifecycle: &Lifecycle,
+    lifecycle: &dyn Lifecycle,
     scope: &TurnScope,
     claimed: &Claimed,
     fired: Result<Fired, SystemError>,
+    acked: bool,
 ) -> Result<(), OpError> {
-    let outcome = fired.and_then(|fired| system.ack_fire(&claimed.claim, fired));
+    let outcome = match acked {
+        true => fired,
+        false => fired.and_then(|fired| system.ack_fire(&claimed.claim, fired)),
+    };
     lifecycle.turn_ended(
         scope,
         outcome

@@ -1,4 +1,4 @@
-//! The daemon's simulated provider: [`FlakyProvider`], the deterministic
+//! The simulation's provider: [`FlakyProvider`], the deterministic
 //! fake LLM, failing a seeded share of completions (a timeout, a 5xx): the
 //! turn is abandoned and retried. Like a real model it never words a tool
 //! call the same way twice: each answer's calls carry the ask's number in
@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::runtime::{FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest};
+use durable_agent::runtime::{FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest};
 
 /// The fake provider, failing each completion with probability `failure`.
 #[derive(Debug)]

@@ -1,0 +1,186 @@
+//! The scheduler's two halves of a firing: claiming the next due trigger
+//! with a lease ([`claim_next`]) and settling its turn's end
+//! ([`settle_fire`]): DONE, retried with the policy's backoff, or given up.
+//!
+//! Invariant: a claim is settled exactly once by the process that holds
+//! it — or left CLAIMED for the next boot to reclaim when a stop
+//! interrupted its turn; a lost lease changes nothing.
+
+use crate::runtime::{AgentId, RuntimeError};
+use crate::store::tool_calls::{RunStatus, ToolCallStore};
+use crate::store::triggers::{Trigger, TriggerSource, TriggerStatus};
+use crate::store::StoreError;
+use crate::system::{Fired, System, SystemError};
+use serde_json::{json, Value};
+
+use super::super::INTERRUPTED;
+use super::{resolve, OpError};
+
+/// What the scheduler did with one claimed trigger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FireResult {
+    Fired {
+        id: String,
+        fired: Fired,
+    },
+    /// Acked failed (retried later with backoff, or given up).
+    Failed {
+        id: String,
+        error: String,
+    },
+    /// A stop arrived mid-turn: the claim is left for the next boot to
+    /// reclaim (the turn re-runs under the same work id).
+    Interrupted {
+        id: String,
+    },
+}
+
+/// A due trigger this process claimed, with the agent and prompt its
+/// payload names.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub claim: Trigger,
+    pub agent: AgentId,
+    pub prompt: String,
+}
+
+/// Claim the next due trigger whose payload names a live agent; a trigger
+/// whose payload cannot run is acked failed (not retried) and reported in
+/// `results`. `None`: nothing is due.
+pub fn claim_next(
+    system: &mut System,
+    lease_ms: u64,
+    results: &mut Vec<FireResult>,
+) -> Result<Option<Claimed>, OpError> {
+    loop {
+        let now = system.now_ms();
+        let claimed = system.triggers().claim(system.db().conn(), now, lease_ms)?;
+        let Some(claim) = claimed else { return Ok(None) };
+        let field = |name: &str| {
+            claim
+                .payload
+                .get(name)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let target = match (field("agent"), field("prompt")) {
+            (Some(target), Some(prompt)) => resolve(system, &target).map(|agent| (agent, prompt)),
+            _ => Err(OpError::BadRequest(
+                "payload has no `agent` and `prompt` strings".into(),
+            )),
+        };
+        let (agent, mut prompt) = match target {
+            Ok(target) => target,
+            Err(e) => {
+                let error = e.to_string();
+                let now = system.now_ms();
+                system
+                    .triggers()
+                    .ack_failed(system.db().conn(), &claim, now, &error, false)?;
+                results.push(FireResult::Failed { id: claim.id, error });
+                continue;
+            }
+        };
+        // A RESUME trigger continues an interrupted turn: its prompt must
+        // stay the turn's own (a note would make it another turn).
+        if let Some(note) = claim
+            .overdue_note()
+            .filter(|_| claim.source != TriggerSource::Resume)
+        {
+            prompt.push_str(&format!("\n\n[{note}]"));
+        }
+        tracing::info!(id = %claim.id, key = ?claim.dedup_key, agent = %agent, attempt = claim.attempts, "firing trigger");
+        return Ok(Some(Claimed { claim, agent, prompt }));
+    }
+}
+
+/// Settle a claimed trigger's firing: DONE was acked by the fire (`Ok`);
+/// a failed turn is acked failed here — retried with backoff if the
+/// provider failed, else given up. `Ok(None)`: a stop interrupted the
+/// turn, the claim is left for the next boot to reclaim.
+pub fn settle_fire(
+    system: &mut System,
+    claim: &Trigger,
+    outcome: Result<Fired, SystemError>,
+) -> Result<Option<FireResult>, OpError> {
+    let blocked = matches!(
+        outcome,
+        Err(SystemError::Runtime(RuntimeError::NeedsConfirmation { .. }))
+    );
+    let (error, retryable) = match outcome {
+        Ok(fired) => {
+            tracing::info!(id = %claim.id, ?fired, "trigger done");
+            settle_run(system, claim, RunStatus::Succeeded)?;
+            return Ok(Some(FireResult::Fired {
+                id: claim.id.clone(),
+                fired,
+            }));
+        }
+        Err(SystemError::Runtime(RuntimeError::Provider { source, .. })) if source.0 == INTERRUPTED => {
+            tracing::info!(id = %claim.id, "trigger turn interrupted by stop; boot reclaims it");
+            return Ok(None);
+        }
+        Err(SystemError::Runtime(e @ RuntimeError::Provider { .. })) => (e.to_string(), true),
+        Err(SystemError::Runtime(e @ (RuntimeError::TurnInFlight(_) | RuntimeError::SlotsBusy { .. }))) => {
+            (e.to_string(), true)
+        }
+        Err(SystemError::Runtime(e @ RuntimeError::TooManyToolRounds { .. })) => (e.to_string(), false),
+        // Blocked on a human: FAILED, not retried by itself (a retry would
+        // block again); answering the key re-pends it (`System::confirm`).
+        Err(SystemError::Runtime(e @ RuntimeError::NeedsConfirmation { .. })) => (e.to_string(), false),
+        Err(SystemError::Runtime(e @ RuntimeError::UnknownAgent(_))) => (e.to_string(), false),
+        Err(SystemError::Store(e @ StoreError::LeaseLost { .. })) => {
+            tracing::warn!(id = %claim.id, error = %e, "lease lost; the newer claim owns the trigger");
+            return Ok(Some(FireResult::Failed {
+                id: claim.id.clone(),
+                error: e.to_string(),
+            }));
+        }
+        Err(e) => return Err(OpError::UnknownOutcome(format!("trigger {}: {e}", claim.id))),
+    };
+    let now = system.now_ms();
+    let status = system
+        .triggers()
+        .ack_failed(system.db().conn(), claim, now, &error, retryable)?;
+    tracing::warn!(id = %claim.id, error, next = status.as_str(), "trigger failed");
+    if blocked {
+        settle_run(system, claim, RunStatus::WaitingForHuman)?;
+    } else if status != TriggerStatus::Pending {
+        settle_run(system, claim, RunStatus::Failed)?;
+    }
+    Ok(Some(FireResult::Failed {
+        id: claim.id.clone(),
+        error,
+    }))
+}
+
+/// A RESUME trigger of a job run (`run:{id}`, see `crate::system`'s
+/// boot) settles the run's status as `run --resume` would.
+fn settle_run(system: &System, claim: &Trigger, status: RunStatus) -> Result<(), OpError> {
+    let work = System::trigger_work(claim);
+    let Some(run_id) = work
+        .strip_prefix("run:")
+        .filter(|_| claim.source == TriggerSource::Resume)
+    else {
+        return Ok(());
+    };
+    let store = ToolCallStore::default();
+    let db = system.db();
+    if store.get_run(db.conn(), run_id)?.is_some() {
+        store.set_run_status(db.conn(), run_id, status, system.now_ms())?;
+        tracing::info!(
+            run_id,
+            status = status.as_str(),
+            "run resumed by its RESUME trigger"
+        );
+    }
+    Ok(())
+}
+
+/// The `turn_end` payload of a firing.
+pub fn describe_fired(fired: &Fired) -> Value {
+    match fired {
+        Fired::Ran { tool_calls } => json!({"tool_calls": tool_calls}),
+        Fired::AlreadyDone => json!({"already_done": true}),
+    }
+}

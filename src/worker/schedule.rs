@@ -1,0 +1,360 @@
+//! Recurring schedules of the worker: "every `period_ms`, fire `prompt` on
+//! `agent`", each period's firing being an ordinary durable trigger whose
+//! dedup key is `scheduled:{id}:{bucket}`, `bucket = now_ms / period_ms`.
+//!
+//! Where the definition lives, and why: in `{root}/schedules.json`, one
+//! JSON document holding every schedule, replaced atomically through the
+//! system crate's `Fs` seam (write `schedules.json.tmp`, fsync, rename over,
+//! fsync the root) before `POST /schedules` answers. Not in a trigger
+//! payload: a trigger is a one-shot work item the scheduler claims, and a
+//! definition must never be claimed, acked or dead-lettered. The file is
+//! read only at boot (under the root lock, which the process holds).
+//!
+//! Invariants:
+//! - an acknowledged schedule (add or delete answered 200) survives any
+//!   crash: the rename is the commit point and is fsynced before the reply;
+//! - each bucket fires at most once, across any number of kill -9
+//!   restarts, because its trigger is emitted with the dedup key
+//!   `scheduled:{id}:{bucket}` (the trigger store keeps at most one row per
+//!   key, and a row reaches DONE at most once);
+//! - missed buckets are coalesced: only the current bucket is ever emitted,
+//!   and when earlier ones were skipped (the daemon was down) its prompt
+//!   carries a note saying how many. A new schedule fires in its current
+//!   bucket, i.e. right away.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::canary::Canary;
+use crate::fs::{Fs, OpenMode};
+use crate::store::triggers::{TriggerSource, TriggerSpec};
+use crate::store::StoreError;
+use crate::system::System;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::check_plain_id;
+use super::ops::MAX_TRIGGER_DELAY_MS;
+
+/// The definitions file, inside the root.
+pub const SCHEDULES_FILE: &str = "schedules.json";
+const SCHEDULES_TMP: &str = "schedules.json.tmp";
+/// The format this build writes, and the newest it reads.
+pub const SCHEDULES_VERSION: u32 = 1;
+/// Limits: a schedule fires at most every poll or so, at least once a year,
+/// and a root holds a bounded number of them.
+pub const MIN_PERIOD_MS: u64 = 100;
+pub const MAX_PERIOD_MS: u64 = MAX_TRIGGER_DELAY_MS;
+pub const MAX_SCHEDULES: usize = 1_000;
+
+/// One recurring schedule (also the body of `POST /schedules`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    /// `[A-Za-z0-9._-]`, 1-64 characters (it is part of the dedup key).
+    pub id: String,
+    /// Agent name or id, resolved when each bucket fires.
+    pub agent: String,
+    pub prompt: String,
+    pub period_ms: u64,
+}
+
+impl Schedule {
+    /// The dedup key of `bucket`'s trigger.
+    pub fn key(&self, bucket: u64) -> String {
+        format!("scheduled:{}:{bucket}", self.id)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        check_plain_id(&self.id).map_err(|m| format!("`id`: {m}"))?;
+        if self.agent.trim().is_empty() || self.prompt.trim().is_empty() {
+            return Err("`agent` and `prompt` must not be empty".into());
+        }
+        if !(MIN_PERIOD_MS..=MAX_PERIOD_MS).contains(&self.period_ms) {
+            return Err(format!(
+                "`period_ms` must be between {MIN_PERIOD_MS} and {MAX_PERIOD_MS}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Document {
+    version: u32,
+    schedules: Vec<Schedule>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// Reading or replacing the file failed. On a write, the outcome is
+    /// unknown (the rename may have happened): restart to reload.
+    #[error("{step} {path}: {source}")]
+    Io {
+        path: PathBuf,
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a schedules file ({source}); move it aside to start with no schedules")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path} has version {found}, this build reads up to {SCHEDULES_VERSION}; upgrade durable-agent")]
+    FutureVersion { path: PathBuf, found: u32 },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("no schedule {0:?}")]
+    NotFound(String),
+}
+
+/// The schedules of one root, and the last bucket emitted for each.
+#[derive(Debug)]
+pub struct Schedules {
+    fs: Arc<dyn Fs>,
+    root: PathBuf,
+    defs: BTreeMap<String, Schedule>,
+    /// Last bucket whose trigger is committed, per schedule; absent until
+    /// read back from the triggers table (once per boot, see `tick`).
+    emitted: BTreeMap<String, Option<u64>>,
+}
+
+impl Schedules {
+    /// Read `{root}/schedules.json` (none yet: no schedules). A leftover
+    /// `.tmp` from a crash before the rename is an unacknowledged write and
+    /// is ignored (the next save truncates it).
+    pub fn load(fs: Arc<dyn Fs>, root: &Path) -> Result<Schedules, ScheduleError> {
+        let path = root.join(SCHEDULES_FILE);
+        let io = |step| {
+            let path = path.clone();
+            move |source| ScheduleError::Io { path, step, source }
+        };
+        let defs = if fs.exists(&path, "schedules exists").map_err(io("stat"))? {
+            let bytes = fs.read(&path, "schedules read").map_err(io("read"))?;
+            let doc: Document = serde_json::from_slice(&bytes).map_err(|source| ScheduleError::Corrupt {
+                path: path.clone(),
+                source,
+            })?;
+            if doc.version > SCHEDULES_VERSION {
+                return Err(ScheduleError::FutureVersion {
+                    path,
+                    found: doc.version,
+                });
+            }
+            doc.schedules.into_iter().map(|s| (s.id.clone(), s)).collect()
+        } else {
+            BTreeMap::new()
+        };
+        tracing::info!(schedules = %path.display(), count = defs.len(), "schedules loaded");
+        Ok(Schedules {
+            fs,
+            root: root.to_path_buf(),
+            defs,
+            emitted: BTreeMap::new(),
+        })
+    }
+
+    pub fn list(&self) -> Vec<Schedule> {
+        self.defs.values().cloned().collect()
+    }
+
+    /// Add `schedule` durably. The same definition again is a no-op
+    /// (`Ok(false)`), so a retried request is harmless; a different one
+    /// under an existing id is a conflict.
+    pub fn add(&mut self, schedule: Schedule) -> Result<bool, ScheduleError> {
+        schedule.validate().map_err(ScheduleError::Invalid)?;
+        match self.defs.get(&schedule.id) {
+            Some(existing) if *existing == schedule => return Ok(false),
+            Some(_) => {
+                return Err(ScheduleError::Conflict(format!(
+                    "schedule {:?} exists with another definition; delete it first",
+                    schedule.id
+                )))
+            }
+            None if self.defs.len() >= MAX_SCHEDULES => {
+                return Err(ScheduleError::Conflict(format!(
+                    "a root holds at most {MAX_SCHEDULES} schedules"
+                )))
+            }
+            None => {}
+        }
+        let mut next = self.defs.clone();
+        next.insert(schedule.id.clone(), schedule);
+        self.save(&next)?;
+        self.defs = next;
+        Ok(true)
+    }
+
+    /// Remove schedule `id` durably. A trigger already emitted for its
+    /// current bucket still fires.
+    pub fn remove(&mut self, id: &str) -> Result<Schedule, ScheduleError> {
+        let mut next = self.defs.clone();
+        let removed = next
+            .remove(id)
+            .ok_or_else(|| ScheduleError::NotFound(id.to_string()))?;
+        self.save(&next)?;
+        self.defs = next;
+        self.emitted.remove(id);
+        Ok(removed)
+    }
+
+    /// Write-temp, fsync, rename, fsync-dir: the rename is the commit.
+    fn save(&self, defs: &BTreeMap<String, Schedule>) -> Result<(), ScheduleError> {
+        let doc = Document {
+            version: SCHEDULES_VERSION,
+            schedules: defs.values().cloned().collect(),
+        };
+        let path = self.root.join(SCHEDULES_FILE);
+        let tmp = self.root.join(SCHEDULES_TMP);
+        let bytes = serde_json::to_vec_pretty(&doc).map_err(|source| ScheduleError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        let io = |p: &Path, step| {
+            let path = p.to_path_buf();
+            move |source| ScheduleError::Io { path, step, source }
+        };
+        let fs = &self.fs;
+        fs.open(&tmp, OpenMode::Truncate, "schedules tmp create")
+            .map_err(io(&tmp, "create"))?;
+        fs.write_at(&tmp, 0, &bytes, "schedules tmp write")
+            .map_err(io(&tmp, "write"))?;
+        fs.sync(&tmp, "schedules tmp fsync").map_err(io(&tmp, "fsync"))?;
+        fs.rename(&tmp, &path, "schedules rename")
+            .map_err(io(&path, "rename"))?;
+        fs.sync_dir(&self.root, "schedules dir fsync")
+            .map_err(io(&self.root, "dir fsync"))?;
+        tracing::info!(count = defs.len(), "schedules saved");
+        Ok(())
+    }
+
+    /// Emit the current bucket's trigger of every schedule that has not
+    /// emitted it yet. Returns the keys emitted now.
+    pub fn tick(&mut self, system: &System) -> Result<Vec<String>, StoreError> {
+        if self.defs.keys().any(|id| !self.emitted.contains_key(id)) {
+            self.read_back(system)?;
+        }
+        let now = system.now_ms();
+        let mut emitted_now = Vec::new();
+        for schedule in self.defs.values() {
+            let bucket = now / schedule.period_ms;
+            let last = self.emitted.get(&schedule.id).copied().flatten();
+            if last.is_some_and(|last| last >= bucket) {
+                continue;
+            }
+            let missed = last.map_or(0, |last| bucket - last - 1);
+            let mut prompt = schedule.prompt.clone();
+            if missed > 0 {
+                // Coalesced: one firing stands for the periods skipped.
+                prompt.push_str(&format!(
+                    "\n\n[overdue: schedule {} missed {missed} earlier period(s) of {} ms while the \
+                     daemon was down; they are coalesced into this one]",
+                    schedule.id, schedule.period_ms
+                ));
+            }
+            let key = schedule.key(bucket);
+            let spec = TriggerSpec {
+                source: TriggerSource::Scheduled,
+                // The bucket's key is what makes it fire once across restarts
+                // (the canary drops it: keyed by row id, re-fired after one).
+                dedup_key: (!system.config().canaries.has(Canary::ScheduleBucketWithoutKey))
+                    .then(|| key.clone()),
+                session_id: None,
+                fire_at_ms: bucket.saturating_mul(schedule.period_ms),
+                priority: 0,
+                description: format!("schedule {} bucket {bucket}", schedule.id),
+                payload: json!({
+                    "agent": schedule.agent, "prompt": prompt,
+                    "schedule": schedule.id, "bucket": bucket, "missed": missed,
+                }),
+            };
+            let outcome = system.triggers().emit(system.db().conn(), &spec, now)?;
+            tracing::info!(key, missed, ?outcome, "schedule bucket emitted");
+            self.emitted.insert(schedule.id.clone(), Some(bucket));
+            emitted_now.push(key);
+        }
+        Ok(emitted_now)
+    }
+
+    /// The last bucket of each schedule whose trigger is committed, from
+    /// the triggers table (after a boot, the memory is empty).
+    fn read_back(&mut self, system: &System) -> Result<(), StoreError> {
+        let now = system.now_ms();
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for trigger in system.triggers().all(system.db().conn(), now)? {
+            let Some((id, bucket)) = trigger.dedup_key.as_deref().and_then(parse_key) else {
+                continue;
+            };
+            let entry = last.entry(id.to_string()).or_insert(bucket);
+            *entry = (*entry).max(bucket);
+        }
+        for id in self.defs.keys() {
+            self.emitted.insert(id.clone(), last.get(id).copied());
+        }
+        Ok(())
+    }
+}
+
+/// `scheduled:{id}:{bucket}` → (id, bucket).
+fn parse_key(key: &str) -> Option<(&str, u64)> {
+    let rest = key.strip_prefix("scheduled:")?;
+    let (id, bucket) = rest.rsplit_once(':')?;
+    Some((id, bucket.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::RealFs;
+
+    fn schedule(id: &str, period_ms: u64) -> Schedule {
+        Schedule {
+            id: id.into(),
+            agent: "a".into(),
+            prompt: "p".into(),
+            period_ms,
+        }
+    }
+
+    #[test]
+    fn acknowledged_schedules_are_read_back_and_bad_ones_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let fs: Arc<dyn Fs> = Arc::new(RealFs::new());
+        let mut book = Schedules::load(fs.clone(), dir.path())?;
+        assert!(book.add(schedule("daily", 1_000))?);
+        assert!(!book.add(schedule("daily", 1_000))?, "same definition: no-op");
+        assert!(matches!(
+            book.add(schedule("daily", 2_000)),
+            Err(ScheduleError::Conflict(_))
+        ));
+        assert!(matches!(
+            book.add(schedule("bad:id", 1_000)),
+            Err(ScheduleError::Invalid(_))
+        ));
+        assert!(matches!(
+            book.add(schedule("fast", 1)),
+            Err(ScheduleError::Invalid(_))
+        ));
+        book.add(schedule("hourly", 3_600_000))?;
+        book.remove("hourly")?;
+        let again = Schedules::load(fs.clone(), dir.path())?;
+        assert_eq!(again.list(), vec![schedule("daily", 1_000)]);
+        assert!(!dir.path().join(SCHEDULES_TMP).exists());
+        std::fs::write(dir.path().join(SCHEDULES_FILE), b"{not json")?;
+        let err = Schedules::load(fs, dir.path()).expect_err("corrupt");
+        assert!(err.to_string().contains(SCHEDULES_FILE), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn keys_parse_back_to_their_bucket() {
+        assert_eq!(parse_key(&schedule("a.b-c", 10).key(42)), Some(("a.b-c", 42)));
+        assert_eq!(parse_key("remind-ada"), None);
+        assert_eq!(parse_key("scheduled:x:notanumber"), None);
+    }
+}

@@ -1,0 +1,201 @@
+//! The worker driven by hand, as quinn-proto's tests drive a `Connection`:
+//! no thread, no socket, a clock the test moves. The third driver of the
+//! one core (after `serve` and the madsim simulation), small enough to read
+//! each step.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::fs::{Fs, SimConfig, SimFs};
+use crate::runtime::{FakeProvider, PureTools};
+use crate::system::{Deps, LogicalClock, System, SystemConfig};
+use crate::world::World;
+
+use super::ops::{CreateAgent, EmitRequest, OpError, Request, TurnRequest};
+use super::schedule::{Schedule, Schedules};
+use super::{Action, Settings, Silent, Worker};
+
+/// A clock the test moves.
+#[derive(Debug, Default)]
+struct Manual(AtomicU64);
+
+impl LogicalClock for Manual {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn worker(clock: &Arc<Manual>) -> Result<Worker, Box<dyn std::error::Error>> {
+    let fs = SimFs::new(SimConfig::new(7));
+    let fs: Arc<dyn Fs> = Arc::new(fs);
+    let deps = Deps {
+        provider: Arc::new(FakeProvider::new(7)),
+        tools: Arc::new(PureTools),
+        outbox: Arc::new(World::with_dedup()),
+        clock: clock.clone(),
+    };
+    let (system, _) = System::boot(fs.clone(), SystemConfig::new("/root", 7), deps)?;
+    let schedules = Schedules::load(fs, std::path::Path::new("/root"))?;
+    let settings = Settings {
+        poll_ms: 100,
+        lease_ms: 60_000,
+        slots: 2,
+        wake: false,
+        gc: None,
+        gc_period_ms: 60_000,
+    };
+    Ok(Worker::new(system, schedules, Box::new(Silent), settings))
+}
+
+/// A reply the worker gave: the request's id and its answer.
+type Reply = (u64, Result<Value, OpError>);
+
+/// Perform every call the worker hands out (inline, at once) until none is
+/// left; return the replies it gave.
+fn settle(worker: &mut Worker) -> Result<Vec<Reply>, OpError> {
+    let outside = worker.system().runtime().outside();
+    let mut replies = Vec::new();
+    for _ in 0..1_000 {
+        match worker.poll_action() {
+            Some(Action::Call(call)) => worker.handle_result(call.turn, outside.perform(&call.call))?,
+            Some(Action::Reply(id, result)) => replies.push((id, result)),
+            None => return Ok(replies),
+        }
+    }
+    panic!("the worker kept handing out calls");
+}
+
+fn trigger_status(worker: &mut Worker, key: &str) -> Result<Option<String>, Box<dyn std::error::Error>> {
+    worker.handle_request(99, Request::Status)?;
+    let status = settle(worker)?
+        .into_iter()
+        .find(|(id, _)| *id == 99)
+        .ok_or("no status reply")?
+        .1?;
+    let found = status["triggers"].as_object().and_then(|by_status| {
+        by_status.iter().find_map(|(s, rows)| {
+            rows.as_array()?
+                .iter()
+                .any(|r| r["dedup_key"] == key)
+                .then(|| s.clone())
+        })
+    });
+    Ok(found)
+}
+
+#[test]
+fn a_delayed_trigger_fires_when_the_clock_reaches_it_and_not_before() -> Result<(), Box<dyn std::error::Error>>
+{
+    let clock = Arc::new(Manual::default());
+    let mut w = worker(&clock)?;
+    let create = CreateAgent {
+        name: "ada".into(),
+        instructions: String::new(),
+        parent: None,
+    };
+    w.handle_request(1, Request::CreateAgent(create))?;
+    let emit = EmitRequest {
+        dedup_key: "later".into(),
+        fire_at_ms: None,
+        delay_ms: Some(5_000),
+        agent: "ada".into(),
+        prompt: "remind me".into(),
+    };
+    w.handle_request(2, Request::Emit(emit))?;
+    let replies = settle(&mut w)?;
+    assert!(replies.iter().all(|(_, r)| r.is_ok()), "{replies:?}");
+    w.handle_timeout()?;
+    assert!(w.poll_action().is_none(), "nothing is due yet");
+    assert_eq!(trigger_status(&mut w, "later")?.as_deref(), Some("PENDING"));
+    assert_eq!(w.poll_timeout_ms(), 100, "the poll bounds the wait");
+    clock.0.store(5_000, Ordering::SeqCst);
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    assert_eq!(trigger_status(&mut w, "later")?.as_deref(), Some("DONE"));
+    Ok(())
+}
+
+#[test]
+fn a_turn_is_answered_when_its_calls_come_back_and_a_retry_finds_it_done(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let clock = Arc::new(Manual::default());
+    let mut w = worker(&clock)?;
+    let create = CreateAgent {
+        name: "ada".into(),
+        instructions: String::new(),
+        parent: None,
+    };
+    w.handle_request(1, Request::CreateAgent(create))?;
+    settle(&mut w)?;
+    let turn = || {
+        Request::Turn(
+            "ada".into(),
+            TurnRequest {
+                prompt: "hello".into(),
+                work_id: Some("w1".into()),
+            },
+        )
+    };
+    w.handle_request(2, turn())?;
+    let first = settle(&mut w)?;
+    let answer = first.iter().find(|(id, _)| *id == 2).ok_or("no answer")?;
+    assert!(
+        answer.1.as_ref().is_ok_and(|v| v.get("already_done").is_none()),
+        "{answer:?}"
+    );
+    w.handle_request(3, turn())?;
+    let again = settle(&mut w)?;
+    let answer = again.iter().find(|(id, _)| *id == 3).ok_or("no answer")?;
+    assert!(
+        answer.1.as_ref().is_ok_and(|v| v["already_done"] == true),
+        "{answer:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_schedule_fires_each_bucket_once_and_a_stopped_worker_refuses_requests(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let clock = Arc::new(Manual::default());
+    let mut w = worker(&clock)?;
+    w.handle_request(
+        1,
+        Request::CreateAgent(CreateAgent {
+            name: "ada".into(),
+            instructions: String::new(),
+            parent: None,
+        }),
+    )?;
+    let schedule = Schedule {
+        id: "tick".into(),
+        agent: "ada".into(),
+        prompt: "tick".into(),
+        period_ms: 1_000,
+    };
+    w.handle_request(2, Request::AddSchedule(schedule))?;
+    settle(&mut w)?;
+    for now in [0, 500, 999, 1_000, 1_500] {
+        clock.0.store(now, Ordering::SeqCst);
+        w.handle_timeout()?;
+        settle(&mut w)?;
+    }
+    assert_eq!(
+        trigger_status(&mut w, "scheduled:tick:0")?.as_deref(),
+        Some("DONE")
+    );
+    assert_eq!(
+        trigger_status(&mut w, "scheduled:tick:1")?.as_deref(),
+        Some("DONE")
+    );
+    assert_eq!(trigger_status(&mut w, "scheduled:tick:2")?, None);
+    w.stop();
+    w.handle_request(4, Request::Status)?;
+    let refused = settle(&mut w)?;
+    assert!(
+        matches!(refused.as_slice(), [(4, Err(OpError::Conflict(_)))]),
+        "{refused:?}"
+    );
+    Ok(())
+}
