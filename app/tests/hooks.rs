@@ -364,8 +364,9 @@ fn a_resumed_round_applies_the_logged_decision_not_a_new_one() -> TestResult {
 #[test]
 fn observer_hooks_get_each_event_as_json_on_stdin() -> TestResult {
     let out_dir = tempfile::tempdir()?;
-    let log = out_dir.path().join("events.jsonl");
-    let append = format!("cat >> '{}'; echo >> '{}'", log.display(), log.display());
+    // Each observer's event in a file of its own: two observers run on
+    // threads of their own, so appends to one shared file could interleave.
+    let append = format!("cat > $(mktemp '{}/event.XXXXXX')", out_dir.path().display());
     let w = world(
         &format!(
             r#"[[hooks]]
@@ -391,10 +392,15 @@ command = ["sh", "-c", "{append}"]
     let out = w.run("job-1")?;
     assert!(out.status.success(), "{out:?}");
     // The run waits for its observers before it exits.
-    let events: Vec<Value> = std::fs::read_to_string(&log)?
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(serde_json::from_str)
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(out_dir.path())?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.sort();
+    let events: Vec<Value> = files
+        .iter()
+        .map(|f| -> Result<Value, Box<dyn std::error::Error>> {
+            Ok(serde_json::from_str(&std::fs::read_to_string(f)?)?)
+        })
         .collect::<Result<_, _>>()?;
     let names: Vec<&str> = events
         .iter()
