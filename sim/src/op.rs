@@ -211,9 +211,10 @@ pub enum Op {
     /// A turn of `agent` with the prompt of another agent's completed
     /// turn (the `of`-th one without orchestration calls, over all
     /// agents): the same script, so the same calls with the same
-    /// arguments — twin calls from two agents. Each agent's call is its
-    /// own effect: a runtime that keys them alike sends one of them once,
-    /// or answers one agent with the other's result.
+    /// arguments — twin calls from two agents; a work turn's twin runs
+    /// the same work id. Each agent's call is its own effect: a runtime
+    /// that keys them alike sends one of them once, or answers one agent
+    /// with the other's result.
     TwinTurn { agent: AgentRef, of: u8 },
     /// Enqueue a message from one agent to another (or itself).
     SendMessage { from: AgentRef, to: AgentRef },

@@ -460,6 +460,11 @@ pub struct Model {
     /// Completed works, by [`work_key`], with their agent. Bookkeeping.
     #[serde(default)]
     pub works_done: BTreeMap<String, String>,
+    /// The work id each work turn that completed ran its prompt as, by
+    /// prompt: a twin of that turn runs the same work id on its own agent
+    /// ([`Model::resolve_twin`]). Bookkeeping.
+    #[serde(default)]
+    pub work_prompts: BTreeMap<String, String>,
     /// Calls a turn stopped at, waiting for a human (NEEDS_CONFIRMATION
     /// in the ledger): idempotency key -> effect key. Only keys a turn
     /// reported: the ledger may hold others no re-run has met yet.
@@ -809,7 +814,10 @@ impl Model {
     /// by another live agent, the `agent`-th of those that never ran that
     /// prompt (completed, or rolled back and awaiting `resume_turn`): the
     /// same prompt, so the same calls word for word. A spawn or a send is
-    /// named by its prompt, so a turn with one is never twinned.
+    /// named by its prompt, so a turn with one is never twinned. The twin
+    /// of a work turn is a work turn of the same work id (work ids are the
+    /// caller's, per agent: two agents may run the same one), when its
+    /// agent never started that work; else a plain turn.
     fn resolve_twin(&self, agent: u8, of: u8) -> Option<Action> {
         let sources: Vec<(&String, &Turn)> = self
             .state
@@ -822,6 +830,9 @@ impl Model {
         let ran = |name: &String, a: &Agent| {
             a.turns.iter().any(|t| t.prompt == turn.prompt)
                 || matches!(self.lost_turns.get(name), Some(Action::RunTurn { prompt, .. }) if *prompt == turn.prompt)
+                || self.works.values().any(|w| {
+                    matches!(w, Action::WorkTurn { agent, prompt, .. } if agent == name && *prompt == turn.prompt)
+                })
         };
         let twins: Vec<&String> = self
             .state
@@ -830,15 +841,33 @@ impl Model {
             .filter(|(name, a)| *name != source && !ran(name, a))
             .map(|(name, _)| name)
             .collect();
+        let twin = pick(&twins, agent)?.clone();
+        // As the script asks them (rounds, lost answers): the recorded
+        // turn keeps only what it did.
+        let tools: Vec<ToolStep> = parse_script(&turn.prompt)
+            .into_iter()
+            .map(|(_, t, _)| t)
+            .collect();
+        let work = self.work_prompts.get(&turn.prompt).filter(|work| {
+            let key = work_key(&twin, work);
+            !self.works.contains_key(&key) && !self.works_done.contains_key(&key)
+        });
+        if let Some(work) = work {
+            let reads = self.state.agents.get(&twin)?.pending.clone();
+            return Some(Action::WorkTurn {
+                agent: twin,
+                work: work.clone(),
+                asked: turn.prompt.clone(),
+                prompt: turn.prompt.clone(),
+                tools,
+                response: turn.response.clone(),
+                reads,
+            });
+        }
         Some(Action::RunTurn {
-            agent: pick(&twins, agent)?.clone(),
+            agent: twin,
             prompt: turn.prompt.clone(),
-            // As the script asks them (rounds, lost answers): the
-            // recorded turn keeps only what it did.
-            tools: parse_script(&turn.prompt)
-                .into_iter()
-                .map(|(_, t, _)| t)
-                .collect(),
+            tools,
             response: turn.response.clone(),
             reads: false,
         })
@@ -899,6 +928,7 @@ impl Model {
                 let key = work_key(agent, work);
                 self.works.remove(&key);
                 self.works_done.insert(key.clone(), agent.clone());
+                self.work_prompts.insert(prompt.clone(), work.clone());
                 // Its RESUME trigger, if boot emitted one, only acks.
                 self.done_work.insert(key);
                 self.add_turn(agent, prompt, tools, response);
