@@ -100,6 +100,27 @@ pub fn snapshot(bin: &Path, dir: &Path) -> Result<PathBuf, String> {
     Ok(copy)
 }
 
+/// `cmd.spawn()`, retried while the kernel answers ETXTBSY. The binary was
+/// copied into place by this process ([`snapshot`]), and any other thread
+/// that forks while the copy's write descriptor is open (the tests run in
+/// parallel threads, each starting processes) hands that descriptor to its
+/// child until the child's `exec` closes it: for that instant the file is
+/// still open for writing and cannot be executed (rust-lang/rust#114554).
+/// The race ends by itself within milliseconds.
+fn spawn(cmd: &mut Command, bin: &Path) -> Result<Child, String> {
+    const ETXTBSY: i32 = 26;
+    let mut attempts = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && attempts < 100 => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.map_err(|e| format!("cannot start {}: {e}", bin.display())),
+        }
+    }
+}
+
 /// How to start the binary.
 #[derive(Debug, Clone)]
 pub struct Program {
@@ -128,12 +149,12 @@ impl Program {
             .append(true)
             .open(log)
             .map_err(|e| format!("{}: {e}", log.display()))?;
-        let mut child = self
-            .command()
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", self.bin.display()))?;
+        let mut child = spawn(
+            self.command()
+                .stdout(Stdio::piped())
+                .stderr(Stdio::from(log_file)),
+            &self.bin,
+        )?;
         let stdout = child.stdout.take().ok_or("serve has no stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -166,12 +187,10 @@ impl Program {
     /// Start a second `serve` on the same root while one holds it: it
     /// must exit 1 saying the root is in use, before touching anything.
     pub fn probe_lock(&self) -> Result<(), String> {
-        let mut child = self
-            .command()
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", self.bin.display()))?;
+        let mut child = spawn(
+            self.command().stdout(Stdio::null()).stderr(Stdio::piped()),
+            &self.bin,
+        )?;
         let mut stderr = child.stderr.take().ok_or("probe has no stderr")?;
         let reader = std::thread::spawn(move || {
             let mut text = String::new();
