@@ -207,52 +207,41 @@ pub struct CorruptLine {
     pub offset: u64,
 }
 
+/// Why a boot refused a line ([`SystemError::damaged_line`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineFault {
+    /// Damage (a checksum mismatch, an unreadable line, a gap in `seq`):
+    /// what an operator inspects or restores from a backup.
+    Corrupt,
+    /// Written by a newer version of durable-agent: not damage, so nothing
+    /// is quarantined; an upgrade reads it.
+    Newer,
+}
+
 impl SystemError {
-    /// The damaged line this error reports, when it is a corruption (a
-    /// checksum mismatch or an unreadable line of an event log or session
-    /// record): what an operator inspects or restores from a backup.
-    pub fn corrupt_line(&self) -> Option<CorruptLine> {
+    /// The line of an event log or session record this error refuses, and
+    /// why; `None` for any other error. A session record is one line:
+    /// line 1, byte 0.
+    pub fn damaged_line(&self) -> Option<(CorruptLine, LineFault)> {
         use crate::log::LogError;
         use crate::store::session::SessionError;
+        let at = |path: &std::path::Path, line: u64, offset: u64| CorruptLine {
+            path: path.to_path_buf(),
+            line,
+            offset,
+        };
         match self {
             SystemError::Runtime(RuntimeError::Log(LogError::Corrupt {
                 path, line, offset, ..
-            })) => Some(CorruptLine {
-                path: path.clone(),
-                line: *line,
-                offset: *offset,
-            }),
+            })) => Some((at(path, *line, *offset), LineFault::Corrupt)),
             SystemError::Runtime(RuntimeError::Session(SessionError::Corrupt { path, .. })) => {
-                Some(CorruptLine {
-                    path: path.clone(),
-                    line: 1,
-                    offset: 0,
-                })
+                Some((at(path, 1, 0), LineFault::Corrupt))
             }
-            _ => None,
-        }
-    }
-
-    /// The line this error reports as written by a newer version of
-    /// durable-agent (an event-log entry or a session record): not damage,
-    /// so nothing is quarantined; an upgrade reads it.
-    pub fn newer_line(&self) -> Option<CorruptLine> {
-        use crate::log::LogError;
-        use crate::store::session::SessionError;
-        match self {
             SystemError::Runtime(RuntimeError::Log(LogError::NewerSchema {
                 path, line, offset, ..
-            })) => Some(CorruptLine {
-                path: path.clone(),
-                line: *line,
-                offset: *offset,
-            }),
+            })) => Some((at(path, *line, *offset), LineFault::Newer)),
             SystemError::Runtime(RuntimeError::Session(SessionError::NewerSchema { path, .. })) => {
-                Some(CorruptLine {
-                    path: path.clone(),
-                    line: 1,
-                    offset: 0,
-                })
+                Some((at(path, 1, 0), LineFault::Newer))
             }
             _ => None,
         }

@@ -28,7 +28,7 @@ use durable_agent::world::World;
 use crate::model::{Action, Msg, TriggerRow};
 use crate::op::{CrashKind, ToolStep};
 use crate::rot::{self, Rot};
-use durable_agent::system::CorruptLine;
+use durable_agent::system::{CorruptLine, LineFault};
 use std::path::PathBuf;
 mod project;
 
@@ -307,9 +307,8 @@ impl Driver {
         self.corruption = None;
         let (system, report) = booted.map_err(|e| {
             self.corruption = e
-                .corrupt_line()
-                .map(|l| (l, false))
-                .or_else(|| e.newer_line().map(|l| (l, true)));
+                .damaged_line()
+                .map(|(line, fault)| (line, fault == LineFault::Newer));
             format!("boot: {e}")
         })?;
         // A boot a crash point cut short wrote nothing after it: its
