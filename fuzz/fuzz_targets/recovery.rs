@@ -33,7 +33,7 @@ use std::sync::{Arc, OnceLock};
 use arbitrary::Arbitrary;
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
 use durable_agent::store::triggers::{TriggerSource, TriggerSpec};
-use durable_agent::system::{CorruptLine, Deps, System, SystemConfig};
+use durable_agent::system::{CorruptLine, Deps, LineFault, System, SystemConfig};
 use durable_agent::world::World;
 use durable_agent_sim::standins::{ScriptedProvider, SimTools, SteppedClock};
 use libfuzzer_sys::fuzz_target;
@@ -365,7 +365,9 @@ fuzz_target!(|input: Input| {
         }
         Err(e) if only_rot.is_some() => {
             assert_eq!(
-                e.corrupt_line(),
+                e.damaged_line()
+                    .filter(|(_, fault)| *fault == LineFault::Corrupt)
+                    .map(|(line, _)| line),
                 only_rot,
                 "the boot must name the flipped line: {e}"
             );
