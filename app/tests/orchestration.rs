@@ -299,7 +299,17 @@ fn exchange(kill: Kill) -> Result<usize, Box<dyn std::error::Error>> {
     read_disk(&root).check(kill)?;
     // Each agent is offered its own tools: the children only what
     // `[orchestration] agents` grants them.
-    for body in model.request_bodies() {
+    let bodies = model.request_bodies();
+    // The kill may cut off a request another agent is sending at that
+    // instant: the mock records the part it read, which no model saw.
+    // At most one per agent the kill can interrupt; a clean run has none.
+    let cut = bodies.iter().filter(|b| !b.is_object()).count();
+    let cut_allowed = if kill == Kill::Never { 0 } else { 2 };
+    assert!(
+        cut <= cut_allowed,
+        "{kill:?}: {cut} request bodies are not JSON objects: {bodies:?}"
+    );
+    for body in bodies.iter().filter(|b| b.is_object()) {
         let offered: Vec<&str> = body["tools"]
             .as_array()
             .into_iter()
@@ -311,7 +321,10 @@ fn exchange(kill: Kill) -> Result<usize, Box<dyn std::error::Error>> {
             true => &["spawn_agent", "send_message", "list_agents"],
             false => &["send_message"],
         };
-        assert_eq!(offered, expected, "{kill:?}: tools offered (boss: {boss})");
+        assert_eq!(
+            offered, expected,
+            "{kill:?}: tools offered (boss: {boss}) in {body}"
+        );
     }
     Ok(model.request_bodies().len())
 }
