@@ -14,7 +14,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use durable_agent::fs::Fs;
 use durable_agent::recovery::verify::{
-    plan_quarantine, quarantine, verify, Finding, QuarantinePlan, Remedy, RepairError, Verification,
+    plan_quarantine, quarantine, verify, verify_with, Finding, QuarantinePlan, Remedy, RepairError,
+    Verification, Writers,
 };
 use durable_agent::system::{LOCK_FILE, STORE_DB_FILE};
 
@@ -198,7 +199,8 @@ pub fn repair_command_run(root: &RootArg, force: bool, accept_store_loss: bool) 
             format!("{}: cannot take the root lock: {e}", lock_path.display())
         }
     })?;
-    let v = verify(fs.clone(), &root.root, &root.db_path());
+    // The lock is ours: no daemon writes, so damage is believed at once.
+    let v = verify_with(fs.clone(), &root.root, &root.db_path(), Writers::None);
     let plan = plan_quarantine(&v, force, accept_store_loss).map_err(|e: RepairError| e.to_string())?;
     if plan.items.is_empty() && !plan.store_loss {
         return Ok(Repaired {

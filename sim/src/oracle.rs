@@ -158,6 +158,20 @@
 //!   activity ledger (re-sent to a dedup sink, else NEEDS_CONFIRMATION:
 //!   the scripted world always answers a live process), so none is left.
 //!
+//! - **I7 `verify` says what the next boot does** (before every boot;
+//!   [`verify_agrees`]): the operator's read-only `durable-agent verify`,
+//!   run on the disk the boot is about to open (a detached copy, so it
+//!   moves no I/O point of the run), reports no damage when the boot then
+//!   recovers a crash-model disk (every finding of the crash model is
+//!   "repaired at boot"); when the boot refuses a damaged line (R6) it
+//!   reports that file as damaged, at that line; and when the boot
+//!   replaces the line from `events.pending`, or reads an older version's
+//!   line, it does not call that file damaged; and every log the boot cuts
+//!   a torn tail from, it lists as repaired at boot ([`verify_saw_cuts`]).
+//!   (A rotted file the boot
+//!   never reads is not asked about: `verify` reads every file, the boot
+//!   only what it needs.)
+//!
 //! And after every turn the runtime answers live (`Driver::check_answer`):
 //! its calls' rows in the tool-call ledger, and its session's run, are
 //! what [`crate::model::ledger_calls`] says (up to R9).
@@ -194,6 +208,83 @@ pub enum RotVerdict {
     /// which stays: what the boot read of it is judged as any recovery is
     /// (the states must be equal).
     ReadOlder,
+}
+
+/// I7: does `verified` (the operator's `verify` of the disk before the
+/// boot) agree with what the boot did? `rot`: the damaged line the boot
+/// was handed and what it did with it (R6); `booted`: the boot succeeded.
+/// Returns the disagreements.
+pub fn verify_agrees(
+    verified: Option<&durable_agent::recovery::verify::Verification>,
+    rot: Option<(&crate::rot::Rot, RotVerdict)>,
+    booted: bool,
+) -> Vec<String> {
+    let Some(verified) = verified else {
+        return vec!["HARNESS BUG: no `verify` was taken before the boot".to_string()];
+    };
+    let on = |path: &std::path::Path| -> Vec<&durable_agent::recovery::verify::Finding> {
+        verified.damaged.iter().filter(|f| f.path == path).collect()
+    };
+    match rot {
+        None if booted && !verified.is_healthy() => vec![format!(
+            "I7: `verify` reported damage on a disk of the crash model, which the boot then recovered: {:?}",
+            verified.damaged
+        )],
+        None => Vec::new(),
+        Some((rot, RotVerdict::Refused)) => {
+            if on(&rot.path).iter().any(|f| f.line == Some(rot.line)) {
+                Vec::new()
+            } else {
+                vec![format!(
+                    "I7: the boot refused {} line {}, but `verify` did not report that line damaged: {:?}",
+                    rot.path.display(),
+                    rot.line,
+                    verified.damaged
+                )]
+            }
+        }
+        Some((rot, RotVerdict::Replaced | RotVerdict::ReadOlder)) => {
+            let wrong = on(&rot.path);
+            if wrong.is_empty() {
+                Vec::new()
+            } else {
+                vec![format!(
+                    "I7: the boot recovered {} (its line {} replaced from events.pending, or an older version's, read), \
+                     but `verify` reported it damaged: {wrong:?}",
+                    rot.path.display(),
+                    rot.line
+                )]
+            }
+        }
+        Some((_, RotVerdict::Unread)) => Vec::new(),
+    }
+}
+
+/// I7, the repairs: every log the boot cut a torn tail from (its report's
+/// `logs_repaired`), `verify` listed as repaired at boot.
+pub fn verify_saw_cuts(
+    verified: &durable_agent::recovery::verify::Verification,
+    report: &durable_agent::recovery::RecoveryReport,
+    root: &std::path::Path,
+) -> Vec<String> {
+    report
+        .logs_repaired
+        .iter()
+        .filter(|(_, repair)| repair.truncated_bytes > 0)
+        .map(|(session, _)| {
+            root.join("agents")
+                .join(session.as_str())
+                .join(durable_agent::log::EVENTS_FILE)
+        })
+        .filter(|log| !verified.repaired_at_boot.iter().any(|c| &c.path == log))
+        .map(|log| {
+            format!(
+                "I7: the boot cut a torn tail from {}, which `verify` did not list as repaired at boot: {:?}",
+                log.display(),
+                verified.repaired_at_boot
+            )
+        })
+        .collect()
 }
 
 /// R6: judge a boot of a disk with one damaged line. `opened` is the

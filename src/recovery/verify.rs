@@ -240,13 +240,30 @@ impl Verification {
 /// Check the root at `root` (store file `db_path`), reading through `fs`
 /// and changing nothing (see the module doc).
 pub fn verify(fs: Arc<dyn Fs>, root: &Path, db_path: &Path) -> Verification {
+    verify_with(fs, root, db_path, Writers::MaybeLive)
+}
+
+/// Whether a daemon may be writing the root while [`verify_with`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writers {
+    /// A live daemon may be caught between two writes: a log that looks
+    /// damaged is scanned again a few times, a pause apart, before it is
+    /// believed ([`verify`]).
+    MaybeLive,
+    /// Nobody writes (the caller holds the root lock, or the disk is a
+    /// copy): the first scan is the disk's, believed at once, no pause.
+    None,
+}
+
+/// [`verify`], told whether a writer may be live.
+pub fn verify_with(fs: Arc<dyn Fs>, root: &Path, db_path: &Path, writers: Writers) -> Verification {
     let ro: Arc<dyn Fs> = Arc::new(ReadOnlyFs(fs));
     let mut v = Verification {
         root: root.to_path_buf(),
         ..Verification::default()
     };
     check_store(ro.as_ref(), root, db_path, &mut v);
-    check_sessions(&ro, root, &mut v);
+    check_sessions(&ro, root, writers, &mut v);
     v
 }
 
@@ -502,7 +519,11 @@ fn logs_look_damaged(scans: &[SessionScan]) -> bool {
 const RESCANS: u32 = 3;
 const RESCAN_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
-fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, v: &mut Verification) {
+fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, writers: Writers, v: &mut Verification) {
+    let rescans = match writers {
+        Writers::MaybeLive => RESCANS,
+        Writers::None => 0,
+    };
     let mut attempt = 0;
     let scans = loop {
         let scans = match scan_sessions(fs.as_ref(), root) {
@@ -513,7 +534,7 @@ fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, v: &mut Verification) {
                 return;
             }
         };
-        if attempt >= RESCANS || !logs_look_damaged(&scans) {
+        if attempt >= rescans || !logs_look_damaged(&scans) {
             break scans;
         }
         attempt += 1;

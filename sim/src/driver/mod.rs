@@ -137,6 +137,9 @@ pub struct Driver {
     /// Where the last boot's recovery report disagrees with what it did
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
+    /// The operator's `verify` of the disk the last boot opened, taken just
+    /// before it (I7; [`Driver::verified`]).
+    verified: Option<durable_agent::recovery::verify::Verification>,
     /// The logs the last boot left ([`project::is_log_file`]), read once
     /// for its checks; `None` once anything may have written since (a
     /// close, a crash, an op). [`Driver::logs`] hands them out.
@@ -203,6 +206,7 @@ impl Driver {
             rot: None,
             corruption: None,
             report_violations: Vec::new(),
+            verified: None,
             boot_logs: None,
             answer_violations: Vec::new(),
             trigger_ids: BTreeMap::new(),
@@ -302,8 +306,10 @@ impl Driver {
         let step_ms = self.now();
         self.clock.set(step_ms + BOOT_MS);
         let logs_before = self.fs.disk_image_where(project::is_log_file);
+        let verified = self.verify();
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
+        self.verified = Some(verified.clone());
         self.corruption = None;
         let (system, report) = booted.map_err(|e| {
             self.corruption = e
@@ -318,6 +324,11 @@ impl Driver {
         } else {
             let logs_after = self.fs.disk_image_where(project::is_log_file);
             let mut v = project::report_violations(&logs_before, &logs_after, &report.runtime);
+            v.extend(crate::oracle::verify_saw_cuts(
+                &verified,
+                &report.runtime,
+                std::path::Path::new(ROOT),
+            ));
             v.extend(project::undecided_effects(&logs_after, &self.world.deliveries()));
             // Nothing after this writes a log before the next op or crash.
             self.boot_logs = Some(logs_after);
@@ -403,6 +414,27 @@ impl Driver {
         if let Some(floor) = floor {
             self.rot = rot::strike(&self.fs, &floor, self.seed, self.fs.points());
         }
+    }
+
+    /// What the operator's `verify` said of the disk the last boot opened,
+    /// just before it.
+    pub fn verified(&self) -> Option<&durable_agent::recovery::verify::Verification> {
+        self.verified.as_ref()
+    }
+
+    /// The operator's `durable-agent verify` of the disk as it is now, run
+    /// on a detached copy ([`SimFs::detached`]): the run's points, draws
+    /// and armed fault are untouched (I7).
+    fn verify(&self) -> durable_agent::recovery::verify::Verification {
+        let copy = self.fs.detached(durable_agent::fs::SimConfig::new(self.seed));
+        use durable_agent::recovery::verify::{verify_with, Writers};
+        // A dead process's disk: nobody writes it.
+        verify_with(
+            Arc::new(copy),
+            std::path::Path::new(ROOT),
+            std::path::Path::new(STORE_DB),
+            Writers::None,
+        )
     }
 
     /// The rot the next boot must detect, if one is pending.

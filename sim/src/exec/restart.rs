@@ -20,6 +20,10 @@ const R6_FAILED: &str =
      was not handled as promised (refused with the typed error naming it, replaced from events.pending, \
      or — an older version's — read)";
 
+/// The failure title of an operator's `verify` that disagreed with the
+/// boot after it (I7).
+const VERIFY_DISAGREES: &str = "I7: `verify` did not say what the boot then did";
+
 impl Exec {
     /// Kill the process; counts it when an injected crash point was hit.
     pub(super) fn kill(&mut self, kind: CrashKind) {
@@ -128,6 +132,7 @@ impl Exec {
             // it, or in the projection's reads) restarts it.
             let boot_start = self.driver.fs.points();
             let opened = self.driver.open();
+            let verified = self.driver.verified().cloned();
             if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
                 self.kill(kind);
                 continue;
@@ -149,6 +154,11 @@ impl Exec {
                 let replaced = rot.replaced(&self.driver.fs);
                 match oracle::judge_rot(&rot, &opened, named.as_ref(), newer == Some(true), read, replaced) {
                     Ok(verdict) => {
+                        let disagree =
+                            oracle::verify_agrees(verified.as_ref(), Some((&rot, verdict)), opened.is_ok());
+                        if !disagree.is_empty() {
+                            return Err(self.fail(VERIFY_DISAGREES, disagree.join("\n"), None));
+                        }
                         if !matches!(
                             verdict,
                             oracle::RotVerdict::Replaced | oracle::RotVerdict::ReadOlder
@@ -167,6 +177,12 @@ impl Exec {
             }
             if let Err(e) = opened {
                 return Err(self.fail("recovery failed", e, None));
+            }
+            if !self.fault_fired_since(boot_start) {
+                let disagree = oracle::verify_agrees(verified.as_ref(), None, true);
+                if !disagree.is_empty() {
+                    return Err(self.fail(VERIFY_DISAGREES, disagree.join("\n"), None));
+                }
             }
             self.disarm();
             let projected = self.driver.state();

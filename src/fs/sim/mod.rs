@@ -358,6 +358,20 @@ impl SimFs {
         fs
     }
 
+    /// A disk of its own holding this one's image (visible, durable and
+    /// undecided state alike; pages shared copy-on-write, so it is cheap),
+    /// with no fault, no trace and point count 0, drawing from `config`'s
+    /// seed. For a check that reads the disk beside the run: its calls
+    /// count no point here, draw nothing from this disk's RNG and cannot
+    /// trip a fault armed here, so the run's trace is the same with or
+    /// without the check.
+    pub fn detached(&self, config: SimConfig) -> SimFs {
+        let fs = SimFs::new(config);
+        let image = self.lock().image.clone();
+        fs.lock().image = image;
+        fs
+    }
+
     /// The labelled trace of every I/O point so far.
     pub fn trace(&self) -> Vec<TraceEntry> {
         self.lock().trace.clone()
