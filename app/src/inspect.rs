@@ -36,6 +36,7 @@ use durable_agent::sqlite::Db;
 use durable_agent::store::inspect::{Page, DEFAULT_LIMIT, MAX_LIMIT};
 use durable_agent::store::triggers::TriggerStatus;
 use durable_agent::store::StoreError;
+use durable_agent::worker::ops::resolve_in as resolve;
 use serde_json::{json, Value};
 
 use crate::ops::OpError;
@@ -248,34 +249,6 @@ fn paged(items: Vec<Value>, total: u64, page: Page) -> Value {
 fn window<T>(all: Vec<T>, page: Page) -> Vec<T> {
     let offset = usize::try_from(page.offset).unwrap_or(usize::MAX);
     all.into_iter().skip(offset).take(page.limit as usize).collect()
-}
-
-/// The live agent `name_or_id` names (an id, or a name only one live
-/// agent has), as [`crate::ops::resolve`] does on a system.
-fn resolve(runtime: &Runtime, name_or_id: &str) -> Result<AgentId, OpError> {
-    let tree = runtime.tree();
-    if let Ok(id) = AgentId::from_hex(name_or_id) {
-        if tree.contains(&id) {
-            return Ok(id);
-        }
-    }
-    let matches: Vec<&AgentId> = tree
-        .nodes()
-        .iter()
-        .filter(|(_, node)| node.name == name_or_id)
-        .map(|(id, _)| id)
-        .collect();
-    match matches.as_slice() {
-        [id] => Ok((*id).clone()),
-        [] => Err(OpError::NotFound(format!(
-            "no live agent named {name_or_id:?} (list them: GET /agents, `durable-agent inspect agents`)"
-        ))),
-        many => Err(OpError::Conflict(format!(
-            "{} live agents are named {name_or_id:?} ({}); use an id",
-            many.len(),
-            many.iter().map(|id| id.as_str()).collect::<Vec<_>>().join(", ")
-        ))),
-    }
 }
 
 /// The live agent whose session is `session_id`, if any.

@@ -12,7 +12,7 @@
 //! (a [`Request::View`] reads the runtime's memory under it, and only
 //! SELECTs: see [`View`]).
 
-use crate::runtime::AgentId;
+use crate::runtime::{AgentId, Runtime};
 use crate::store::activities::{ActivityStatus, ActivityStore};
 use crate::store::tool_calls::{RunStatus, ToolCallStore};
 use crate::store::triggers::{EmitOutcome, TriggerSource, TriggerSpec};
@@ -178,7 +178,13 @@ pub fn apply<V: View>(
 /// The live agent `name_or_id` names: an id, or a name only one live
 /// agent has.
 pub fn resolve(system: &System, name_or_id: &str) -> Result<AgentId, OpError> {
-    let tree = system.runtime().tree();
+    resolve_in(system.runtime(), name_or_id)
+}
+
+/// [`resolve`] on a runtime alone (the read-only views, which open no
+/// system): the one lookup of an agent by name or id.
+pub fn resolve_in(runtime: &Runtime, name_or_id: &str) -> Result<AgentId, OpError> {
+    let tree = runtime.tree();
     if let Ok(id) = AgentId::from_hex(name_or_id) {
         if tree.contains(&id) {
             return Ok(id);
@@ -192,7 +198,9 @@ pub fn resolve(system: &System, name_or_id: &str) -> Result<AgentId, OpError> {
         .collect();
     match matches.as_slice() {
         [id] => Ok((*id).clone()),
-        [] => Err(OpError::NotFound(format!("no live agent named {name_or_id:?}"))),
+        [] => Err(OpError::NotFound(format!(
+            "no live agent named {name_or_id:?} (list them: GET /agents, `durable-agent inspect agents`)"
+        ))),
         many => Err(OpError::Conflict(format!(
             "{} live agents are named {name_or_id:?} ({}); use an id",
             many.len(),
