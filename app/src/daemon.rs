@@ -22,12 +22,13 @@
 //! calls still out (a completion is abandoned at once, see
 //! [`crate::interrupt`]; a tool finishes its step) and hands their results
 //! to the worker, which persists them, then stops; until then the API
-//! stays open and the stopping worker answers what it is asked (409,
-//! shutting down). Then the API closes: it stops accepting, lets each
-//! connection finish the response in hand (every request waiting on the
-//! worker has its answer by now: a reply, or 503 if the worker dropped
-//! it) for at most [`API_GRACE`], and stops its runtime; `serve` exits 0,
-//! or 1 if the worker stopped on a fatal error.
+//! stays open and refuses what it is asked ("shutting down": 409 from
+//! the draining worker, 503 once it has stopped). Then the API closes:
+//! it stops accepting, lets each connection finish the response in hand
+//! (every request waiting on the worker has its answer by now: a reply,
+//! or 503 if the worker dropped it) for at most [`API_GRACE`], and stops
+//! its runtime; `serve` exits 0, or 1 if the worker stopped on a fatal
+//! error.
 
 use std::sync::{mpsc, Arc};
 use std::time::Duration;

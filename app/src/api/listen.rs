@@ -56,7 +56,10 @@ pub const MAX_WAITING_REQUESTS: usize = 64;
 pub const MAX_CONNECTIONS: usize = 256;
 
 /// A request's head must arrive within this (hyper's own timer; a client
-/// that opens a connection and sends nothing is dropped).
+/// that opens a connection and sends nothing is dropped). It also closes
+/// a keep-alive connection idle that long: longer than our own client
+/// keeps one in its pool (ureq's 15 s), so the CLI and the soak never
+/// reuse a connection the server has closed.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A request's body must arrive within this once its head has (408).
