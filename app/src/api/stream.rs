@@ -81,9 +81,9 @@ pub(crate) async fn serve(
         let (status, body) = handler.answer(&recorded).await;
         return json_response(status, &body);
     }
-    // Unbounded, as the steps of one turn are (its rounds are): the
-    // progress watcher's sink runs on the turn's threads and must not
-    // block them on a slow client.
+    // Unbounded, as the std channel before it: one turn's steps are
+    // bounded by its rounds and its reply's text, and the watcher's sink
+    // runs on the turn's threads, which a slow client must never block.
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     // Which agent (and session) the name means now, asked of the worker
     // like any view; if it cannot say, the turn's own answer will.
