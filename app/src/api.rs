@@ -44,6 +44,7 @@
 //! `Request` or a 4xx with a message naming what is wrong; nothing here
 //! touches the system.
 
+pub mod listen;
 pub mod stream;
 
 use std::net::SocketAddr;

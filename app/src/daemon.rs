@@ -8,7 +8,8 @@
 //! here: a provider or tool call runs on a thread of its own and its
 //! result comes back over the same channel, so a completion that takes
 //! seconds stalls no other request, agent or trigger; a reply goes to the
-//! request's waiting HTTP thread.
+//! request's task on the API listener ([`crate::api::listen`], hyper on a
+//! tokio runtime of its own), which awaits it on a one-shot channel.
 //!
 //! What the worker does (scheduler, leases, busy agents, backoff,
 //! schedules, wake-ups, GC, fail-stop) is documented in
@@ -20,11 +21,16 @@
 //! SIGINT/SIGTERM: the worker stops taking work, this thread waits for the
 //! calls still out (a completion is abandoned at once, see
 //! [`crate::interrupt`]; a tool finishes its step) and hands their results
-//! to the worker, which persists them, then stops; the API answers 503
-//! until it is closed.
+//! to the worker, which persists them, then stops; until then the API
+//! stays open and refuses what it is asked ("shutting down": 409 from
+//! the draining worker, 503 once it has stopped). Then the API closes:
+//! it stops accepting, lets each connection finish the response in hand
+//! (every request waiting on the worker has its answer by now: a reply,
+//! or 503 if the worker dropped it) for at most [`API_GRACE`], and stops
+//! its runtime; `serve` exits 0, or 1 if the worker stopped on a fatal
+//! error.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use std::collections::BTreeMap;
@@ -32,19 +38,17 @@ use std::collections::BTreeMap;
 use durable_agent::runtime::{CallResult, OutsideCall, ProviderError, ToolError};
 use durable_agent::system::{BootReport, System};
 use durable_agent::worker::{Action, Call, Settings, Worker};
-use serde_json::{json, Value};
 
 use crate::access::{self, Gate, Token};
-use crate::api::{self, Refused};
+use crate::api::listen::{Ask, Envelope, Exposure, ListenError, Listener, Reply, WorkerGone};
 use crate::boot::{boot_watched, ApiKey, BootError};
 use crate::config::Config;
 use crate::inspect::View;
 use crate::interrupt::Stop;
 use crate::lifecycle::Lifecycle;
-use crate::ops::{OpError, Request};
+use crate::ops::OpError;
 use crate::progress::Progress;
 use crate::schedule::Schedules;
-use crate::server::{json_response, respond, LoopbackServer, Recorded, ServerError};
 
 /// Scheduler timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +74,7 @@ pub enum ServeError {
     #[error("{0}")]
     Boot(#[from] BootError),
     #[error("API: {0}")]
-    Server(#[from] ServerError),
+    Listen(#[from] ListenError),
     #[error("API token: {0}")]
     Access(access::AccessError),
     #[error("cannot start the worker thread: {0}")]
@@ -79,11 +83,6 @@ pub enum ServeError {
     WorkerPanicked,
     #[error("stopped: {0}")]
     Fatal(OpError),
-}
-
-struct Envelope {
-    request: Request,
-    reply: mpsc::SyncSender<Result<Value, OpError>>,
 }
 
 /// A call's result, on its way back to the worker.
@@ -101,7 +100,7 @@ enum Msg {
 
 /// A running daemon.
 pub struct Daemon {
-    server: LoopbackServer,
+    listener: Listener,
     worker: std::thread::JoinHandle<Result<(), OpError>>,
     stop: Stop,
     pub report: BootReport,
@@ -110,7 +109,7 @@ pub struct Daemon {
 impl std::fmt::Debug for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Daemon")
-            .field("server", &self.server)
+            .field("listener", &self.listener)
             .finish_non_exhaustive()
     }
 }
@@ -157,55 +156,32 @@ impl Daemon {
                 config.api.token_env.as_deref().unwrap_or("?")
             );
         }
-        // The gate needs the bound address (port 0 resolved): set once the
-        // server is up; a request before that is answered 503.
-        let gate: Arc<OnceLock<Gate>> = Arc::new(OnceLock::new());
-        // Each request waits for its answer on a thread of its own: a turn
-        // request waits for its turn, and must not hold up the requests
-        // behind it (the worker answers them meanwhile).
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let handler = {
-            let gate = Arc::clone(&gate);
-            move |request: tiny_http::Request| {
-                if waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_REQUESTS {
-                    waiting.fetch_sub(1, Ordering::AcqRel);
-                    let body = json!({"error": "too many requests in progress; try again"});
-                    respond(request, json_response(503, &body.to_string()));
-                    return;
-                }
-                let (tx, left, gate) = (tx.clone(), waiting.clone(), Arc::clone(&gate));
-                let progress = progress.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("api-request".into())
-                    .spawn(move || {
-                        serve_request(&tx, gate.get(), request, &progress);
-                        left.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if let Err(e) = spawned {
-                    // The request went with the closure; its client sees the
-                    // connection close.
-                    waiting.fetch_sub(1, Ordering::AcqRel);
-                    tracing::warn!(error = %e, "cannot start a request thread; request dropped");
-                }
-            }
-        };
-        let server = if config.api.allow_non_loopback {
-            LoopbackServer::start_exposed(listen, "api", handler)
+        let exposure = if config.api.allow_non_loopback {
+            Exposure::Any
         } else {
-            LoopbackServer::start(listen, "api", handler)
+            Exposure::Loopback
         };
-        let server = match server {
-            Ok(server) => server,
+        // Bound first: the gate needs the address (port 0 resolved)
+        // before the first request is accepted.
+        let listener = Listener::bind(listen, exposure).and_then(|bound| {
+            let gate = Gate::new(token, bound.addr(), config.api.max_body_bytes);
+            // A request goes to the worker thread as one message; the
+            // send never blocks (the channel is unbounded; the listener
+            // bounds the requests in flight).
+            let ask: Ask =
+                Arc::new(move |envelope: Envelope| tx.send(Msg::Request(envelope)).map_err(|_| WorkerGone));
+            bound.serve(gate, progress, ask)
+        });
+        let listener = match listener {
+            Ok(listener) => listener,
             Err(e) => {
                 stop.request();
                 let _ = worker.join();
                 return Err(e.into());
             }
         };
-        // Only this thread sets it, once.
-        let _ = gate.set(Gate::new(token, server.addr(), config.api.max_body_bytes));
         Ok(Daemon {
-            server,
+            listener,
             worker,
             stop: stop.clone(),
             report,
@@ -214,7 +190,7 @@ impl Daemon {
 
     /// `http://<addr>` of the API.
     pub fn url(&self) -> String {
-        self.server.url()
+        format!("http://{}", self.listener.addr())
     }
 
     /// Serve until a stop is requested or the worker stops on its own
@@ -225,8 +201,9 @@ impl Daemon {
         }
         self.stop.request();
         let result = self.worker.join();
-        // After the worker: a request it was answering got its reply first.
-        drop(self.server);
+        // After the worker: every request it was answering has its reply
+        // (or its 503), so the connections have only the writing left.
+        self.listener.shutdown(API_GRACE);
         match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ServeError::Fatal(e)),
@@ -235,74 +212,9 @@ impl Daemon {
     }
 }
 
-/// Check `request`'s head at the gate (before its body is read), read the
-/// body within the limit, and answer it.
-fn serve_request(
-    tx: &mpsc::Sender<Msg>,
-    gate: Option<&Gate>,
-    mut request: tiny_http::Request,
-    progress: &Arc<Progress>,
-) {
-    let refuse = |request: tiny_http::Request, refused: Refused| {
-        let response = json_response(refused.status, &json!({"error": refused.message}).to_string());
-        // A refused client's connection is not kept: what it sends next
-        // (the rest of a refused body) is not a request.
-        let response = match tiny_http::Header::from_bytes("Connection", "close") {
-            Ok(h) => response.with_header(h),
-            Err(()) => response,
-        };
-        respond(request, response);
-    };
-    let Some(gate) = gate else {
-        let refused = Refused {
-            status: 503,
-            message: "the API is starting; try again".into(),
-        };
-        return refuse(request, refused);
-    };
-    let head = Recorded::head(&request);
-    if let Err(refused) = gate.check(&head.method, &head.headers, request.body_length()) {
-        tracing::info!(
-            status = refused.status,
-            method = head.method,
-            path = head.path,
-            "API request refused"
-        );
-        return refuse(request, refused);
-    }
-    let recorded = match Recorded::read_limited(&mut request, gate.max_body_bytes()) {
-        Ok(recorded) => recorded,
-        Err(_) => return refuse(request, access::too_large(gate.max_body_bytes())),
-    };
-    if let Some(agent) = api::stream::requested(&recorded) {
-        return api::stream::serve(request, &recorded, &agent, progress, &|r| answer(tx, r));
-    }
-    let (status, body) = answer(tx, &recorded);
-    respond(request, json_response(status, &body.to_string()));
-}
-
-/// Route a request to the worker and wait for its answer.
-fn answer(tx: &mpsc::Sender<Msg>, recorded: &Recorded) -> (u16, Value) {
-    let request = match api::route(&recorded.method, &recorded.path, &recorded.body) {
-        Ok(request) => request,
-        Err(refused) => return (refused.status, json!({"error": refused.message})),
-    };
-    let (reply, replied) = mpsc::sync_channel(1);
-    if tx.send(Msg::Request(Envelope { request, reply })).is_err() {
-        return (503, json!({"error": "the daemon is shutting down"}));
-    }
-    match replied.recv() {
-        Ok(Ok(value)) => (200, value),
-        Ok(Err(e)) => (e.http_status(), e.body()),
-        Err(_) => (
-            503,
-            json!({"error": "the daemon stopped before answering; the outcome is unknown (check /status after a restart)"}),
-        ),
-    }
-}
-
-/// Requests waiting for their answer at once; more get 503.
-const MAX_WAITING_REQUESTS: usize = 64;
+/// How long the API lets open connections finish at shutdown (a
+/// streamed turn's last events, an answer being written) before cutting.
+const API_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a stopping worker waits for the calls still out (a tool in
 /// progress finishes its step; a completion is abandoned at once).
@@ -402,7 +314,7 @@ fn worker(
 /// The worker thread's side of the worker's events and actions.
 struct Driver {
     /// Requests waiting for their reply, by the id the worker echoes.
-    replies: BTreeMap<u64, mpsc::SyncSender<Result<Value, OpError>>>,
+    replies: BTreeMap<u64, tokio::sync::oneshot::Sender<Reply>>,
     next_request: u64,
     back: mpsc::Sender<Msg>,
     outside: durable_agent::runtime::Outside,

@@ -6,7 +6,13 @@
 //!
 //! Invariant: everything here is synchronous (blocking I/O on plain
 //! threads), because the system crate's `Provider`, `Outbox` and
-//! `ToolExecutor` traits are; no async runtime is started by this crate.
+//! `ToolExecutor` traits are — with one exception, `serve`'s API
+//! listener ([`api::listen`]): hyper on a tokio runtime that the daemon
+//! owns and runs for the listener only. The worker thread, the calls it
+//! starts and every other command stay synchronous and never see the
+//! runtime; a request crosses to the worker as one message on a channel,
+//! and its task awaits the reply on a one-shot channel, so nothing on the
+//! runtime blocks. No other runtime is started by this crate.
 //! Nothing here persists runtime state: that crosses the system crate's
 //! `Fs` seam only.
 

@@ -1,10 +1,10 @@
 //! The loopback HTTP server under the mock LLM and the webhook sink: one
 //! thread accepting requests, stopped and joined when the handle drops.
 //!
+//! (`serve`'s API is not on it: see [`crate::api::listen`].)
+//!
 //! Invariant: it binds loopback addresses only (these servers have no
-//! authentication and answer whatever they are scripted to) unless
-//! [`LoopbackServer::start_exposed`] is called — only for the daemon's API,
-//! when the config says `api.allow_non_loopback = true` — and after
+//! authentication and answer whatever they are scripted to), and after
 //! `drop` returns no request is accepted any more and the accept thread
 //! has exited.
 
@@ -124,15 +124,6 @@ impl LoopbackServer {
         if !listen.ip().is_loopback() {
             return Err(ServerError::NotLoopback { addr: listen });
         }
-        Self::start_exposed(listen, name, handle)
-    }
-
-    /// Like [`LoopbackServer::start`], on any address: the caller has
-    /// checked that exposing it was asked for.
-    pub fn start_exposed<H>(listen: SocketAddr, name: &str, handle: H) -> Result<Self, ServerError>
-    where
-        H: Fn(tiny_http::Request) + Send + 'static,
-    {
         let server = tiny_http::Server::http(listen).map_err(|e| ServerError::Bind {
             addr: listen,
             detail: e.to_string(),

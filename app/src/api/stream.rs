@@ -14,13 +14,22 @@
 //! The steps come from the one watcher of the daemon's hooks and
 //! provider ([`Progress::subscribe`]); there is no second event source.
 
-use std::sync::{mpsc, Arc};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use durable_agent::runtime::{AgentId, SessionId};
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::Response;
 use serde_json::{json, Value};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use crate::progress::{Progress, Step};
-use crate::server::{json_response, respond, Chunked, Recorded};
+use super::listen::{json_response, Body, BodyError, Handler};
+use crate::progress::{Step, Subscription};
+use crate::server::Recorded;
 
 /// What the stream carries, in order.
 enum Event {
@@ -55,74 +64,114 @@ pub fn event_text(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
-/// Answer `request` (its head and body in `recorded`, asking a streamed
-/// turn of `agent`): resolve the agent, subscribe to its steps, hand the
-/// request to `answer` (the worker's, as for any request) on a thread of
-/// its own, and stream the steps, then the answer.
-pub fn serve(
-    request: tiny_http::Request,
-    recorded: &Recorded,
+/// Answer `recorded` (a request past the gate, its body read, asking a
+/// streamed turn of `agent`): resolve the agent, subscribe to its steps,
+/// hand the request to the worker on a task of its own (holding `slot`
+/// until its answer is in), and answer at once with a body that carries
+/// the steps as they come, then the answer. hyper writes that body, whose
+/// length is unknown, with chunked transfer encoding, one chunk per event.
+pub(crate) async fn serve(
+    handler: Arc<Handler>,
+    recorded: Recorded,
     agent: &str,
-    progress: &Arc<Progress>,
-    answer: &(dyn Fn(&Recorded) -> (u16, Value) + Sync),
-) {
+    slot: OwnedSemaphorePermit,
+) -> Response<Body> {
     if super::route(&recorded.method, &recorded.path, &recorded.body).is_err() {
         // Refused as it would be unstreamed (a bad body: 400), plainly.
-        let (status, body) = answer(recorded);
-        return respond(request, json_response(status, &body.to_string()));
+        let (status, body) = handler.answer(&recorded).await;
+        return json_response(status, &body);
     }
-    let (tx, rx) = mpsc::channel::<Event>();
+    // Unbounded, as the std channel before it: one turn's steps are
+    // bounded by its rounds and its reply's text, and the watcher's sink
+    // runs on the turn's threads, which a slow client must never block.
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
     // Which agent (and session) the name means now, asked of the worker
     // like any view; if it cannot say, the turn's own answer will.
-    let subscription = watched(recorded, agent, answer).map(|(id, session, work)| {
-        let tx = tx.clone();
-        progress.subscribe(
-            id,
-            session,
-            work,
-            Arc::new(move |step: &Step| {
-                // The stream may be gone; the turn goes on.
-                let _ = tx.send(Event::Step(step.clone()));
-            }),
-        )
+    let subscription = watched(&handler, &recorded, agent)
+        .await
+        .map(|(id, session, work)| {
+            let tx = tx.clone();
+            handler.progress().subscribe(
+                id,
+                session,
+                work,
+                Arc::new(move |step: &Step| {
+                    // The stream may be gone; the turn goes on.
+                    let _ = tx.send(Event::Step(step.clone()));
+                }),
+            )
+        });
+    // The turn is asked whether or not the client stays to read it: a
+    // client that goes away drops the body, not the turn.
+    tokio::spawn(async move {
+        let (status, body) = handler.answer(&recorded).await;
+        let _ = tx.send(Event::End(status, body));
+        drop(slot);
     });
-    std::thread::scope(|scope| {
-        let ended = tx.clone();
-        scope.spawn(move || {
-            let (status, body) = answer(recorded);
-            let _ = ended.send(Event::End(status, body));
-        });
-        drop(tx);
-        let streamed = Chunked::start(request, 200, "text/event-stream").and_then(|mut body| {
-            for event in &rx {
-                match event {
-                    Event::Step(step) => {
-                        let data = serde_json::to_value(&step).unwrap_or(Value::Null);
-                        body.send(event_text(step.name(), &data).as_bytes())?;
-                    }
-                    Event::End(status, answer) => {
-                        let data = json!({"status": status, "body": answer});
-                        body.send(event_text("end", &data).as_bytes())?;
-                        break;
-                    }
-                }
-            }
-            body.finish()
-        });
-        if let Err(e) = streamed {
-            // The turn stands; its answer is kept as a non-streamed one's.
-            tracing::debug!(error = %e, "streaming client went away");
+    let events = Events {
+        rx,
+        subscription,
+        ended: false,
+    };
+    let mut response = Response::new(events.boxed());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// A streamed turn's body: each step as an event, then the `end` event,
+/// then the end of the body. The subscription lives as long as the body:
+/// a client that goes away unsubscribes.
+struct Events {
+    rx: mpsc::UnboundedReceiver<Event>,
+    subscription: Option<Subscription>,
+    ended: bool,
+}
+
+impl hyper::body::Body for Events {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
         }
-        drop(subscription);
-    });
+        let text = match ready!(this.rx.poll_recv(cx)) {
+            Some(Event::Step(step)) => {
+                let data = serde_json::to_value(&step).unwrap_or(Value::Null);
+                event_text(step.name(), &data)
+            }
+            Some(Event::End(status, answer)) => {
+                // The last event: nothing may follow it.
+                this.ended = true;
+                this.subscription = None;
+                this.rx.close();
+                event_text("end", &json!({"status": status, "body": answer}))
+            }
+            // The answering task is gone without an answer (the runtime
+            // is stopping): an error, so the client sees a broken body,
+            // never one that looks whole without its `end`.
+            None => return Poll::Ready(Some(Err(BodyError::Unended))),
+        };
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(text)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
 }
 
 /// The agent's id and session, and the turn's work id, from the worker's
 /// view of the agent and the request's body.
-fn watched(
+async fn watched(
+    handler: &Handler,
     recorded: &Recorded,
     agent: &str,
-    answer: &dyn Fn(&Recorded) -> (u16, Value),
 ) -> Option<(AgentId, SessionId, Option<String>)> {
     let view = Recorded {
         method: "GET".into(),
@@ -130,7 +179,7 @@ fn watched(
         headers: Vec::new(),
         body: String::new(),
     };
-    let (status, body) = answer(&view);
+    let (status, body) = handler.answer(&view).await;
     if status != 200 {
         return None;
     }
