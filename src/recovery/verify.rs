@@ -371,15 +371,34 @@ fn wal_head(fs: &dyn Fs, wal: &Path) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// `store.db`'s bytes and its WAL's, if any.
-type StoreCopy = (Vec<u8>, Option<Vec<u8>>);
+/// `store.db`'s bytes, its WAL's and its rollback journal's, if any.
+struct StoreCopy {
+    db: Vec<u8>,
+    wal: Option<Vec<u8>>,
+    journal: Option<Vec<u8>>,
+}
 
-/// A consistent copy of `store.db` and its WAL (see the module doc); an
-/// error names the file.
+/// `db_path` with `suffix` appended (`-wal`, `-journal`).
+fn beside(db_path: &Path, suffix: &str) -> PathBuf {
+    let mut path = db_path.as_os_str().to_owned();
+    path.push(suffix);
+    PathBuf::from(path)
+}
+
+/// A consistent copy of `store.db`, its WAL (see the module doc) and its
+/// rollback journal; an error names the file. The journal matters once:
+/// the store is created in rollback mode before it switches to WAL, so a
+/// crash while the first pages are written leaves a hot journal that the
+/// boot's SQLite rolls back, and so must the copy's (without it the copy
+/// is a half-written file, reported corrupt although the boot recovers).
 fn copy_store(fs: &dyn Fs, db_path: &Path) -> Result<StoreCopy, (PathBuf, String)> {
-    let mut wal = db_path.as_os_str().to_owned();
-    wal.push("-wal");
-    let wal = PathBuf::from(wal);
+    let wal = beside(db_path, "-wal");
+    let journal_path = beside(db_path, "-journal");
+    let journal = match fs.read(&journal_path, "store.db-journal read (verify)") {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err((journal_path, e.to_string())),
+    };
     for _ in 0..20 {
         let before = wal_head(fs, &wal).map_err(|e| (wal.clone(), e.to_string()))?;
         let db = fs
@@ -392,7 +411,11 @@ fn copy_store(fs: &dyn Fs, db_path: &Path) -> Result<StoreCopy, (PathBuf, String
         };
         let after = wal_bytes.as_ref().map(|b| b[..b.len().min(32)].to_vec());
         if before == after {
-            return Ok((db, wal_bytes));
+            return Ok(StoreCopy {
+                db,
+                wal: wal_bytes,
+                journal,
+            });
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -409,7 +432,7 @@ fn check_store_copy(
     manifest_path: &Path,
     v: &mut Verification,
 ) {
-    let (db, wal) = match copy_store(fs, db_path) {
+    let StoreCopy { db, wal, journal } = match copy_store(fs, db_path) {
         Ok(copy) => copy,
         Err((path, e)) => {
             v.damaged.push(unreadable(&path, e));
@@ -435,6 +458,10 @@ fn check_store_copy(
         .and_then(|()| put(copy, &db))
         .and_then(|()| match &wal {
             Some(w) => put(Path::new("/verify/store.db-wal"), w),
+            None => Ok(()),
+        })
+        .and_then(|()| match &journal {
+            Some(j) => put(Path::new("/verify/store.db-journal"), j),
             None => Ok(()),
         });
     if let Err(e) = copied {
