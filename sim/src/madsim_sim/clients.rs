@@ -2,13 +2,21 @@
 //! real request types ([`Request`]), concurrently, each client with its
 //! own seeded stream of choices. They live on a node of their own, so a
 //! crash of the daemon's node is, to them, a connection reset: the
-//! outcome of the request in flight is unknown (`Lost`) and, for a turn,
-//! retried later with the same work id — as a careful HTTP client would.
+//! outcome of the request in flight is unknown (`Lost`) and, for a turn or
+//! an emit, retried later with the same work id or dedup key — as a
+//! careful HTTP client would. Producers are at-least-once: now and then an
+//! acknowledged emit is sent again (it must be answered `duplicate`).
+//!
+//! Now and then a client steers: it picks the first kind of operation
+//! ([`STEERABLE`]) the run has not acknowledged yet and does it, or what
+//! it needs first (an agent of its own to delete, a trigger that dies to
+//! retry), so a run covers every kind whatever its seed.
 //!
 //! Invariant: a client records `Sent` before its request leaves and exactly
 //! one of `Acked`, `Refused` or `Lost` after; what it chooses depends on
 //! its seed and the answers it got, nothing else.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -23,8 +31,40 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use super::coverage::STEERABLE;
 use super::node::NodeCtx;
+use super::provider::POISON;
 use super::{Event, Op, SimPlan};
+
+/// Chance that a client's next request steers toward a kind not yet seen.
+const STEER_PROBABILITY: f64 = 0.25;
+
+/// A client steering toward a DEAD trigger emits another poisoned one only
+/// this long after its last (one dies within seconds: the policy's
+/// backoffs, a few provider latencies).
+const POISON_AGAIN_MS: u64 = 120_000;
+
+/// Whether `work` is a one-time trigger's (a client's emit, not a
+/// poisoned one): the keys clients emit are `c{client}e{n}` (poisoned:
+/// `c{client}p{n}`); schedule buckets' are `scheduled:…`, wake-ups'
+/// `wake:…`.
+pub(super) fn is_one_time_work(work: &str) -> bool {
+    let Some(key) = work.strip_prefix("trigger:").and_then(|k| k.strip_prefix('c')) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    key.split_once('e')
+        .is_some_and(|(client, n)| digits(client) && digits(n))
+}
+
+/// An emit, as sent (sent again as is).
+#[derive(Debug, Clone)]
+struct Emit {
+    key: String,
+    agent: String,
+    delay_ms: u64,
+    prompt: String,
+}
 
 /// One request's fate, as a client sees it.
 enum Answer {
@@ -46,6 +86,13 @@ struct Client {
     /// Agents and schedules this client created (acknowledged).
     agents: Vec<String>,
     schedules: Vec<String>,
+    /// Emits acknowledged, and those whose answer was lost.
+    emits: Vec<Emit>,
+    unsure_emits: Vec<Emit>,
+    /// When this client last emitted a poisoned trigger.
+    poisoned_at: Option<u64>,
+    /// Triggers this client retried.
+    retried: BTreeSet<String>,
 }
 
 impl Client {
@@ -172,8 +219,8 @@ impl Client {
 
     /// Answer the first key `status` lists as needing confirmation, as an
     /// honest human would: look it up in the world (their outbox) and say
-    /// what happened; now and then abandon it instead.
-    async fn confirm_from(&mut self, status: &Value) {
+    /// what happened; now and then (or if `abandon`) give up on it instead.
+    async fn confirm_from(&mut self, status: &Value, abandon: bool) {
         let Some(key) = status["needs_confirmation"][0]["idem_key"].as_str() else {
             return;
         };
@@ -182,10 +229,11 @@ impl Client {
             Resolution::Delivered { provider_ref } => (true, Some(provider_ref)),
             _ => (false, None),
         };
-        let abandon = self.rng.random_bool(0.2);
+        let abandon = abandon || self.rng.random_bool(0.2);
         let op = Op::Confirm {
             key: key.clone(),
             delivered,
+            abandon,
         };
         let request = Request::Confirm(ConfirmRequest {
             idem_key: key,
@@ -196,126 +244,283 @@ impl Client {
         self.call(op, request).await;
     }
 
+    /// Read the status and answer what waits for a human there.
+    async fn confirm(&mut self, abandon: bool) {
+        if let Some(status) = self.status().await {
+            self.confirm_from(&status, abandon).await;
+        }
+    }
+
+    /// Retry the first trigger the status lists with one of `statuses`
+    /// (DEAD, FAILED) that this client has not retried before, as an
+    /// operator would (one whose retry died again is left for a closer
+    /// look). `false`: none was listed.
+    async fn retry_stuck(&mut self, statuses: &[&str]) -> bool {
+        let Some(status) = self.status().await else {
+            return true;
+        };
+        let stuck = statuses.iter().find_map(|s| {
+            let listed = status["triggers"][*s].as_array()?;
+            let id = listed
+                .iter()
+                .filter_map(|t| t["id"].as_str())
+                .find(|id| !self.retried.contains(*id))?;
+            Some((id.to_string(), s.to_string()))
+        });
+        let Some((id, status)) = stuck else { return false };
+        self.retried.insert(id.clone());
+        let op = Op::RetryTrigger {
+            id: id.clone(),
+            status,
+        };
+        self.call(op, Request::RetryTrigger(id)).await;
+        true
+    }
+
+    async fn new_turn(&mut self) {
+        let (agent, work) = (self.worker(), self.name("t"));
+        self.turn(agent, work).await;
+    }
+
+    /// Ask a turn again: one whose outcome is unknown (a client retry,
+    /// the same work id whatever happened), else an acknowledged one
+    /// (must answer `already_done`). `false`: there is none.
+    async fn turn_again(&mut self, unsure_first: bool) -> bool {
+        let list = match (unsure_first && !self.unsure.is_empty(), self.acked.is_empty()) {
+            (true, _) => &mut self.unsure,
+            (false, false) => &mut self.acked,
+            (false, true) if !self.unsure.is_empty() => &mut self.unsure,
+            (false, true) => return false,
+        };
+        let i = self.rng.random_range(0..list.len());
+        let (agent, work) = list.swap_remove(i);
+        self.turn(agent, work).await;
+        true
+    }
+
+    async fn message(&mut self) {
+        let (from, to) = (self.worker(), self.worker());
+        // Bracketed: found in a prompt that quotes it by a substring search.
+        let payload = format!("[{}]", self.name("m"));
+        let op = Op::Message {
+            from: from.clone(),
+            to: to.clone(),
+            payload: payload.clone(),
+        };
+        let request = Request::Message(MessageRequest { from, to, payload });
+        self.call(op, request).await;
+    }
+
+    async fn emit(&mut self, emit: Emit) {
+        let op = Op::Emit {
+            key: emit.key.clone(),
+            agent: emit.agent.clone(),
+            delay_ms: emit.delay_ms,
+        };
+        let request = Request::Emit(EmitRequest {
+            dedup_key: emit.key.clone(),
+            fire_at_ms: None,
+            delay_ms: Some(emit.delay_ms),
+            agent: emit.agent.clone(),
+            prompt: emit.prompt.clone(),
+        });
+        match self.call(op, request).await {
+            Answer::Ok(_) if !self.emits.iter().any(|e| e.key == emit.key) => self.emits.push(emit),
+            Answer::Ok(_) => {}
+            // A careful producer emits again with the same key.
+            Answer::Lost => self.unsure_emits.push(emit),
+            Answer::Refused => {}
+        }
+    }
+
+    /// A new one-time trigger (poisoned: its provider always fails; keyed
+    /// `c{client}p{n}`, so aimed crashes leave it alone).
+    async fn emit_new(&mut self, poison: bool) {
+        let key = self.name(if poison { "p" } else { "e" });
+        let agent = self.worker();
+        let delay_ms = self.rng.random_range(0..=120_000u64);
+        let mut prompt = format!("trigger {key}");
+        if poison {
+            prompt.push_str(&format!(" {POISON}"));
+            self.poisoned_at = Some(self.ctx.clock.now_ms());
+        }
+        self.emit(Emit {
+            key,
+            agent,
+            delay_ms,
+            prompt,
+        })
+        .await;
+    }
+
+    /// Emit a key again: one whose answer was lost (a retry), else an
+    /// acknowledged one (an at-least-once producer's duplicate: must be
+    /// answered `duplicate`). `false`: there is none.
+    async fn emit_again(&mut self, unsure_first: bool) -> bool {
+        let emit = if unsure_first && !self.unsure_emits.is_empty() {
+            let i = self.rng.random_range(0..self.unsure_emits.len());
+            self.unsure_emits.swap_remove(i)
+        } else if !self.emits.is_empty() {
+            let i = self.rng.random_range(0..self.emits.len());
+            self.emits[i].clone()
+        } else {
+            return false;
+        };
+        self.emit(emit).await;
+        true
+    }
+
+    async fn create_agent(&mut self) {
+        let name = self.name("a");
+        let op = Op::CreateAgent {
+            name: name.clone(),
+            parent: Some("lead".into()),
+        };
+        let request = Request::CreateAgent(CreateAgent {
+            name: name.clone(),
+            instructions: String::new(),
+            parent: Some("lead".into()),
+        });
+        if let Answer::Ok(_) = self.call(op, request).await {
+            self.agents.push(name);
+        }
+    }
+
+    /// Delete an agent this client created; `false`: it has none.
+    async fn delete_agent(&mut self) -> bool {
+        if self.agents.is_empty() {
+            return false;
+        }
+        let name = self.agents.swap_remove(0);
+        let op = Op::DeleteAgent { name: name.clone() };
+        self.call(op, Request::DeleteAgent(name)).await;
+        true
+    }
+
+    async fn add_schedule(&mut self) {
+        let id = self.name("s");
+        let agent = self.worker();
+        let period_ms = self.rng.random_range(60_000..=240_000u64);
+        let op = Op::AddSchedule {
+            id: id.clone(),
+            agent: agent.clone(),
+            period_ms,
+        };
+        let request = Request::AddSchedule(Schedule {
+            id: id.clone(),
+            agent,
+            prompt: format!("schedule {id}"),
+            period_ms,
+        });
+        if let Answer::Ok(_) = self.call(op, request).await {
+            self.schedules.push(id);
+        }
+    }
+
+    /// Delete a schedule this client added; `false`: it has none.
+    async fn delete_schedule(&mut self) -> bool {
+        if self.schedules.is_empty() {
+            return false;
+        }
+        let id = self.schedules.swap_remove(0);
+        let op = Op::DeleteSchedule { id: id.clone() };
+        self.call(op, Request::DeleteSchedule(id)).await;
+        true
+    }
+
+    async fn gc(&self) {
+        // Settled rows older than a day: none in a simulated run, so the
+        // oracle's rows stay; the pass itself is exercised.
+        let day = 86_400_000;
+        let request = Request::Gc(GcRequest {
+            ttl_ms: day,
+            payload_ttl_ms: day,
+        });
+        self.call(Op::Gc, request).await;
+    }
+
+    /// The first steerable kind (from this client's place in the list)
+    /// the run has not acknowledged yet.
+    fn unseen(&self) -> Option<&'static str> {
+        let n = STEERABLE.len();
+        (0..n)
+            .map(|i| STEERABLE[(self.index + i) % n])
+            .find(|kind| !self.ctx.recorder.acked(kind))
+    }
+
+    /// An op aimed at `kind`, or a step toward one (what it needs first:
+    /// an agent or schedule of its own, a trigger that dies). `false`:
+    /// nothing to do for it now.
+    async fn steer(&mut self, kind: &str) -> bool {
+        match kind {
+            "delete_agent" => {
+                if !self.delete_agent().await {
+                    self.create_agent().await;
+                }
+            }
+            "delete_schedule" => {
+                if !self.delete_schedule().await {
+                    self.add_schedule().await;
+                }
+            }
+            "retry DEAD" => {
+                let recently = self
+                    .poisoned_at
+                    .is_some_and(|at| self.ctx.clock.now_ms() < at + POISON_AGAIN_MS);
+                if !self.retry_stuck(&["DEAD"]).await && !recently {
+                    self.emit_new(true).await;
+                }
+            }
+            "retry FAILED" => return self.retry_stuck(&["FAILED"]).await,
+            "confirm abandoned" => self.confirm(true).await,
+            "confirm delivered" | "confirm not delivered" => self.confirm(false).await,
+            "emit duplicate" => return self.emit_again(false).await,
+            "turn already done" => return self.turn_again(false).await,
+            "gc" => self.gc().await,
+            _ => return false,
+        }
+        true
+    }
+
     async fn one(&mut self) {
+        if self.rng.random_bool(STEER_PROBABILITY) {
+            if let Some(kind) = self.unseen() {
+                if self.steer(kind).await {
+                    return;
+                }
+            }
+        }
         let roll = self.rng.random_range(0..100u32);
         match roll {
-            0..=29 => {
-                let (agent, work) = (self.worker(), self.name("t"));
-                self.turn(agent, work).await;
+            0..=29 => self.new_turn().await,
+            30..=37 => {
+                if !self.turn_again(true).await {
+                    self.new_turn().await;
+                }
             }
-            30..=37 if !self.unsure.is_empty() => {
-                // A client retry: the same work id, whatever happened.
-                let i = self.rng.random_range(0..self.unsure.len());
-                let (agent, work) = self.unsure.swap_remove(i);
-                self.turn(agent, work).await;
-            }
-            30..=37 if !self.acked.is_empty() => {
-                let i = self.rng.random_range(0..self.acked.len());
-                let (agent, work) = self.acked.swap_remove(i);
-                self.turn(agent, work).await;
-            }
-            38..=52 => {
-                let (from, to) = (self.worker(), self.worker());
-                let op = Op::Message {
-                    from: from.clone(),
-                    to: to.clone(),
-                };
-                let payload = self.name("m");
-                let request = Request::Message(MessageRequest { from, to, payload });
-                self.call(op, request).await;
-            }
+            38..=52 => self.message().await,
             53..=67 => {
-                let (key, agent) = (self.name("e"), self.worker());
-                let delay_ms = self.rng.random_range(0..=120_000u64);
-                let op = Op::Emit {
-                    key: key.clone(),
-                    agent: agent.clone(),
-                    delay_ms,
-                };
-                let request = Request::Emit(EmitRequest {
-                    dedup_key: key.clone(),
-                    fire_at_ms: None,
-                    delay_ms: Some(delay_ms),
-                    agent,
-                    prompt: format!("trigger {key}"),
-                });
-                self.call(op, request).await;
-            }
-            68..=72 => {
-                let name = self.name("a");
-                let op = Op::CreateAgent {
-                    name: name.clone(),
-                    parent: Some("lead".into()),
-                };
-                let request = Request::CreateAgent(CreateAgent {
-                    name: name.clone(),
-                    instructions: String::new(),
-                    parent: Some("lead".into()),
-                });
-                if let Answer::Ok(_) = self.call(op, request).await {
-                    self.agents.push(name);
+                let again = self.rng.random_bool(0.15);
+                if !(again && self.emit_again(true).await) {
+                    let poison = self.rng.random_bool(self.ctx.plan.poison_share);
+                    self.emit_new(poison).await;
                 }
             }
-            73..=76 if !self.agents.is_empty() => {
-                let name = self.agents.swap_remove(0);
-                let op = Op::DeleteAgent { name: name.clone() };
-                self.call(op, Request::DeleteAgent(name)).await;
+            68..=72 => self.create_agent().await,
+            73..=76 => {
+                self.delete_agent().await;
             }
-            77..=80 => {
-                let id = self.name("s");
-                let agent = self.worker();
-                let period_ms = self.rng.random_range(60_000..=240_000u64);
-                let op = Op::AddSchedule {
-                    id: id.clone(),
-                    agent: agent.clone(),
-                    period_ms,
-                };
-                let request = Request::AddSchedule(Schedule {
-                    id: id.clone(),
-                    agent,
-                    prompt: format!("schedule {id}"),
-                    period_ms,
-                });
-                if let Answer::Ok(_) = self.call(op, request).await {
-                    self.schedules.push(id);
-                }
+            77..=80 => self.add_schedule().await,
+            81..=83 => {
+                self.delete_schedule().await;
             }
-            81..=83 if !self.schedules.is_empty() => {
-                let id = self.schedules.swap_remove(0);
-                let op = Op::DeleteSchedule { id: id.clone() };
-                self.call(op, Request::DeleteSchedule(id)).await;
-            }
-            84..=89 => {
-                if let Some(status) = self.status().await {
-                    self.confirm_from(&status).await;
-                }
-            }
+            84..=89 => self.confirm(false).await,
             90..=95 => {
-                let Some(status) = self.status().await else { return };
-                let stuck = ["DEAD", "FAILED"]
-                    .iter()
-                    .find_map(|s| status["triggers"][*s][0]["id"].as_str().map(str::to_string));
-                if let Some(id) = stuck {
-                    let op = Op::RetryTrigger { id: id.clone() };
-                    self.call(op, Request::RetryTrigger(id)).await;
-                }
+                self.retry_stuck(&["DEAD", "FAILED"]).await;
             }
-            96..=97 => {
-                // Settled rows older than a day: none in a simulated run,
-                // so the oracle's rows stay; the pass itself is exercised.
-                let day = 86_400_000;
-                let request = Request::Gc(GcRequest {
-                    ttl_ms: day,
-                    payload_ttl_ms: day,
-                });
-                self.call(Op::Gc, request).await;
-            }
-            _ => {
-                // A human reads the status and answers what waits for them.
-                if let Some(status) = self.status().await {
-                    self.confirm_from(&status).await;
-                }
-            }
+            96..=97 => self.gc().await,
+            // A human reads the status and answers what waits for them.
+            _ => self.confirm(false).await,
         }
     }
 }
@@ -333,6 +538,10 @@ pub(super) async fn run_client(ctx: NodeCtx, index: usize) {
         acked: Vec::new(),
         agents: Vec::new(),
         schedules: Vec::new(),
+        emits: Vec::new(),
+        unsure_emits: Vec::new(),
+        poisoned_at: None,
+        retried: BTreeSet::new(),
     };
     if index == 0 {
         client.set_up().await;
