@@ -9,15 +9,18 @@
 //! worker's timeout passes. Simulated API clients ([`clients`]) on another
 //! node issue the real request types — agents created and deleted, turns
 //! with work ids (retried after an unknown outcome, and again after an
-//! answer), messages, triggers with delays, recurring schedules,
-//! confirmations, retries of DEAD triggers, status, GC. The supervisor
+//! answer), messages, triggers with delays (emitted again after an unknown
+//! outcome, and as duplicates), recurring schedules, confirmations,
+//! retries of DEAD and FAILED triggers, status, GC — steering toward the
+//! kinds a run has not acknowledged yet ([`coverage`]). The supervisor
 //! stops the node (SIGTERM: the worker drains its calls) or kills it at
-//! simulated instants drawn from the seed — either right away or a seeded
-//! number of I/O points later, mid-operation — applies a crash mode to the
-//! disk (`ProcessCrash`, `PowerLoss(Strict)`, `PowerLoss(Eager)`), waits a
+//! simulated instants drawn from the seed — right away, a seeded number of
+//! I/O points later (mid-operation), or aimed at a one-time trigger's turn
+//! in flight ([`TurnPhase`], `target`) — applies a crash mode to the disk
+//! (`ProcessCrash`, `PowerLoss(Strict)`, `PowerLoss(Eager)`), waits a
 //! seeded downtime and restarts the node, which boots (recovery) and goes
 //! on. At the horizon it crashes the node once more, recovers the disk
-//! itself and hands everything to [`oracle`].
+//! itself (`view`) and hands everything to [`oracle`].
 //!
 //! Invariant: a run is a pure function of its [`SimPlan`]: madsim's task
 //! order, the clients', provider's and latencies' choices, the crash
@@ -150,7 +153,8 @@ pub struct SimPlan {
     /// flight and kills it there, in a seeded [`TurnPhase`] (a crash at a
     /// random instant rarely lands inside one turn's few seconds).
     pub aimed_probability: f64,
-    /// The phases an aimed crash draws from.
+    /// The phases aimed crashes take in turn (from a seeded one); not
+    /// empty.
     pub aimed_phases: Vec<TurnPhase>,
     /// A due trigger's turn starts within this much of its fire time
     /// unless the daemon was down (slots busy with other turns, a poll).

@@ -142,6 +142,9 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         }
     });
     let mut rng = ChaCha8Rng::seed_from_u64(plan.seed ^ 0x5eed_c4a5_11ed);
+    // Aimed crashes take the plan's phases in turn from a seeded one, so a
+    // run with as many aimed crashes as phases hits every phase.
+    let mut next_phase = rng.random_range(0..plan.aimed_phases.len().max(1));
     // Each instant is a crash (true) or a stop (false).
     let mut instants: Vec<(u64, bool)> = Vec::new();
     for crash in (0..plan.crashes)
@@ -159,7 +162,9 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         let mut point = None;
         let mode = if crash {
             if rng.random_bool(plan.aimed_probability) {
-                aimed = aim_and_wait(&ctx, &mut rng).await;
+                let phase = plan.aimed_phases[next_phase % plan.aimed_phases.len()];
+                next_phase += 1;
+                aimed = aim_and_wait(&ctx, phase, &mut rng).await;
             } else if rng.random_bool(plan.mid_io_probability) {
                 let armed = ctx.fs.points() + rng.random_range(1..=400u64);
                 ctx.fs.set_fault(Some(Fault::CrashAt(armed)));
@@ -255,11 +260,9 @@ fn dying_point(fs: &SimFs) -> Option<(u64, String)> {
 /// clients' emits fire every few seconds).
 const AIM_PATIENCE_POLLS: u32 = 12_000;
 
-/// Aim at the next one-time trigger's turn in a seeded phase and wait for
-/// the hit (or the patience to run out).
-async fn aim_and_wait(ctx: &NodeCtx, rng: &mut ChaCha8Rng) -> Option<AimedAt> {
-    let phases = &ctx.plan.aimed_phases;
-    let phase = phases[rng.random_range(0..phases.len())];
+/// Aim at the next one-time trigger's turn in `phase` and wait for the hit
+/// (or the patience to run out).
+async fn aim_and_wait(ctx: &NodeCtx, phase: TurnPhase, rng: &mut ChaCha8Rng) -> Option<AimedAt> {
     let aim = Aim {
         phase,
         // Its first call, or a later one (a tool's, the next round's).

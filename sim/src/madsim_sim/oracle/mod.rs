@@ -303,3 +303,69 @@ fn ran_once(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>) {
         }
     }
 }
+
+/// The checks no canary of the daemon can reach (a second holder needs a
+/// lease taken over, which the one-writer daemon never does), shown
+/// failing on a hand-made trace, and passing on its repaired twin.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use durable_agent::store::triggers::TriggerPolicy;
+
+    fn bounds() -> Bounds {
+        Bounds {
+            settle_ms: 180_000,
+            fire_bound_ms: 61_000,
+            down: Vec::new(),
+            policy: TriggerPolicy::default(),
+            aimed: Vec::new(),
+        }
+    }
+
+    fn started(at: u64) -> (u64, Event) {
+        let (agent, work) = ("w0".to_string(), "trigger:c0e1".to_string());
+        (at, Event::TurnStarted { agent, work })
+    }
+
+    fn ended(at: u64) -> (u64, Event) {
+        let (agent, work) = ("w0".to_string(), "trigger:c0e1".to_string());
+        (
+            at,
+            Event::TurnEnded {
+                agent,
+                work,
+                ran: false,
+                error: None,
+            },
+        )
+    }
+
+    #[test]
+    fn a_work_started_while_its_turn_runs_has_two_holders() {
+        let view = FinalView::default();
+        let events = [(0, Event::Booted { boot: 0 }), started(10), started(20)];
+        let bad = check(&events, &view, &bounds());
+        assert!(bad.iter().any(|v| v.contains("two holders")), "{bad:?}");
+        // Ended before the second start, or cut by a crash: one holder.
+        for events in [
+            vec![started(10), ended(15), started(20)],
+            vec![started(10), (15, Event::Booted { boot: 1 }), started(20)],
+        ] {
+            assert_eq!(check(&events, &view, &bounds()), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn a_work_completed_twice_in_its_log_is_reported() {
+        let mut view = FinalView::default();
+        let key = ("w0".to_string(), "trigger:c0e1".to_string());
+        view.completions.insert(key.clone(), 2);
+        let bad = check(&[], &view, &bounds());
+        assert!(
+            bad.iter().any(|v| v.contains("completed 2 times in its log")),
+            "{bad:?}"
+        );
+        view.completions.insert(key, 1);
+        assert_eq!(check(&[], &view, &bounds()), Vec::<String>::new());
+    }
+}
