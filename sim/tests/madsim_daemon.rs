@@ -107,10 +107,11 @@ mod sim {
     }
 
     /// A one-time trigger whose turn is in flight when the node is killed —
-    /// right after it started, while one of its calls is out, or while a
+    /// right after it started, while one of its calls is out, while a
     /// call's result is being persisted (its effect happened, its record
-    /// partly durable) — runs its work exactly once after the restart and
-    /// settles (the oracle's D2, D3 and D4, aimed crashes included).
+    /// partly durable), or while the result that completes it is (inside
+    /// `turn.complete` or the ack) — runs its work exactly once after the
+    /// restart and settles (the oracle's D2, D3 and D4 for aimed crashes).
     #[test]
     fn one_time_trigger_killed_mid_turn_runs_its_work_once_and_settles() {
         let mut phases = std::collections::BTreeMap::new();
@@ -146,7 +147,7 @@ mod sim {
             }
             assert!(
                 done_once > 0,
-                "no aimed trigger settled DONE: the check never bit"
+                "no aimed trigger settled DONE after its crash: exactly-once was never exercised"
             );
         }
     }
