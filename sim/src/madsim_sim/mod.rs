@@ -9,15 +9,18 @@
 //! worker's timeout passes. Simulated API clients ([`clients`]) on another
 //! node issue the real request types — agents created and deleted, turns
 //! with work ids (retried after an unknown outcome, and again after an
-//! answer), messages, triggers with delays, recurring schedules,
-//! confirmations, retries of DEAD triggers, status, GC. The supervisor
+//! answer), messages, triggers with delays (emitted again after an unknown
+//! outcome, and as duplicates), recurring schedules, confirmations,
+//! retries of DEAD and FAILED triggers, status, GC — steering toward the
+//! kinds a run has not acknowledged yet ([`coverage`]). The supervisor
 //! stops the node (SIGTERM: the worker drains its calls) or kills it at
-//! simulated instants drawn from the seed — either right away or a seeded
-//! number of I/O points later, mid-operation — applies a crash mode to the
-//! disk (`ProcessCrash`, `PowerLoss(Strict)`, `PowerLoss(Eager)`), waits a
+//! simulated instants drawn from the seed — right away, a seeded number of
+//! I/O points later (mid-operation), or aimed at a one-time trigger's turn
+//! in flight ([`TurnPhase`], `target`) — applies a crash mode to the disk
+//! (`ProcessCrash`, `PowerLoss(Strict)`, `PowerLoss(Eager)`), waits a
 //! seeded downtime and restarts the node, which boots (recovery) and goes
 //! on. At the horizon it crashes the node once more, recovers the disk
-//! itself and hands everything to [`oracle`].
+//! itself (`view`) and hands everything to [`oracle`].
 //!
 //! Invariant: a run is a pure function of its [`SimPlan`]: madsim's task
 //! order, the clients', provider's and latencies' choices, the crash
@@ -31,6 +34,7 @@
 
 #[cfg(madsim)]
 mod clients;
+pub mod coverage;
 #[cfg(madsim)]
 mod node;
 pub mod oracle;
@@ -38,6 +42,10 @@ pub mod provider;
 pub mod recorder;
 #[cfg(madsim)]
 mod run;
+#[cfg(madsim)]
+mod target;
+#[cfg(madsim)]
+mod view;
 
 use std::path::PathBuf;
 
@@ -46,6 +54,7 @@ use durable_agent::fs::CrashMode;
 use durable_agent::store::triggers::TriggerPolicy;
 use serde_json::Value;
 
+pub use coverage::Coverage;
 pub use oracle::{check, FinalView};
 pub use provider::FlakyProvider;
 pub use recorder::Recorder;
@@ -140,6 +149,19 @@ pub struct SimPlan {
     /// Chance that a crash is armed some I/O points ahead (dying inside a
     /// write, fsync or SQLite commit) rather than at the instant itself.
     pub mid_io_probability: f64,
+    /// Chance that a crash waits for a one-time trigger's turn to be in
+    /// flight and kills it there, in a seeded [`TurnPhase`] (a crash at a
+    /// random instant rarely lands inside one turn's few seconds).
+    pub aimed_probability: f64,
+    /// The phases aimed crashes take in turn (from a seeded one); not
+    /// empty.
+    pub aimed_phases: Vec<TurnPhase>,
+    /// A due trigger's turn starts within this much of its fire time
+    /// unless the daemon was down (slots busy with other turns, a poll).
+    pub start_bound_ms: u64,
+    /// Share of client emits whose prompt the provider always fails on:
+    /// they die (DEAD) after the policy's attempts, for a human to retry.
+    pub poison_share: f64,
     /// How long after its due time a trigger may still be unfired at the
     /// horizon (leases, backoff, latency) before the oracle calls it lost.
     pub settle_ms: u64,
@@ -182,8 +204,31 @@ impl SimPlan {
             ),
             downtime_ms: (0, 30_000),
             mid_io_probability: 0.5,
+            aimed_probability: 0.4,
+            aimed_phases: TurnPhase::ALL.to_vec(),
+            start_bound_ms: 1_000 + 60_000,
+            poison_share: 0.02,
             settle_ms,
         }
+    }
+
+    /// This plan with every crash aimed at a one-time trigger's turn in
+    /// flight ([`TurnPhase`]): killed right after it started, while one
+    /// of its calls is out, or while a call's result (or the one that
+    /// completes it) is being persisted.
+    pub fn aimed_at_triggers(mut self) -> Self {
+        self.aimed_probability = 1.0;
+        self
+    }
+
+    /// This plan with trigger leases shorter than one provider call: every
+    /// trigger's turn outlives its lease, so its holder is still running
+    /// (and acks) after the lease expired. The start bound stays the
+    /// default plan's: a short lease must not make turns start sooner.
+    pub fn with_short_leases(mut self) -> Self {
+        self.latency_ms = (600, 3_000);
+        self.lease_ms = 400;
+        self
     }
 
     /// The name of worker `i`.
@@ -209,6 +254,9 @@ pub enum Op {
     Message {
         from: String,
         to: String,
+        /// Unique, bracketed (`[c0m3]`): a prompt quoting it is found by a
+        /// substring search.
+        payload: String,
     },
     Emit {
         key: String,
@@ -226,9 +274,13 @@ pub enum Op {
     Confirm {
         key: String,
         delivered: bool,
+        /// The human gave up on the call instead.
+        abandon: bool,
     },
     RetryTrigger {
         id: String,
+        /// The status the trigger was listed with (DEAD or FAILED).
+        status: String,
     },
     Status,
     Gc,
@@ -288,6 +340,43 @@ pub enum Event {
     },
 }
 
+/// Where in a one-time trigger's turn an aimed crash kills the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TurnPhase {
+    /// Right after the turn started: the claim and `turn.start` written,
+    /// its first call handed out (dies at the next I/O point).
+    Started,
+    /// While one of the turn's provider or tool calls is out: the call
+    /// dies with the node, its result never persisted.
+    CallOut,
+    /// While one call's result is being persisted (a seeded number of I/O
+    /// points after it came back): the call's effect happened, its record
+    /// (decision, ledger, `tool.result`) partly durable.
+    Persisting,
+    /// While the result that completes the turn (a reply asking for no
+    /// tool) is being persisted: inside its `turn.complete` or the ack
+    /// after it — the work durable, its trigger not yet DONE.
+    Completing,
+}
+
+impl TurnPhase {
+    pub const ALL: [TurnPhase; 4] = [
+        TurnPhase::Started,
+        TurnPhase::CallOut,
+        TurnPhase::Persisting,
+        TurnPhase::Completing,
+    ];
+}
+
+/// The one-time trigger's turn an aimed crash killed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AimedAt {
+    /// Its work (`trigger:{key}`) and agent.
+    pub work: String,
+    pub agent: String,
+    pub phase: TurnPhase,
+}
+
 /// One crash or stop the supervisor caused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CrashRecord {
@@ -300,6 +389,9 @@ pub struct CrashRecord {
     /// The SimFs point the process died at, with its label, if it died
     /// inside an I/O call.
     pub point: Option<(u64, String)>,
+    /// The trigger's turn it killed, if the crash was aimed at one (and
+    /// one was in flight in time).
+    pub aimed: Option<AimedAt>,
     /// When the node was restarted.
     pub restarted_ms: u64,
 }
@@ -308,6 +400,8 @@ pub struct CrashRecord {
 #[derive(Debug, Clone)]
 pub struct SimOutcome {
     pub seed: u64,
+    /// The plan that ran.
+    pub plan: SimPlan,
     /// Hash of the SimFs trace, the final disk image and the event trace:
     /// equal seeds give equal hashes.
     pub hash: u64,
@@ -326,15 +420,9 @@ impl SimOutcome {
         repro_command(self.seed)
     }
 
-    /// Acknowledged operations of each kind, by a short name.
-    pub fn acked(&self) -> std::collections::BTreeMap<&'static str, usize> {
-        let mut n = std::collections::BTreeMap::new();
-        for (_, e) in &self.events {
-            if let Event::Acked { op, .. } = e {
-                *n.entry(op_name(op)).or_insert(0) += 1;
-            }
-        }
-        n
+    /// What the run exercised ([`coverage`]).
+    pub fn coverage(&self) -> Coverage {
+        Coverage::of(self)
     }
 
     /// A report for a failing run: seed, command, crashes, violations.

@@ -29,6 +29,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use super::target::Sights;
 use super::{Event, FlakyProvider, Recorder, SimClock, SimPlan};
 
 /// A request on its way to the worker, with where its answer goes.
@@ -52,6 +53,8 @@ pub(super) struct NodeCtx {
     pub ended: Arc<AtomicBool>,
     /// The clients' set-up (agents, schedules) is acknowledged.
     pub ready: Arc<AtomicBool>,
+    /// The supervisor's aim at a one-time trigger's turn, if it has one.
+    pub sights: Sights,
     pub errors: Arc<Mutex<Vec<String>>>,
 }
 
@@ -89,10 +92,12 @@ impl NodeCtx {
     }
 }
 
-/// The worker's lifecycle reports, into the trace.
+/// The worker's lifecycle reports, into the trace (and the sights).
 struct Observed {
     recorder: Recorder,
     clock: SimClock,
+    sights: Sights,
+    fs: SimFs,
 }
 
 impl Lifecycle for Observed {
@@ -106,6 +111,7 @@ impl Lifecycle for Observed {
                 work: work.to_string(),
             },
         );
+        self.sights.turn_started(work, &name, &self.fs);
         // The scope carries the name: the trace speaks in names.
         TurnScope { agent: name, ..scope }
     }
@@ -204,6 +210,8 @@ async fn run_once(ctx: &NodeCtx) -> Exit {
     ctx.record(Event::Booted { boot });
     let schedules = match Schedules::load(fs, &ctx.plan.root) {
         Ok(s) => s,
+        // The process died reading them (a crash the supervisor armed).
+        Err(_) if ctx.fs.crashed() => return Exit::Failed,
         Err(e) => {
             // A crash can leave no schedules file, never a broken one.
             ctx.ended.store(true, Ordering::SeqCst);
@@ -226,6 +234,8 @@ async fn run_once(ctx: &NodeCtx) -> Exit {
     let lifecycle = Observed {
         recorder: ctx.recorder.clone(),
         clock: ctx.clock,
+        sights: ctx.sights.clone(),
+        fs: ctx.fs.clone(),
     };
     let mut worker: Worker = Worker::new(system, schedules, Box::new(lifecycle), settings);
     let (tx, mut requests) = mpsc::channel::<Envelope>(64);
@@ -236,6 +246,13 @@ async fn run_once(ctx: &NodeCtx) -> Exit {
     let mut next_request = 1u64;
     // The call tasks of this process: gone with it if it exits.
     let calls = std::cell::RefCell::new(Vec::new());
+    // Each worker turn's (work, agent), for the sights.
+    let works = std::cell::RefCell::new(BTreeMap::<u64, (String, String)>::new());
+    let result_in = |turn: u64, result: &CallResult| {
+        if let Some((work, agent)) = works.borrow().get(&turn) {
+            ctx.sights.result_in(work, agent, result, &ctx.fs);
+        }
+    };
     let act = |worker: &mut Worker, replies: &mut BTreeMap<u64, _>, rng: &mut ChaCha8Rng| {
         while let Some(action) = worker.poll_action() {
             match action {
@@ -246,6 +263,9 @@ async fn run_once(ctx: &NodeCtx) -> Exit {
                     }
                 }
                 Action::Call(call) => {
+                    ctx.sights.call_out(&call.scope.work, &call.scope.agent);
+                    let scope = (call.scope.work.clone(), call.scope.agent.clone());
+                    works.borrow_mut().insert(call.turn, scope);
                     let latency = draw(rng, plan.latency_ms);
                     let (outside, back) = (outside.clone(), back.clone());
                     calls.borrow_mut().push(tokio::spawn(async move {
@@ -274,7 +294,10 @@ async fn run_once(ctx: &NodeCtx) -> Exit {
                 replies.insert(id, reply);
                 worker.handle_request(id, request)
             }
-            Some((turn, result)) = results.recv() => worker.handle_result(turn, result),
+            Some((turn, result)) = results.recv() => {
+                result_in(turn, &result);
+                worker.handle_result(turn, result)
+            }
             _ = tokio::time::sleep(wait) => Ok(()),
         };
         act(&mut worker, &mut replies, &mut rng);
@@ -317,6 +340,7 @@ async fn run_once(ctx: &NodeCtx) -> Exit {
         let Some((turn, result)) = results.recv().await else {
             break;
         };
+        result_in(turn, &result);
         let done = worker.handle_result(turn, result);
         act(&mut worker, &mut replies, &mut rng);
         if let Err(e) = done {

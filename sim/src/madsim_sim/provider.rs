@@ -1,6 +1,8 @@
 //! The simulation's provider: [`FlakyProvider`], the deterministic
 //! fake LLM, failing a seeded share of completions (a timeout, a 5xx): the
-//! turn is abandoned and retried. Like a real model it never words a tool
+//! turn is abandoned and retried. A turn whose prompt carries [`POISON`]
+//! fails every time (a job the model always times out on): its trigger
+//! dies after the policy's attempts, for a human to retry. Like a real model it never words a tool
 //! call the same way twice: each answer's calls carry the ask's number in
 //! their arguments, so a round asked again gets other idempotency keys
 //! (only the runtime's durable decision keeps a call's key).
@@ -14,7 +16,21 @@ use std::sync::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use durable_agent::runtime::{FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest};
+use durable_agent::runtime::{
+    ConversationItem, FakeProvider, Provider, ProviderError, ProviderReply, ProviderRequest,
+};
+
+/// A prompt holding this fails every completion.
+pub const POISON: &str = "[always times out]";
+
+/// Whether the open turn's prompt (the last in the history) is poisoned.
+fn poisoned(request: &ProviderRequest<'_>) -> bool {
+    let prompt = request.history.iter().rev().find_map(|item| match item {
+        ConversationItem::Prompt { text } => Some(text),
+        _ => None,
+    });
+    prompt.is_some_and(|p| p.contains(POISON))
+}
 
 /// The fake provider, failing each completion with probability `failure`.
 #[derive(Debug)]
@@ -52,7 +68,7 @@ impl Provider for FlakyProvider {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .random_bool(self.failure);
-        if fail {
+        if fail || poisoned(request) {
             return Err(ProviderError("simulated provider timeout".into()));
         }
         let ask = self.asks.fetch_add(1, Ordering::Relaxed);

@@ -1,31 +1,29 @@
 //! The madsim supervisor: one node runs the daemon; the supervisor crashes
-//! it on the seeded schedule, applies the crash mode to the SimFs, restarts
-//! it, and at the horizon recovers the disk and asks the oracle.
+//! it on the seeded schedule — at the instant, a seeded number of I/O
+//! points later, or aimed at a one-time trigger's turn in flight
+//! ([`super::target`]) — applies the crash mode to the SimFs, restarts it,
+//! and at the horizon has the disk recovered once more ([`super::view`])
+//! and asks the oracle.
 //!
 //! Invariant: the node's database connections are gone (their futures
 //! dropped) before the disk reboots, and any I/O the dying process still
 //! attempts fails, so nothing a dead process does reaches the next boot.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use durable_agent::fs::{CrashMode, DirModel, Fault, Fs, SimConfig, SimFs};
-use durable_agent::recovery;
-use durable_agent::sqlite::Db;
-use durable_agent::store::activities::{ActivityStatus, ActivityStore};
-use durable_agent::store::triggers::TriggerStore;
-use durable_agent::system::System;
-use durable_agent::worker::schedule::Schedules;
+use durable_agent::fs::{CrashMode, DirModel, Fault, SimConfig, SimFs};
 use durable_agent::world::{Scripted, World};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::clients::run_client;
 use super::node::{boot_and_run, NodeCtx};
-use super::oracle::{check, works_to_check, AgentMessages, Bounds, FinalView, TriggerRow};
-use super::{fnv1a, CrashRecord, Recorder, SimClock, SimOutcome, SimPlan, FNV_START};
+use super::oracle::{check, Bounds};
+use super::target::{Aim, Sights};
+use super::view::final_view;
+use super::{fnv1a, AimedAt, CrashRecord, Recorder, SimClock, SimOutcome, SimPlan, TurnPhase, FNV_START};
 
 /// SQLite's PRNG is process-global: runs in one process take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -113,6 +111,7 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         stop: Arc::new(AtomicBool::new(false)),
         ended: Arc::new(AtomicBool::new(false)),
         ready: Arc::new(AtomicBool::new(false)),
+        sights: Sights::default(),
         errors: Arc::new(Mutex::new(Vec::new())),
     };
     let handle = madsim::runtime::Handle::current();
@@ -143,6 +142,9 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         }
     });
     let mut rng = ChaCha8Rng::seed_from_u64(plan.seed ^ 0x5eed_c4a5_11ed);
+    // Aimed crashes take the plan's phases in turn from a seeded one, so a
+    // run with as many aimed crashes as phases hits every phase.
+    let mut next_phase = rng.random_range(0..plan.aimed_phases.len().max(1));
     // Each instant is a crash (true) or a stop (false).
     let mut instants: Vec<(u64, bool)> = Vec::new();
     for crash in (0..plan.crashes)
@@ -156,27 +158,19 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
     for (at, crash) in instants {
         tokio::time::sleep_until(ctx.clock.instant_at(at)).await;
         let at_ms = ctx.clock.now_ms();
+        let mut aimed = None;
         let mut point = None;
         let mode = if crash {
-            if rng.random_bool(plan.mid_io_probability) {
+            if rng.random_bool(plan.aimed_probability) {
+                let phase = plan.aimed_phases[next_phase % plan.aimed_phases.len()];
+                next_phase += 1;
+                aimed = aim_and_wait(&ctx, phase, &mut rng).await;
+            } else if rng.random_bool(plan.mid_io_probability) {
                 let armed = ctx.fs.points() + rng.random_range(1..=400u64);
                 ctx.fs.set_fault(Some(Fault::CrashAt(armed)));
-                for _ in 0..6_000 {
-                    if ctx.fs.crashed() {
-                        break;
-                    }
-                    sleep_ms(10).await;
-                }
-                if ctx.fs.crashed() {
-                    let label = ctx
-                        .fs
-                        .trace()
-                        .into_iter()
-                        .find(|t| t.point == armed)
-                        .map(|t| t.label);
-                    point = Some((armed, label.unwrap_or_default()));
-                }
+                wait_for_death(&ctx, 6_000).await;
             }
+            point = dying_point(&ctx.fs);
             kill(&handle, node, &ctx).await;
             let mode = match rng.random_range(0..10u32) {
                 0..=3 => CrashMode::ProcessCrash,
@@ -202,6 +196,7 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
             killed_ms,
             mode,
             point,
+            aimed,
             restarted_ms: ctx.clock.now_ms(),
         });
     }
@@ -214,9 +209,13 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
     let mut violations = ctx.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let bounds = Bounds {
         settle_ms: plan.settle_ms,
-        fire_bound_ms: plan.poll_ms + plan.lease_ms,
+        fire_bound_ms: plan.start_bound_ms,
         down: down_windows(&crashes, &events),
         policy: plan.trigger_policy,
+        aimed: crashes
+            .iter()
+            .filter_map(|c| Some((c.killed_ms, c.aimed.clone()?)))
+            .collect(),
     };
     violations.extend(check(&events, &view, &bounds));
     let hash = [ctx.fs.trace_hash(), ctx.fs.image_hash(), ctx.recorder.hash()]
@@ -224,6 +223,7 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         .fold(FNV_START, |h, x| fnv1a(h, &x.to_le_bytes()));
     SimOutcome {
         seed: plan.seed,
+        plan,
         hash,
         events,
         crashes,
@@ -231,6 +231,56 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         violations,
         view,
     }
+}
+
+/// Wait (10 ms polls, at most `polls`) until the process died at its armed
+/// I/O point, or the sights ask for a kill now.
+async fn wait_for_death(ctx: &NodeCtx, polls: u32) {
+    for _ in 0..polls {
+        if ctx.fs.crashed() || ctx.sights.kill_now() {
+            return;
+        }
+        sleep_ms(10).await;
+    }
+}
+
+/// The I/O point the process died at, with its label, if it died at one.
+/// (A crashed SimFs counts no further points: its last is the one.)
+fn dying_point(fs: &SimFs) -> Option<(u64, String)> {
+    if !fs.crashed() {
+        return None;
+    }
+    let point = fs.points();
+    let label = fs.trace_from(point).into_iter().find(|t| t.point == point);
+    Some((point, label.map(|t| t.label).unwrap_or_default()))
+}
+
+/// How long an aimed crash waits for a one-time trigger's turn to get to
+/// its phase before the node is killed anyway (10 ms polls: 2 minutes, the
+/// clients' emits fire every few seconds).
+const AIM_PATIENCE_POLLS: u32 = 12_000;
+
+/// Aim at the next one-time trigger's turn in `phase` and wait for the hit
+/// (or the patience to run out).
+async fn aim_and_wait(ctx: &NodeCtx, phase: TurnPhase, rng: &mut ChaCha8Rng) -> Option<AimedAt> {
+    let aim = Aim {
+        phase,
+        // Its first call, or a later one (a tool's, the next round's).
+        nth: rng.random_range(1..=3),
+        points_ahead: match phase {
+            // At once: the claim and `turn.start` are all there is.
+            TurnPhase::Started => rng.random_range(1..=3),
+            // Inside `turn.complete` (a handful of points) or the ack's
+            // commit after it.
+            TurnPhase::Completing => rng.random_range(1..=12),
+            // Somewhere inside persisting one result: a log append is a
+            // handful of points, a ledger commit a dozen.
+            _ => rng.random_range(1..=24),
+        },
+    };
+    ctx.sights.arm(aim);
+    wait_for_death(ctx, AIM_PATIENCE_POLLS).await;
+    ctx.sights.disarm()
 }
 
 /// When the daemon was down: the supervisor's crashes and stops, and each
@@ -256,126 +306,4 @@ fn down_windows(crashes: &[CrashRecord], events: &[(u64, super::Event)]) -> Vec<
         down.push((from, u64::MAX));
     }
     down
-}
-
-/// Recover the disk once more (outside the node) and read what survived.
-fn final_view(ctx: &NodeCtx, end_ms: u64, events: &[(u64, super::Event)]) -> FinalView {
-    let plan = &ctx.plan;
-    let fs: Arc<dyn Fs> = Arc::new(ctx.fs.clone());
-    let mut view = FinalView {
-        end_ms,
-        ..FinalView::default()
-    };
-    // The final look is one more boot: the same composition as every node
-    // boot (no second, read-only composition that could disagree with it),
-    // without the canaries (the look must not re-introduce a bug).
-    let mut sc = ctx.system_config();
-    sc.canaries = durable_agent::canary::Canaries::none();
-    match System::boot(fs.clone(), sc, ctx.deps(u32::MAX, 0.0)) {
-        Ok((system, _)) => {
-            let runtime = system.runtime();
-            let state = runtime.state();
-            let name_of = |id| state.agents.get(id).map(|a| a.name.clone());
-            let mut ids = BTreeMap::new();
-            for (id, agent) in &state.agents {
-                let msgs = AgentMessages {
-                    parent: agent.parent.as_ref().and_then(name_of),
-                    pending: state.pending[id].iter().map(|m| m.id.to_string()).collect(),
-                    delivered: state.delivered[id].iter().map(|m| m.to_string()).collect(),
-                };
-                view.agents.insert(agent.name.clone(), msgs);
-                ids.insert(agent.name.clone(), id.clone());
-                ids.insert(id.to_string(), id.clone());
-            }
-            view.runtime_violations = runtime.check_invariants();
-            read_stores(&system.db(), plan, end_ms, &mut view, &ids, &state);
-            let mut works = works_to_check(events);
-            works.extend(
-                view.triggers
-                    .values()
-                    .filter_map(|t| Some((t.agent.clone()?, t.work.clone()))),
-            );
-            for (agent, work) in works {
-                let Some(id) = ids.get(&agent) else { continue };
-                if runtime.work_done(id, &work).unwrap_or(false) {
-                    view.completed.insert((agent, work));
-                }
-            }
-        }
-        Err(e) => view.runtime_violations.push(format!("final boot failed: {e}")),
-    }
-    match Schedules::load(fs.clone(), &plan.root) {
-        Ok(s) => view.schedules = s.list().into_iter().map(|s| s.id).collect(),
-        Err(e) => view.disk_violations.push(format!("schedules: {e}")),
-    }
-    view.disk_violations.extend(
-        recovery::check_invariants(&*fs, &plan.root)
-            .err()
-            .unwrap_or_default(),
-    );
-    // The fuzzer's I3 (every events.jsonl is complete JSON lines), reused.
-    view.disk_violations
-        .extend(crate::oracle::log_invariants(&ctx.fs.disk_image()));
-    let mut deliveries = BTreeMap::new();
-    for d in ctx.world.deliveries() {
-        *deliveries.entry(d.idem_key).or_insert(0) += 1;
-    }
-    view.deliveries = deliveries;
-    view
-}
-
-fn read_stores(
-    db: &Db,
-    plan: &SimPlan,
-    end_ms: u64,
-    view: &mut FinalView,
-    ids: &BTreeMap<String, durable_agent::runtime::AgentId>,
-    state: &durable_agent::runtime::RuntimeState,
-) {
-    let triggers = TriggerStore::new(plan.trigger_policy, Default::default());
-    match triggers.all(db.conn(), end_ms) {
-        Ok(rows) => {
-            for t in rows {
-                // The agent its payload names, by name (or id).
-                let agent = t.payload["agent"]
-                    .as_str()
-                    .and_then(|a| ids.get(a))
-                    .and_then(|id| state.agents.get(id))
-                    .map(|a| a.name.clone());
-                let row = TriggerRow {
-                    status: t.status.as_str().to_string(),
-                    fire_at_ms: t.fire_at_ms,
-                    attempts: t.attempts,
-                    agent,
-                    work: System::trigger_work(&t),
-                };
-                if let (Some(schedule), Some(bucket)) =
-                    (t.payload["schedule"].as_str(), t.payload["bucket"].as_u64())
-                {
-                    *view.buckets.entry((schedule.to_string(), bucket)).or_insert(0) += 1;
-                }
-                if let Some(key) = &t.dedup_key {
-                    *view.rows_per_key.entry(key.clone()).or_insert(0) += 1;
-                }
-                view.triggers.insert(t.dedup_key.clone().unwrap_or(t.id), row);
-            }
-        }
-        Err(e) => view.runtime_violations.push(format!("reading triggers: {e}")),
-    }
-    let ledger = ActivityStore::default();
-    for status in [
-        ActivityStatus::Intent,
-        ActivityStatus::Done,
-        ActivityStatus::Failed,
-        ActivityStatus::NeedsConfirmation,
-    ] {
-        match ledger.with_status(db.conn(), status) {
-            Ok(rows) => {
-                for r in rows {
-                    view.ledger.insert(r.idem_key, status.as_str().to_string());
-                }
-            }
-            Err(e) => view.runtime_violations.push(format!("reading the ledger: {e}")),
-        }
-    }
 }

@@ -1,0 +1,371 @@
+//! The daemon oracle: the guarantees the kill soaks check, checked against
+//! what the clients were told (the [`super::Recorder`] trace: `Acked` is a
+//! 200) and what one more recovery finds on the disk at the end
+//! ([`FinalView`]), plus timing only simulated time can check.
+//!
+//! - **D1 acknowledged ops present**: an agent whose creation was acked is
+//!   alive (unless a delete of it was sent); an acked message is pending
+//!   or delivered at its recipient, never both, never twice — and if
+//!   delivered, a completed turn of the recipient read it (its payload is
+//!   in that turn's prompt: a message counts as delivered only with the
+//!   turn that read it); an acked emit's trigger row exists, one row per
+//!   dedup key, and a later acked emit of the same key is answered
+//!   `duplicate`; an acked schedule is defined (unless a delete of it was
+//!   sent), an acked delete's is not.
+//! - **D2 no duplicate irreversible effect**: no idempotency key reaches
+//!   the world twice.
+//! - **D3 each turn exactly once**: a work (`api:{id}`, `trigger:{key}`)
+//!   runs to completion at most once across every crash and retry — in
+//!   the trace, and in its agent's log (`turn.complete` once per work) —
+//!   and never has two turns at once (a second holder: a lease taken over
+//!   while its holder still runs); an acked turn's outcome is durable;
+//!   once acked, every later ack of the same work id answers
+//!   `already_done`.
+//! - **D4 triggers settle**, **D5 timing**: see [`triggers`].
+//! - **Invariants**: `Runtime::check_invariants`, the on-disk
+//!   `recovery::check_invariants` and the fuzzer's log check are clean.
+//!
+//! Invariant: pure; reads its inputs only.
+
+mod triggers;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{AimedAt, Event, Op};
+
+/// One live agent after the final recovery.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentMessages {
+    pub parent: Option<String>,
+    pub pending: Vec<String>,
+    pub delivered: BTreeSet<String>,
+    /// The prompts of its completed turns (the messages they read are
+    /// quoted in them).
+    pub prompts: Vec<String>,
+}
+
+/// One trigger row after the final recovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerRow {
+    pub id: String,
+    pub status: String,
+    pub fire_at_ms: u64,
+    pub attempts: u32,
+    /// The agent its payload names, and its work (`trigger:{key}`, or
+    /// the interrupted work a RESUME trigger continues).
+    pub agent: Option<String>,
+    pub work: String,
+}
+
+/// Everything the final recovery found.
+#[derive(Debug, Clone, Default)]
+pub struct FinalView {
+    /// Live agents by name.
+    pub agents: BTreeMap<String, AgentMessages>,
+    /// Trigger rows by the dedup key their producer gave them (the last
+    /// row, if a broken store kept several).
+    pub triggers: BTreeMap<String, TriggerRow>,
+    /// Activity-ledger status by idempotency key.
+    pub ledger: BTreeMap<String, String>,
+    /// World deliveries per idempotency key.
+    pub deliveries: BTreeMap<String, usize>,
+    /// (agent, work) pairs whose outcome is durable.
+    pub completed: BTreeSet<(String, String)>,
+    /// `turn.complete` entries per (agent, work) in the agents' logs.
+    pub completions: BTreeMap<(String, String), u32>,
+    /// Schedule ids defined.
+    pub schedules: BTreeSet<String>,
+    /// Trigger rows per (schedule, bucket), from their payloads.
+    pub buckets: BTreeMap<(String, u64), usize>,
+    /// Trigger rows per producer's dedup key (the store keeps one).
+    pub rows_per_key: BTreeMap<String, usize>,
+    pub runtime_violations: Vec<String>,
+    pub disk_violations: Vec<String>,
+    /// Logical time of the final crash.
+    pub end_ms: u64,
+}
+
+/// The (agent, work) pairs whose durability the oracle asks about.
+pub fn works_to_check(events: &[(u64, Event)]) -> BTreeSet<(String, String)> {
+    let mut works = BTreeSet::new();
+    for (_, e) in events {
+        match e {
+            Event::Acked {
+                op: Op::Turn { agent, work_id },
+                ..
+            } => {
+                works.insert((agent.clone(), format!("api:{work_id}")));
+            }
+            Event::TurnStarted { agent, work } => {
+                works.insert((agent.clone(), work.clone()));
+            }
+            _ => {}
+        }
+    }
+    works
+}
+
+/// What the oracle needs to know of the plan and the run.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    pub settle_ms: u64,
+    /// A due trigger's turn starts within this much of its fire time.
+    pub fire_bound_ms: u64,
+    /// When the daemon was down (killed or stopped .. restarted).
+    pub down: Vec<(u64, u64)>,
+    pub policy: durable_agent::store::triggers::TriggerPolicy,
+    /// One-time triggers' turns an aimed crash killed, with when.
+    pub aimed: Vec<(u64, AimedAt)>,
+}
+
+impl Bounds {
+    fn down_between(&self, from: u64, to: u64) -> bool {
+        self.down.iter().any(|(a, b)| *a <= to && *b >= from)
+    }
+}
+
+/// Every violation found (empty: the run kept every guarantee).
+pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<String> {
+    let mut bad = Vec::new();
+    bad.extend(
+        view.runtime_violations
+            .iter()
+            .map(|v| format!("runtime invariant: {v}")),
+    );
+    bad.extend(
+        view.disk_violations
+            .iter()
+            .map(|v| format!("disk invariant: {v}")),
+    );
+    acknowledged(events, view, &mut bad);
+    ran_once(events, view, &mut bad);
+    for (key, n) in &view.deliveries {
+        if *n > 1 {
+            bad.push(format!("D2: side effect {key} reached the world {n} times"));
+        }
+    }
+    for (name, a) in &view.agents {
+        let distinct: BTreeSet<&String> = a.pending.iter().collect();
+        if distinct.len() != a.pending.len() {
+            bad.push(format!(
+                "D1: agent {name}: a message is pending twice: {:?}",
+                a.pending
+            ));
+        }
+        for id in a.pending.iter().filter(|id| a.delivered.contains(*id)) {
+            bad.push(format!(
+                "D1: agent {name}: message {id} is both delivered and pending"
+            ));
+        }
+    }
+    triggers::check(events, view, bounds, &mut bad);
+    bad
+}
+
+/// D1 for every acked op, and D3 for acked turns.
+fn acknowledged(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>) {
+    let sent = |f: fn(&Op) -> Option<&str>| -> BTreeSet<&str> {
+        events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                Event::Sent { op, .. } => f(op),
+                _ => None,
+            })
+            .collect()
+    };
+    let maybe_deleted = sent(|op| match op {
+        Op::DeleteAgent { name } => Some(name),
+        _ => None,
+    });
+    let schedule_deletes = sent(|op| match op {
+        Op::DeleteSchedule { id } => Some(id),
+        _ => None,
+    });
+    let mut acked_works: BTreeMap<(&str, String), u64> = BTreeMap::new();
+    let mut acked_keys: BTreeMap<&str, u64> = BTreeMap::new();
+    for (at, event) in events {
+        let Event::Acked { op, reply, .. } = event else {
+            continue;
+        };
+        match op {
+            Op::CreateAgent { name, .. }
+                if !maybe_deleted.contains(name.as_str()) && !view.agents.contains_key(name) =>
+            {
+                bad.push(format!("D1: agent {name} created (acked at {at} ms) is gone"));
+            }
+            Op::Message { from, to, payload } => {
+                let id = reply["message_id"].as_str().unwrap_or_default();
+                match view.agents.get(to) {
+                    None => bad.push(format!("D1: message {id} ({from} -> {to}): recipient gone")),
+                    Some(a) if a.delivered.contains(id) => {
+                        if !a.prompts.iter().any(|p| p.contains(payload.as_str())) {
+                            bad.push(format!(
+                                "D1: message {id} ({from} -> {to}) acknowledged at {at} ms is delivered, but no \
+                                 completed turn of {to} read it: lost with the turn that collected it"
+                            ));
+                        }
+                    }
+                    Some(a) if !a.pending.iter().any(|p| p == id) => bad.push(format!(
+                        "D1: message {id} ({from} -> {to}) acknowledged at {at} ms is lost: neither pending nor delivered"
+                    )),
+                    Some(_) => {}
+                }
+            }
+            Op::Emit { key, .. } => {
+                let duplicate = reply["duplicate"].as_bool().unwrap_or(false);
+                match acked_keys.get(key.as_str()) {
+                    Some(first) if !duplicate => bad.push(format!(
+                        "D1: trigger {key} emitted again at {at} ms (first acked at {first} ms) was inserted \
+                         again, not answered `duplicate`: its dedup key did not hold"
+                    )),
+                    Some(_) => {}
+                    None => {
+                        acked_keys.insert(key, *at);
+                    }
+                }
+            }
+            Op::AddSchedule { id, .. }
+                if !schedule_deletes.contains(id.as_str()) && !view.schedules.contains(id) =>
+            {
+                bad.push(format!("D1: schedule {id} added (acked at {at} ms) is gone"));
+            }
+            Op::DeleteSchedule { id } if view.schedules.contains(id) => {
+                bad.push(format!("D1: schedule {id} deleted (acked at {at} ms) is back"));
+            }
+            Op::Turn { agent, work_id } => {
+                let work = format!("api:{work_id}");
+                let key = (agent.as_str(), work.clone());
+                if let Some(first) = acked_works.get(&key) {
+                    if reply.get("already_done").is_none() {
+                        bad.push(format!(
+                            "D3: turn {work} of {agent} acknowledged at {first} ms ran again for the retry acked at {at} ms"
+                        ));
+                    }
+                } else {
+                    acked_works.insert(key, *at);
+                }
+                if !view.completed.contains(&(agent.clone(), work.clone())) {
+                    bad.push(format!(
+                        "D3: turn {work} of {agent} acknowledged at {at} ms is not durable after recovery"
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// D3: each work runs to completion at most once — in the trace and in
+/// its agent's log — and never has two turns at once in one boot.
+fn ran_once(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>) {
+    let mut ran: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
+    // Turns in flight in this boot: (agent, work) -> start.
+    let mut running: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for (at, e) in events {
+        match e {
+            // The turns of a process that died die with it.
+            Event::Booted { .. } => running.clear(),
+            Event::TurnStarted { agent, work } => {
+                if let Some(since) = running.insert((agent, work), *at) {
+                    bad.push(format!(
+                        "D3: {work} of {agent} started at {at} ms while its turn started at {since} ms \
+                         was still running: two holders (a lease taken over from a live turn)"
+                    ));
+                }
+            }
+            Event::TurnEnded {
+                agent,
+                work,
+                ran: completed,
+                ..
+            } => {
+                running.remove(&(agent.as_str(), work.as_str()));
+                if *completed {
+                    ran.entry((agent, work)).or_default().push(*at);
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((agent, work), times) in &ran {
+        if times.len() > 1 {
+            bad.push(format!(
+                "D3: {work} of {agent} ran to completion {} times (at {times:?} ms)",
+                times.len()
+            ));
+        }
+    }
+    for ((agent, work), n) in &view.completions {
+        if *n > 1 {
+            bad.push(format!(
+                "D3: {work} of {agent} completed {n} times in its log (durable {n} times)"
+            ));
+        }
+    }
+}
+
+/// The checks no canary of the daemon can reach (a second holder needs a
+/// lease taken over, which the one-writer daemon never does), shown
+/// failing on a hand-made trace, and passing on its repaired twin.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use durable_agent::store::triggers::TriggerPolicy;
+
+    fn bounds() -> Bounds {
+        Bounds {
+            settle_ms: 180_000,
+            fire_bound_ms: 61_000,
+            down: Vec::new(),
+            policy: TriggerPolicy::default(),
+            aimed: Vec::new(),
+        }
+    }
+
+    fn started(at: u64) -> (u64, Event) {
+        let (agent, work) = ("w0".to_string(), "trigger:c0e1".to_string());
+        (at, Event::TurnStarted { agent, work })
+    }
+
+    fn ended(at: u64) -> (u64, Event) {
+        let (agent, work) = ("w0".to_string(), "trigger:c0e1".to_string());
+        (
+            at,
+            Event::TurnEnded {
+                agent,
+                work,
+                ran: false,
+                error: None,
+            },
+        )
+    }
+
+    #[test]
+    fn a_work_started_while_its_turn_runs_has_two_holders() {
+        let view = FinalView::default();
+        let events = [(0, Event::Booted { boot: 0 }), started(10), started(20)];
+        let bad = check(&events, &view, &bounds());
+        assert!(bad.iter().any(|v| v.contains("two holders")), "{bad:?}");
+        // Ended before the second start, or cut by a crash: one holder.
+        for events in [
+            vec![started(10), ended(15), started(20)],
+            vec![started(10), (15, Event::Booted { boot: 1 }), started(20)],
+        ] {
+            assert_eq!(check(&events, &view, &bounds()), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn a_work_completed_twice_in_its_log_is_reported() {
+        let mut view = FinalView::default();
+        let key = ("w0".to_string(), "trigger:c0e1".to_string());
+        view.completions.insert(key.clone(), 2);
+        let bad = check(&[], &view, &bounds());
+        assert!(
+            bad.iter().any(|v| v.contains("completed 2 times in its log")),
+            "{bad:?}"
+        );
+        view.completions.insert(key, 1);
+        assert_eq!(check(&[], &view, &bounds()), Vec::<String>::new());
+    }
+}
