@@ -153,7 +153,11 @@ pub fn scoped<T>(lifecycle: &dyn Lifecycle, scope: &TurnScope, f: impl FnOnce() 
 pub struct Settings {
     /// Longest wait between scheduler passes.
     pub poll_ms: u64,
-    /// A claim's lease: longer than any turn.
+    /// A claim's lease. It need not outlast a turn: the root lock keeps
+    /// every other writer out, so nothing takes an expired lease over
+    /// while this worker runs (the next boot reclaims every claim), and an
+    /// ack checks whose claim it is, not the lease (the daemon
+    /// simulation's short-lease plan, 400 ms against 0.6–3 s turns).
     pub lease_ms: u64,
     /// Turns in flight or waiting for their agent, at most.
     pub slots: usize,
