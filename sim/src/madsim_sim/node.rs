@@ -67,6 +67,25 @@ impl NodeCtx {
         self.recorder.record(self.clock.now_ms(), event);
     }
 
+    /// Wait (1 ms steps of simulated time, at most 1 s) until the last
+    /// worker's database is closed, so nothing of a dead process writes
+    /// while the next boots. Whether it closed in time.
+    pub async fn database_released(&self) -> bool {
+        for _ in 0..1_000 {
+            if self
+                .watch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .upgrade()
+                .is_none()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        false
+    }
+
     fn set_inbox(&self, inbox: Option<mpsc::Sender<Envelope>>) {
         *self.inbox.lock().unwrap_or_else(|p| p.into_inner()) = inbox;
     }
@@ -314,18 +333,7 @@ async fn run_once(ctx: &NodeCtx) -> Exit {
             call.abort();
         }
         drop(worker);
-        for _ in 0..1_000 {
-            if ctx
-                .watch
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .upgrade()
-                .is_none()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        ctx.database_released().await;
         return Exit::Failed;
     }
     // SIGTERM: no new work; the calls out come back and are persisted.
