@@ -138,7 +138,7 @@ pub struct Driver {
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
     /// The operator's `verify` of the disk the last boot opened, taken just
-    /// before it (I7; [`Driver::verified`]).
+    /// before it (I7; [`Driver::take_verified`]).
     verified: Option<durable_agent::recovery::verify::Verification>,
     /// The logs the last boot left ([`project::is_log_file`]), read once
     /// for its checks; `None` once anything may have written since (a
@@ -309,7 +309,7 @@ impl Driver {
         let verified = self.verify();
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
-        self.verified = Some(verified.clone());
+        self.verified = Some(verified);
         self.corruption = None;
         let (system, report) = booted.map_err(|e| {
             self.corruption = e
@@ -324,11 +324,13 @@ impl Driver {
         } else {
             let logs_after = self.fs.disk_image_where(project::is_log_file);
             let mut v = project::report_violations(&logs_before, &logs_after, &report.runtime);
-            v.extend(crate::oracle::verify_saw_cuts(
-                &verified,
-                &report.runtime,
-                std::path::Path::new(ROOT),
-            ));
+            if let Some(verified) = &self.verified {
+                v.extend(crate::oracle::verify_saw_cuts(
+                    verified,
+                    &report.runtime,
+                    std::path::Path::new(ROOT),
+                ));
+            }
             v.extend(project::undecided_effects(&logs_after, &self.world.deliveries()));
             // Nothing after this writes a log before the next op or crash.
             self.boot_logs = Some(logs_after);
@@ -417,9 +419,9 @@ impl Driver {
     }
 
     /// What the operator's `verify` said of the disk the last boot opened,
-    /// just before it.
-    pub fn verified(&self) -> Option<&durable_agent::recovery::verify::Verification> {
-        self.verified.as_ref()
+    /// just before it (taken once, like the rot it is judged beside).
+    pub fn take_verified(&mut self) -> Option<durable_agent::recovery::verify::Verification> {
+        self.verified.take()
     }
 
     /// The operator's `durable-agent verify` of the disk as it is now, run

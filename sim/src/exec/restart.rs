@@ -132,7 +132,7 @@ impl Exec {
             // it, or in the projection's reads) restarts it.
             let boot_start = self.driver.fs.points();
             let opened = self.driver.open();
-            let verified = self.driver.verified().cloned();
+            let verified = self.driver.take_verified();
             if self.driver.fs.crashed() && attempts < MAX_RECOVERY_ATTEMPTS {
                 self.kill(kind);
                 continue;
