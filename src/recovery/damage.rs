@@ -276,6 +276,14 @@ pub fn session_damage(scans: &[SessionScan]) -> Vec<DamageError> {
     out
 }
 
+/// A file SQLite keeps beside `db_path`: `db_path` with `suffix`
+/// (`-wal`, `-journal`) appended.
+pub(super) fn beside(db_path: &Path, suffix: &str) -> PathBuf {
+    let mut path = db_path.as_os_str().to_owned();
+    path.push(suffix);
+    PathBuf::from(path)
+}
+
 /// `store.db` is absent, or empty with no write-ahead log holding its
 /// pages (a store that ever committed has one or the other).
 pub fn store_is_missing(fs: &dyn Fs, db_path: &Path) -> Result<bool, DamageError> {
@@ -292,9 +300,7 @@ pub fn store_is_missing(fs: &dyn Fs, db_path: &Path) -> Result<bool, DamageError
     if fs.len(db_path, "store.db size (preflight)").map_err(io("size"))? > 0 {
         return Ok(false);
     }
-    let mut wal = db_path.as_os_str().to_owned();
-    wal.push("-wal");
-    let wal = PathBuf::from(wal);
+    let wal = beside(db_path, "-wal");
     let wal_len = match fs.len(&wal, "store.db-wal size (preflight)") {
         Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::NotFound => 0,

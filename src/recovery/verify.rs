@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::damage::{scan_sessions, session_damage, store_is_missing, DamageError, SessionScan};
+use super::damage::{beside, scan_sessions, session_damage, store_is_missing, DamageError, SessionScan};
 use crate::canary::Canaries;
 use crate::fs::Fs;
 use crate::fs::{FsLock, OpenMode, SimConfig, SimFs};
@@ -376,13 +376,6 @@ struct StoreCopy {
     db: Vec<u8>,
     wal: Option<Vec<u8>>,
     journal: Option<Vec<u8>>,
-}
-
-/// `db_path` with `suffix` appended (`-wal`, `-journal`).
-fn beside(db_path: &Path, suffix: &str) -> PathBuf {
-    let mut path = db_path.as_os_str().to_owned();
-    path.push(suffix);
-    PathBuf::from(path)
 }
 
 /// A consistent copy of `store.db`, its WAL (see the module doc) and its
