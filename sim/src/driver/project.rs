@@ -459,26 +459,14 @@ impl Driver {
     /// The runtime's own on-disk invariants after a recovery
     /// ([`durable_agent::recovery::check_invariants`]: records agree with
     /// their logs, no leftover tmp or pending file, a consistent tree),
-    /// checked on a copy of the sessions directory so that reading it adds
-    /// no I/O point to the run (a sweep's point numbers stay the run's).
+    /// checked on a detached copy of the disk
+    /// ([`durable_agent::fs::SimFs::detached`]) so
+    /// that reading it adds no I/O point to the run (a sweep's point
+    /// numbers stay the run's).
     pub fn disk_violations(&self) -> Vec<String> {
-        use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
+        use durable_agent::fs::SimConfig;
         let root = std::path::Path::new(super::ROOT);
-        let agents = root.join("agents");
-        let copy = SimFs::new(SimConfig::new(0));
-        for (path, bytes) in self.fs.disk_image_where(|p| p.starts_with(&agents)) {
-            let copied = path
-                .parent()
-                .map_or(Ok(()), |dir| copy.create_dir_all(dir, "oracle copy"))
-                .and_then(|()| copy.open(&path, OpenMode::Truncate, "oracle copy"))
-                .and_then(|()| copy.write_at(&path, 0, &bytes, "oracle copy"));
-            if let Err(e) = copied {
-                return vec![format!(
-                    "HARNESS: cannot copy {} to check it: {e}",
-                    path.display()
-                )];
-            }
-        }
+        let copy = self.fs.detached(SimConfig::new(0));
         match durable_agent::recovery::check_invariants(&copy, root) {
             Ok(()) => Vec::new(),
             Err(v) => v.into_iter().map(|v| format!("disk: {v}")).collect(),
