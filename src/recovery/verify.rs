@@ -35,10 +35,13 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+mod store_read;
+use store_read::{StoreCopy, StoreRead};
+
 use super::damage::{beside, scan_sessions, session_damage, store_is_missing, DamageError, SessionScan};
 use crate::canary::Canaries;
 use crate::fs::Fs;
-use crate::fs::{FsLock, OpenMode, SimConfig, SimFs};
+use crate::fs::{FsLock, OpenMode};
 use crate::log::{self, Event, LogError, EVENTS_FILE};
 use crate::runtime::{AgentId, SessionId};
 use crate::store::manifest::{self, LostStore, Manifest, ManifestError, MANIFEST_FILE, MANIFEST_VERSION};
@@ -371,13 +374,6 @@ fn wal_head(fs: &dyn Fs, wal: &Path) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// `store.db`'s bytes, its WAL's and its rollback journal's, if any.
-struct StoreCopy {
-    db: Vec<u8>,
-    wal: Option<Vec<u8>>,
-    journal: Option<Vec<u8>>,
-}
-
 /// A consistent copy of `store.db`, its WAL (see the module doc) and its
 /// rollback journal; an error names the file. The journal matters once:
 /// the store is created in rollback mode before it switches to WAL, so a
@@ -425,79 +421,29 @@ fn check_store_copy(
     manifest_path: &Path,
     v: &mut Verification,
 ) {
-    let StoreCopy { db, wal, journal } = match copy_store(fs, db_path) {
+    let copy = match copy_store(fs, db_path) {
         Ok(copy) => copy,
         Err((path, e)) => {
             v.damaged.push(unreadable(&path, e));
             return;
         }
     };
-    let corrupt = |message: String| {
-        finding(
-            FindingKind::StoreCorrupt,
-            db_path,
-            message,
-            Remedy::AcceptStoreLoss,
-        )
-    };
-    let mem = SimFs::new(SimConfig::new(0));
-    let copy = Path::new("/verify/store.db");
-    let put = |path: &Path, bytes: &[u8]| -> io::Result<()> {
-        mem.open(path, OpenMode::Truncate, "verify copy create")?;
-        mem.write_at(path, 0, bytes, "verify copy write")
-    };
-    let copied = mem
-        .create_dir_all(Path::new("/verify"), "verify copy mkdir")
-        .and_then(|()| put(copy, &db))
-        .and_then(|()| match &wal {
-            Some(w) => put(Path::new("/verify/store.db-wal"), w),
-            None => Ok(()),
-        })
-        .and_then(|()| match &journal {
-            Some(j) => put(Path::new("/verify/store.db-journal"), j),
-            None => Ok(()),
-        });
-    if let Err(e) = copied {
-        v.damaged
-            .push(unreadable(db_path, format!("copying it into memory: {e}")));
-        return;
-    }
-    let opts = crate::sqlite::SqliteOptions::default();
-    let db = match crate::sqlite::open(Arc::new(mem), copy, &opts) {
-        Ok(db) => db,
-        Err(e) => {
-            v.damaged
-                .push(corrupt(format!("does not open as a SQLite database: {e}")));
+    let found = match store_read::read(copy) {
+        StoreRead::Healthy { store_id } => store_id,
+        StoreRead::Corrupt(message) => {
+            v.damaged.push(finding(
+                FindingKind::StoreCorrupt,
+                db_path,
+                message,
+                Remedy::AcceptStoreLoss,
+            ));
+            return;
+        }
+        StoreRead::CopyFailed(message) => {
+            v.damaged.push(unreadable(db_path, message));
             return;
         }
     };
-    let found = match db
-        .conn()
-        .query_row("PRAGMA application_id", [], |r| r.get::<_, i32>(0))
-    {
-        Ok(id) => id as u32,
-        Err(e) => {
-            v.damaged.push(corrupt(format!("cannot read its identity: {e}")));
-            return;
-        }
-    };
-    match db.integrity_check() {
-        Ok(problems) if problems.is_empty() => {}
-        Ok(problems) => {
-            let shown: Vec<&str> = problems.iter().take(5).map(String::as_str).collect();
-            v.damaged.push(corrupt(format!(
-                "PRAGMA integrity_check: {} problem(s): {}",
-                problems.len(),
-                shown.join("; ")
-            )));
-            return;
-        }
-        Err(e) => {
-            v.damaged
-                .push(corrupt(format!("PRAGMA integrity_check failed: {e}")));
-            return;
-        }
-    }
     match manifest {
         Some(m) if m.store_id == found => healthy(
             v,

@@ -1,0 +1,213 @@
+//! What SQLite makes of a copy of the store: its identity, or why it is
+//! not a healthy store — remembered per thread for the copies read lately.
+//!
+//! Why remembered: opening a store is SQLite's whole fixed cost (parse the
+//! schema, rebuild the WAL index, roll back a hot journal, walk every
+//! b-tree for `integrity_check`). `verify` pays it once per call, which an
+//! operator never notices; the harness runs `verify` before every boot it
+//! judges (oracle I7), and most of those disks hold a store some earlier
+//! disk held byte for byte (a crash in a log write leaves the store as it
+//! was), so this was a third of a `ci` fuzz.
+//!
+//! Invariant: [`read`] is a pure function of the three files' bytes (the
+//! copy is opened on a fault-free in-memory [`SimFs`] under a fixed name,
+//! so even SQLite's error texts depend on nothing else), and a copy is
+//! looked up by its exact bytes — lengths first, then every byte — so a
+//! remembered answer is the answer a fresh read gives. At most
+//! [`MEMO_COPIES`] copies of at most [`MEMO_MAX_BYTES`] each are kept per
+//! thread, oldest dropped first; a copy that could not even be put in
+//! memory is never remembered.
+
+use std::cell::RefCell;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::fs::{Fs, OpenMode, SimConfig, SimFs};
+
+/// `store.db`'s bytes, its WAL's and its rollback journal's, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StoreCopy {
+    pub db: Vec<u8>,
+    pub wal: Option<Vec<u8>>,
+    pub journal: Option<Vec<u8>>,
+}
+
+impl StoreCopy {
+    fn len(&self) -> usize {
+        self.db.len() + self.wal.as_ref().map_or(0, Vec::len) + self.journal.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Equal bytes, the cheap comparisons first.
+    fn same_as(&self, other: &StoreCopy) -> bool {
+        let lens = |c: &StoreCopy| {
+            (
+                c.db.len(),
+                c.wal.as_ref().map(Vec::len),
+                c.journal.as_ref().map(Vec::len),
+            )
+        };
+        lens(self) == lens(other) && self == other
+    }
+}
+
+/// What SQLite made of a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum StoreRead {
+    /// It opened, `integrity_check` found nothing, and its
+    /// `application_id` (the store id) is this.
+    Healthy { store_id: u32 },
+    /// Not a healthy store: why, as the finding says it.
+    Corrupt(String),
+    /// The copy could not be put in memory (nothing said of the store).
+    CopyFailed(String),
+}
+
+/// Copies kept per thread. The harness's sweep judges the forks of one op
+/// in a row, and their stores take a handful of distinct states.
+const MEMO_COPIES: usize = 8;
+
+/// The largest copy kept (a production store past it is read once and
+/// forgotten: `verify` runs once per process there).
+const MEMO_MAX_BYTES: usize = 16 << 20;
+
+thread_local! {
+    static READ: RefCell<Vec<(StoreCopy, StoreRead)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What SQLite makes of `copy`: remembered if this thread read an equal
+/// copy lately, else read afresh.
+pub(super) fn read(copy: StoreCopy) -> StoreRead {
+    let known = READ.with_borrow(|memo| {
+        memo.iter()
+            .find(|(seen, _)| seen.same_as(&copy))
+            .map(|(_, read)| read.clone())
+    });
+    if let Some(read) = known {
+        return read;
+    }
+    let read = fresh(&copy);
+    if !matches!(read, StoreRead::CopyFailed(_)) && copy.len() <= MEMO_MAX_BYTES {
+        READ.with_borrow_mut(|memo| {
+            if memo.len() >= MEMO_COPIES {
+                memo.remove(0);
+            }
+            memo.push((copy, read.clone()));
+        });
+    }
+    read
+}
+
+/// Open `copy` on a fault-free in-memory disk, read its identity and run
+/// `integrity_check`.
+fn fresh(copy: &StoreCopy) -> StoreRead {
+    let mem = SimFs::new(SimConfig::new(0));
+    let path = Path::new("/verify/store.db");
+    let put = |path: &Path, bytes: &[u8]| -> io::Result<()> {
+        mem.open(path, OpenMode::Truncate, "verify copy create")?;
+        mem.write_at(path, 0, bytes, "verify copy write")
+    };
+    let copied = mem
+        .create_dir_all(Path::new("/verify"), "verify copy mkdir")
+        .and_then(|()| put(path, &copy.db))
+        .and_then(|()| match &copy.wal {
+            Some(w) => put(Path::new("/verify/store.db-wal"), w),
+            None => Ok(()),
+        })
+        .and_then(|()| match &copy.journal {
+            Some(j) => put(Path::new("/verify/store.db-journal"), j),
+            None => Ok(()),
+        });
+    if let Err(e) = copied {
+        return StoreRead::CopyFailed(format!("copying it into memory: {e}"));
+    }
+    let opts = crate::sqlite::SqliteOptions::default();
+    let db = match crate::sqlite::open(Arc::new(mem), path, &opts) {
+        Ok(db) => db,
+        Err(e) => return StoreRead::Corrupt(format!("does not open as a SQLite database: {e}")),
+    };
+    let found = match db
+        .conn()
+        .query_row("PRAGMA application_id", [], |r| r.get::<_, i32>(0))
+    {
+        // The id is stored as SQLite's signed 32-bit header field.
+        Ok(id) => id as u32,
+        Err(e) => return StoreRead::Corrupt(format!("cannot read its identity: {e}")),
+    };
+    match db.integrity_check() {
+        Ok(problems) if problems.is_empty() => StoreRead::Healthy { store_id: found },
+        Ok(problems) => {
+            let shown: Vec<&str> = problems.iter().take(5).map(String::as_str).collect();
+            StoreRead::Corrupt(format!(
+                "PRAGMA integrity_check: {} problem(s): {}",
+                problems.len(),
+                shown.join("; ")
+            ))
+        }
+        Err(e) => StoreRead::Corrupt(format!("PRAGMA integrity_check failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::{read, StoreCopy, StoreRead, READ};
+    use crate::fs::{Fs, SimConfig, SimFs};
+
+    /// A store whose `application_id` is `id`, as its files' bytes.
+    fn store(id: u32) -> StoreCopy {
+        let fs = Arc::new(SimFs::new(SimConfig::new(1)));
+        let path = Path::new("/s/store.db");
+        fs.create_dir_all(Path::new("/s"), "test mkdir").expect("mkdir");
+        let db =
+            crate::sqlite::open(fs.clone(), path, &crate::sqlite::SqliteOptions::default()).expect("open");
+        db.conn()
+            .execute_batch(&format!(
+                "PRAGMA application_id = {id}; CREATE TABLE t(x); INSERT INTO t VALUES (1);"
+            ))
+            .expect("write");
+        let wal = fs.read(Path::new("/s/store.db-wal"), "test read wal").ok();
+        let copy = StoreCopy {
+            db: fs.read(path, "test read db").expect("db"),
+            wal,
+            journal: None,
+        };
+        drop(db);
+        copy
+    }
+
+    #[test]
+    fn an_equal_copy_gets_the_first_answer_and_a_different_one_is_read_afresh() {
+        READ.with_borrow_mut(Vec::clear);
+        let seven = store(7);
+        assert_eq!(read(seven.clone()), StoreRead::Healthy { store_id: 7 });
+        assert_eq!(read(seven.clone()), StoreRead::Healthy { store_id: 7 });
+        assert_eq!(READ.with_borrow(Vec::len), 1, "an equal copy is not kept twice");
+        // Same lengths, other bytes: never the remembered answer.
+        let eight = store(8);
+        assert_eq!(eight.db.len(), seven.db.len());
+        assert_eq!(read(eight), StoreRead::Healthy { store_id: 8 });
+        let garbage = StoreCopy {
+            db: vec![0x5a; 4096],
+            wal: None,
+            journal: None,
+        };
+        let first = read(garbage.clone());
+        assert!(matches!(first, StoreRead::Corrupt(_)), "{first:?}");
+        assert_eq!(read(garbage), first);
+        assert_eq!(READ.with_borrow(Vec::len), 3);
+    }
+
+    #[test]
+    fn the_memo_keeps_the_newest_copies_only() {
+        READ.with_borrow_mut(Vec::clear);
+        for id in 0..(super::MEMO_COPIES as u32 + 3) {
+            assert_eq!(read(store(id)), StoreRead::Healthy { store_id: id });
+        }
+        assert_eq!(READ.with_borrow(Vec::len), super::MEMO_COPIES);
+        let oldest = READ.with_borrow(|m| m[0].1.clone());
+        assert_eq!(oldest, StoreRead::Healthy { store_id: 3 });
+    }
+}
