@@ -24,7 +24,7 @@ use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
 
 /// The prompt's tool script as provider rounds: each round's steps with
 /// their index in the turn (`+` joins a step to the round before it).
-fn parse_rounds(prompt: &str) -> Vec<Vec<ScriptStep>> {
+pub(crate) fn parse_rounds(prompt: &str) -> Vec<Vec<ScriptStep>> {
     let mut rounds: Vec<Vec<ScriptStep>> = Vec::new();
     for step in parse_script(prompt) {
         match rounds.last_mut() {

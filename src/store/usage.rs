@@ -37,6 +37,20 @@ pub struct StoredError {
     pub created_at_ms: u64,
 }
 
+/// A stored token-usage row (one completed LLM call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredUsage {
+    /// The turn's number in the agent's conversation (completed turns
+    /// before it).
+    pub turn: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// The model the call was made with (`None` on rows older than
+    /// schema version 4).
+    pub model: Option<String>,
+    pub created_at_ms: u64,
+}
+
 /// Token usage and error rows.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UsageStore;
@@ -106,6 +120,29 @@ impl UsageStore {
         )
         .map_err(sql("error insert"))?;
         Ok(())
+    }
+
+    /// A session's usage rows, oldest first.
+    pub fn token_usage(&self, conn: &Connection, session_id: &str) -> Result<Vec<StoredUsage>, StoreError> {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT turn, input_tokens, output_tokens, model, created_at FROM token_usage \
+                 WHERE session_id = ?1 ORDER BY id",
+            )
+            .map_err(sql("token usage load"))?;
+        let rows = stmt
+            .query_map([session_id], |r| {
+                Ok(StoredUsage {
+                    turn: r.get(0)?,
+                    input_tokens: r.get(1)?,
+                    output_tokens: r.get(2)?,
+                    model: r.get(3)?,
+                    created_at_ms: r.get(4)?,
+                })
+            })
+            .map_err(sql("token usage load"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(sql("token usage load"))
     }
 
     /// A session's errors, oldest first.
@@ -182,6 +219,37 @@ impl UsageStore {
 mod tests {
     use super::*;
     use crate::store::schema::migrate;
+
+    #[test]
+    fn a_sessions_usage_rows_read_back_in_order_with_their_turn_and_model() {
+        let conn = Connection::open_in_memory().expect("in-memory db");
+        migrate(&conn, "test").expect("migrate");
+        let at = |s: &str, turn| TurnRef {
+            session_id: s.into(),
+            agent_id: format!("agent-{s}"),
+            turn,
+        };
+        let usage = UsageStore;
+        usage
+            .persist_token_usage(&conn, &at("s", 0), "m1", 5, 2, 10)
+            .expect("usage");
+        usage
+            .persist_token_usage(&conn, &at("other", 0), "m1", 9, 9, 11)
+            .expect("usage");
+        usage
+            .persist_token_usage(&conn, &at("s", 3), "m2", 7, 1, 12)
+            .expect("usage");
+        let rows = usage.token_usage(&conn, "s").expect("read");
+        let row = |turn, input_tokens, output_tokens, model: &str, created_at_ms| StoredUsage {
+            turn,
+            input_tokens,
+            output_tokens,
+            model: Some(model.into()),
+            created_at_ms,
+        };
+        assert_eq!(rows, vec![row(0, 5, 2, "m1", 10), row(3, 7, 1, "m2", 12)]);
+        assert_eq!(usage.total_token_usage(&conn, "s").expect("sum"), (12, 3));
+    }
 
     #[test]
     fn usage_gc_deletes_old_rows_of_sessions_not_kept_in_one_pass() {

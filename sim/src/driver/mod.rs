@@ -31,6 +31,7 @@ use crate::rot::{self, Rot};
 use durable_agent::system::{CorruptLine, LineFault};
 use std::path::PathBuf;
 mod project;
+mod usage;
 
 use project::checkpoint;
 
@@ -157,6 +158,9 @@ pub struct Driver {
     /// decisions in the logs say ([`Driver::attribute`]): a cache (a key's
     /// session never changes), refilled when an unknown key is delivered.
     owners: BTreeMap<String, String>,
+    /// Agents alive at a GC, whose usage rows it may have deleted
+    /// ([`usage`]'s relaxation).
+    usage_unchecked: std::collections::BTreeSet<AgentId>,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -167,6 +171,7 @@ pub struct Names {
     msgs: BTreeMap<MessageId, Msg>,
     /// Every claim the process held or had held (a forked run's zombies).
     claims: BTreeMap<String, Trigger>,
+    usage_unchecked: std::collections::BTreeSet<AgentId>,
 }
 
 impl Driver {
@@ -212,6 +217,7 @@ impl Driver {
             trigger_ids: BTreeMap::new(),
             blocked: None,
             owners: BTreeMap::new(),
+            usage_unchecked: Default::default(),
         }
     }
 
@@ -223,6 +229,7 @@ impl Driver {
             names: self.names.clone(),
             msgs: self.msgs.clone(),
             claims,
+            usage_unchecked: self.usage_unchecked.clone(),
         }
     }
 
@@ -244,6 +251,7 @@ impl Driver {
         driver.names = names.names;
         driver.msgs = names.msgs;
         driver.stale = names.claims;
+        driver.usage_unchecked = names.usage_unchecked;
         driver
     }
 

@@ -297,6 +297,9 @@ impl Exec {
         if let Some((offset, kind)) = fault {
             self.driver.fs.set_fault(Some(kind.at(next + u64::from(offset))));
         }
+        if matches!(action, crate::model::Action::Gc) {
+            self.driver.forget_usage();
+        }
         let names = self.names();
         let lost_before = self.driver.lost_replies();
         let result = self.driver.exec(&action);

@@ -1,0 +1,117 @@
+//! The token-usage bookkeeping a live system shows, against what its
+//! turns asked of the model (issue 27's "bookkeeping the oracle never
+//! compares").
+//!
+//! The promise (`src/system/calls.rs`): every completed provider call
+//! leaves one `token_usage` row, committed before the agent loop goes on
+//! with the call's answer, under the turn's number in the agent's
+//! conversation (the completed turns before it), with the provider's
+//! model; rows are append-only until a GC. So, for every live agent:
+//!
+//! - **U1** for each completed turn `i` of its conversation, the rows
+//!   numbered `i` or lower are at least as many as the provider calls
+//!   turns `0..=i` needed (a turn's script rounds, plus its final answer;
+//!   [`asks_of`]). Cumulative, not per turn: a round re-asked after a crash
+//!   adds a row (that call was paid twice), and a turn parked on a
+//!   confirmation left the rows of its first rounds under the number the
+//!   next turn then took;
+//! - **U2** no row is numbered above the completed turns (the turn in
+//!   flight, or parked, is numbered by the turns completed before it);
+//! - **U3** each row names the provider's model and the usage the
+//!   scripted provider reports (one output token, at least one input
+//!   message).
+//!
+//! Relaxation: a GC (TTL 0) deletes the rows of sessions whose work is
+//! settled, a rule the model does not state; an agent alive at any GC —
+//! one a crash cut short included — is no longer checked
+//! ([`Driver::forget_usage`]). Agents created after it are.
+
+use std::collections::BTreeMap;
+
+use durable_agent::runtime::{AgentId, ConversationItem};
+use durable_agent::store::usage::UsageStore;
+
+use super::Driver;
+
+/// The provider calls a completed turn with `prompt` made: one per round
+/// of its script, and the final answer's.
+pub fn asks_of(prompt: &str) -> usize {
+    crate::standins::parse_rounds(prompt).len() + 1
+}
+
+/// The model the scripted provider names (`Provider::model`).
+const MODEL: &str = "scripted-1";
+
+impl Driver {
+    /// From now on, the usage rows of every agent known so far are the GC's
+    /// to delete (called before a GC op starts, so a crash image forked
+    /// inside it knows too).
+    pub fn forget_usage(&mut self) {
+        self.usage_unchecked.extend(self.names.keys().cloned());
+    }
+
+    /// U1–U3 for every live agent of `conversations` not alive at a GC.
+    pub(super) fn usage_violations(
+        &self,
+        conversations: &BTreeMap<AgentId, Vec<ConversationItem>>,
+    ) -> Vec<String> {
+        let Ok(system) = self.system() else {
+            return Vec::new();
+        };
+        let rt = system.runtime();
+        let db = system.db();
+        let mut out = Vec::new();
+        for (id, items) in conversations {
+            if self.usage_unchecked.contains(id) {
+                continue;
+            }
+            let Some(session) = rt.session_id(id) else {
+                continue;
+            };
+            let agent = self.names.get(id).map_or_else(|| format!("?{id}"), String::clone);
+            let rows = match UsageStore.token_usage(db.conn(), session.as_str()) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    out.push(format!("usage of {agent}: cannot be read: {e}"));
+                    continue;
+                }
+            };
+            let prompts: Vec<&str> = items
+                .iter()
+                .filter_map(|i| match i {
+                    ConversationItem::Prompt { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let completed = prompts.len() as u64;
+            let mut by_turn: BTreeMap<u64, usize> = BTreeMap::new();
+            for row in &rows {
+                *by_turn.entry(row.turn).or_default() += 1;
+                if row.turn > completed {
+                    out.push(format!(
+                        "U2: usage of {agent}: a row of turn {}, but {completed} turns completed",
+                        row.turn
+                    ));
+                }
+                if row.model.as_deref() != Some(MODEL) || row.output_tokens != 1 || row.input_tokens == 0 {
+                    out.push(format!(
+                        "U3: usage of {agent}: a row of turn {} records model {:?}, {} input and {} output tokens; the provider {MODEL:?} reported 1 output token for at least one message",
+                        row.turn, row.model, row.input_tokens, row.output_tokens
+                    ));
+                }
+            }
+            let (mut asked, mut recorded) = (0, 0);
+            for (turn, prompt) in prompts.iter().enumerate() {
+                asked += asks_of(prompt);
+                recorded += by_turn.get(&(turn as u64)).copied().unwrap_or(0);
+                if recorded < asked {
+                    out.push(format!(
+                        "U1: usage of {agent}: turns 0..={turn} made at least {asked} provider calls, but {recorded} usage rows are numbered {turn} or lower (rows by turn: {by_turn:?})"
+                    ));
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
