@@ -281,9 +281,10 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
         .state
         .triggers
         .iter()
-        .any(|t| t.status == TriggerStatus::Pending && t.not_before > model.now)
+        .any(|t| t.status == TriggerStatus::Pending && (t.not_before > model.now || t.fire_at > model.now))
     {
-        // A row under its backoff floor: claim or fire before it is due.
+        // A row under its backoff floor, or not yet due: claim or fire
+        // before it is due.
         arms.push(Just(Op::ClaimTrigger).boxed());
         arms.push(
             (0u8..8)

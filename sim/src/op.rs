@@ -231,8 +231,14 @@ pub enum Op {
     /// Re-run a turn a crash rolled back, with the same prompt (so the same
     /// idempotency keys): the activity ledger must not repeat its effects.
     ResumeTurn { agent: AgentRef },
-    /// Emit a durable trigger with dedup key `k<key % 4>`.
-    EmitTrigger { key: u8 },
+    /// Emit a durable trigger with dedup key `k<key % 4>`, due
+    /// `due_in % 4` ops from now (`fire_at`): a claim before then must not
+    /// hand it out.
+    EmitTrigger {
+        key: u8,
+        #[serde(default)]
+        due_in: u8,
+    },
     /// Claim the next due trigger.
     ClaimTrigger,
     /// Acknowledge a claimed trigger (done, or failed and retryable).
@@ -345,7 +351,7 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => agent_ref().prop_map(|agent| Op::ResumeTurn { agent }),
         2 => (agent_ref(), any::<u8>(), prop::collection::vec(tool_step(), 0..3))
             .prop_map(|(agent, work, tools)| Op::WorkTurn { agent, work, tools }),
-        2 => any::<u8>().prop_map(|key| Op::EmitTrigger { key }),
+        2 => (any::<u8>(), prop_oneof![3 => Just(0u8), 1 => 1u8..4]).prop_map(|(key, due_in)| Op::EmitTrigger { key, due_in }),
         2 => Just(Op::ClaimTrigger),
         2 => (0u8..3).prop_map(|tools| Op::LoopRound { tools }),
         2 => (any::<u8>(), prop::bool::weighted(0.7)).prop_map(|(trigger, ok)| Op::AckTrigger { trigger, ok }),
@@ -418,7 +424,13 @@ pub fn render(op: &Op) -> String {
         Op::Recover => "recover (clean restart)".into(),
         Op::Fault { offset, kind } => format!("fault(offset={offset}, {kind:?}) in next op"),
         Op::ResumeTurn { agent } => format!("resume_turn(#{})", agent.0),
-        Op::EmitTrigger { key } => format!("emit_trigger(k{})", key % crate::model::triggers_keys()),
+        Op::EmitTrigger { key, due_in } => match due_in % 4 {
+            0 => format!("emit_trigger(k{})", key % crate::model::triggers_keys()),
+            d => format!(
+                "emit_trigger(k{}, due in {d} ops)",
+                key % crate::model::triggers_keys()
+            ),
+        },
         Op::ClaimTrigger => "claim_trigger".into(),
         Op::LoopRound { tools } => format!("loop_round(tools={})", tools % 3),
         Op::AckTrigger { trigger, ok } => {

@@ -93,13 +93,13 @@ pub fn tour() -> Vec<Op> {
             agent: A(1),
             tools: vec![REV],
         },
-        Op::EmitTrigger { key: 0 },
+        Op::EmitTrigger { key: 0, due_in: 0 },
         Op::FireTrigger {
             agent: A(1),
             tools: vec![IRREV, REV],
         },
-        Op::EmitTrigger { key: 1 },
-        Op::EmitTrigger { key: 1 },
+        Op::EmitTrigger { key: 1, due_in: 0 },
+        Op::EmitTrigger { key: 1, due_in: 0 },
         Op::ClaimTrigger,
         Op::AckTrigger {
             trigger: 0,

@@ -90,7 +90,7 @@ fn injected_io_errors_are_judged_like_crashes_at_every_offset() {
                     }],
                 },
                 Op::Fault { offset, kind },
-                Op::EmitTrigger { key: 1 },
+                Op::EmitTrigger { key: 1, due_in: 0 },
                 Op::RunTurn {
                     agent: AgentRef(0),
                     tools: vec![],

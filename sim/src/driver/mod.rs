@@ -719,12 +719,12 @@ impl Driver {
                 let id = self.id(agent)?;
                 self.rt()?.terminate(&id).map_err(|e| e.to_string())?;
             }
-            Action::Emit { key } => {
+            Action::Emit { key, fire_at } => {
                 let spec = TriggerSpec {
                     source: TriggerSource::System,
                     dedup_key: Some(key.clone()),
                     session_id: None,
-                    fire_at_ms: 0,
+                    fire_at_ms: *fire_at,
                     priority: 0,
                     description: format!("trigger {key}"),
                     payload: serde_json::json!({ "key": key }),

@@ -104,6 +104,7 @@ impl Driver {
                 },
                 attempts: t.attempts,
                 not_before: t.not_before_ms.unwrap_or(0),
+                fire_at: t.fire_at_ms,
             })
             .collect();
         Ok((rows, ids))

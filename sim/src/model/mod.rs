@@ -164,6 +164,9 @@ pub enum Action {
     },
     Emit {
         key: String,
+        /// When the row is due (`fire_at`, ms).
+        #[serde(default)]
+        fire_at: u64,
     },
     /// Claim the next due trigger, which the model predicts is `key`.
     Claim {
@@ -670,6 +673,8 @@ impl Model {
                 status: TriggerStatus::Pending,
                 attempts: 0,
                 not_before: 0,
+                // Due at the time of the boot that emitted it: this op's.
+                fire_at: self.now + crate::driver::BOOT_MS,
             });
         }
         m.counter += 1;

@@ -4,11 +4,13 @@
 //! ([`Model::blocked`]), and an operator's retry `DEAD | FAILED -> PENDING`
 //! with its attempts reset.
 //!
-//! Invariant: a dedup key has at most one row, whatever is emitted; claim
-//! takes the oldest PENDING row whose backoff floor (`not_before`) has
-//! passed (`fire_at` is 0 and the priority equal for every emitted row) —
-//! a RESUME row, which boot emits due at its own time (later than 0), only
-//! when no other row is due ([`Model::next_due`]); reaching DONE is final.
+//! Invariant: a dedup key has at most one row, whatever is emitted (the
+//! first emit's `fire_at` stands); claim takes, among the PENDING rows
+//! that are due (`fire_at` and the backoff floor `not_before` passed),
+//! the one with the earliest `fire_at`, the oldest first among equals
+//! (the priority is equal for every row) — a RESUME row is due at the
+//! time of the boot that emitted it ([`Model::next_due`]); reaching DONE
+//! is final.
 //!
 //! Time: the model's clock is the op's ([`Model::now`], the driver's
 //! `OP_MS` per op), and a failed ack's backoff ([`backoff_ms`], the
@@ -68,29 +70,32 @@ pub struct TriggerRow {
     /// operator's retry.
     #[serde(default)]
     pub not_before: u64,
+    /// When the row is due (ms): an emit's op time plus its delay; a
+    /// RESUME row's, the time of the boot that emitted it.
+    #[serde(default)]
+    pub fire_at: u64,
 }
 
 impl Model {
-    /// The row a claim takes: the store orders by (`fire_at`, priority,
-    /// rowid), the harness emits at `fire_at` 0 and boot emits RESUME rows
-    /// at the boot's time, later at every boot.
+    /// The row a claim takes: the store orders the due rows by
+    /// (`fire_at`, priority, rowid); the priority is equal for every row.
     pub fn next_due(&self) -> Option<&TriggerRow> {
-        let pending = || {
-            self.state
-                .triggers
-                .iter()
-                .filter(|t| t.status == TriggerStatus::Pending && t.not_before <= self.now)
-        };
-        pending()
-            .find(|t| !t.key.starts_with("resume:"))
-            .or_else(|| pending().next())
+        self.state
+            .triggers
+            .iter()
+            .filter(|t| {
+                t.status == TriggerStatus::Pending && t.not_before <= self.now && t.fire_at <= self.now
+            })
+            // `min_by_key` keeps the first of equal keys: the oldest row.
+            .min_by_key(|t| t.fire_at)
     }
 
     pub(super) fn resolve_trigger(&self, op: &Op) -> Option<Action> {
         let rows = &self.state.triggers;
         match op {
-            Op::EmitTrigger { key } => Some(Action::Emit {
+            Op::EmitTrigger { key, due_in } => Some(Action::Emit {
                 key: format!("k{}", key % KEYS),
+                fire_at: self.now + u64::from(due_in % 4) * crate::driver::OP_MS,
             }),
             Op::ClaimTrigger => match self.next_due() {
                 Some(t) => Some(Action::Claim { key: t.key.clone() }),
@@ -191,12 +196,13 @@ impl Model {
         let now = self.now;
         let rows = &mut self.state.triggers;
         match action {
-            Action::Emit { key } if !rows.iter().any(|t| &t.key == key) => {
+            Action::Emit { key, fire_at } if !rows.iter().any(|t| &t.key == key) => {
                 rows.push(TriggerRow {
                     key: key.clone(),
                     status: TriggerStatus::Pending,
                     attempts: 0,
                     not_before: 0,
+                    fire_at: *fire_at,
                 });
             }
             Action::Claim { key } => {
