@@ -27,6 +27,7 @@ use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
 use crate::op::{CrashKind, ToolStep};
+use crate::oracle_context::ContextOracle;
 use crate::rot::{self, Rot};
 use durable_agent::system::{CorruptLine, LineFault};
 use std::path::PathBuf;
@@ -157,6 +158,9 @@ pub struct Driver {
     /// decisions in the logs say ([`Driver::attribute`]): a cache (a key's
     /// session never changes), refilled when an unknown key is delivered.
     owners: BTreeMap<String, String>,
+    /// The context budget the system runs under, and the judge of what
+    /// the provider is asked under it ([`ContextOracle`]).
+    context: ContextOracle,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -182,6 +186,7 @@ impl Driver {
     }
 
     fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
+        let context = ContextOracle::new(seed, fs.clone());
         Driver {
             asks: Rewording {
                 seed,
@@ -212,6 +217,7 @@ impl Driver {
             trigger_ids: BTreeMap::new(),
             blocked: None,
             owners: BTreeMap::new(),
+            context,
         }
     }
 
@@ -288,9 +294,11 @@ impl Driver {
         orchestration.max_children = u32::MAX;
         orchestration.max_agents = u32::MAX;
         config.orchestration = Some(orchestration);
+        config.context_budget = self.context.budget();
         let deps = Deps {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),
+                asked: Some(self.context.recorder()),
             }),
             tools: Arc::new(self.tools),
             outbox: Arc::new(ScriptedOutbox {
