@@ -22,6 +22,7 @@ pub mod madsim_sim;
 pub mod model;
 pub mod op;
 pub mod oracle;
+pub mod oracle_context;
 pub mod profile;
 pub mod replay;
 pub mod report;

@@ -20,6 +20,7 @@ use serde_json::json;
 
 use crate::model::{call_key, parse_script, OrchCall, ScriptStep};
 use crate::op::Lost;
+use crate::oracle_context::Asks;
 use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
 
 /// The prompt's tool script as provider rounds: each round's steps with
@@ -50,6 +51,9 @@ pub(crate) fn parse_rounds(prompt: &str) -> Vec<Vec<ScriptStep>> {
 #[derive(Debug, Clone, Default)]
 pub struct ScriptedProvider {
     pub rewording: Option<Rewording>,
+    /// Where every ask is recorded for the context oracle
+    /// ([`crate::oracle_context`]).
+    pub asked: Option<Asks>,
 }
 
 /// How [`ScriptedProvider`] varies its answers: every ask it answered (a
@@ -114,6 +118,9 @@ impl Provider for ScriptedProvider {
         "scripted-1"
     }
     fn complete(&self, request: &ProviderRequest<'_>) -> Result<ProviderReply, ProviderError> {
+        if let Some(asked) = &self.asked {
+            asked.record(request);
+        }
         let prompt = request
             .history
             .iter()

@@ -27,6 +27,7 @@ use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
 use crate::op::{CrashKind, ToolStep};
+use crate::oracle_context::ContextOracle;
 use crate::rot::{self, Rot};
 use durable_agent::system::{CorruptLine, LineFault};
 use std::path::PathBuf;
@@ -161,6 +162,9 @@ pub struct Driver {
     /// Agents alive at a GC, whose usage rows it may have deleted
     /// ([`usage`]'s relaxation).
     usage_unchecked: std::collections::BTreeSet<AgentId>,
+    /// The context budget the system runs under, and the judge of what
+    /// the provider is asked under it ([`ContextOracle`]).
+    context: ContextOracle,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -187,6 +191,7 @@ impl Driver {
     }
 
     fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
+        let context = ContextOracle::new(seed, fs.clone());
         Driver {
             asks: Rewording {
                 seed,
@@ -218,6 +223,7 @@ impl Driver {
             blocked: None,
             owners: BTreeMap::new(),
             usage_unchecked: Default::default(),
+            context,
         }
     }
 
@@ -296,9 +302,11 @@ impl Driver {
         orchestration.max_children = u32::MAX;
         orchestration.max_agents = u32::MAX;
         config.orchestration = Some(orchestration);
+        config.context_budget = self.context.budget();
         let deps = Deps {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),
+                asked: Some(self.context.recorder()),
             }),
             tools: Arc::new(self.tools),
             outbox: Arc::new(ScriptedOutbox {

@@ -120,6 +120,7 @@ impl Driver {
         let mut violations = rt.check_invariants();
         violations.append(&mut self.answer_violations);
         violations.extend(self.usage_violations(&rs.conversations));
+        violations.extend(self.context.check(&rs));
         for (id, v) in &rs.agents {
             self.names.insert(id.clone(), v.name.clone());
         }
