@@ -134,6 +134,9 @@ pub struct Driver {
     /// Where the last failed boot said the data is damaged, and whether
     /// as a newer version's line.
     corruption: Option<(CorruptLine, bool)>,
+    /// The damage the last failed boot refused the root for, if any
+    /// ([`crate::loss::refusal`]).
+    refusal: Option<crate::loss::Refusal>,
     /// Where the last boot's recovery report disagrees with what it did
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
@@ -205,6 +208,7 @@ impl Driver {
             lost_keys: Arc::default(),
             rot: None,
             corruption: None,
+            refusal: None,
             report_violations: Vec::new(),
             verified: None,
             boot_logs: None,
@@ -311,7 +315,9 @@ impl Driver {
         self.clock.set(step_ms);
         self.verified = Some(verified);
         self.corruption = None;
+        self.refusal = None;
         let (system, report) = booted.map_err(|e| {
+            self.refusal = crate::loss::refusal(&e);
             self.corruption = e
                 .damaged_line()
                 .map(|(line, fault)| (line, fault == LineFault::Newer));
@@ -456,6 +462,11 @@ impl Driver {
     /// and whether it said the line is a newer version's.
     pub fn take_corruption(&mut self) -> Option<(CorruptLine, bool)> {
         self.corruption.take()
+    }
+
+    /// The damage the last failed boot refused the root for, if it did.
+    pub fn take_refusal(&mut self) -> Option<crate::loss::Refusal> {
+        self.refusal.take()
     }
 
     /// A runtime an I/O error of unknown outcome poisoned must refuse
