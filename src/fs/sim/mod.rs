@@ -474,6 +474,8 @@ impl SimFs {
         }
         s.image.ns.retain(|k, _| !gone(k));
         s.image.ns_base.retain(|k, _| !gone(k));
+        // Its files' inodes die with the names (no name reaches them).
+        s.image.collect_garbage();
         Ok(())
     }
 
