@@ -13,10 +13,18 @@
 //! - **record**: a `session.json` deleted beside a log that holds
 //!   `agent.created` (appended only once the record is durable) — refused
 //!   as `MissingRecord` naming the record, never cleaned up as a crash
-//!   orphan (which would delete the log).
+//!   orphan (which would delete the log);
+//! - **parent**: a session's whole directory lost while a live session
+//!   names it as parent — the child's parent never resolves, and the boot
+//!   must do what GUARANTEES 9 says: boot, and terminate each live session
+//!   cut off that way, durably (its log ends with `agent.terminated`,
+//!   logged past every tick of every log the boot read: the one clock;
+//!   its record TERMINATED).
 //!
 //! `verify` (I7) must report the same: a finding of the same kind on the
-//! same file (for lost entries, at the first missing line).
+//! same file (for lost entries, at the first missing line); for a lost
+//! parent no damage, and each session the boot then terminates listed as
+//! done at boot.
 //!
 //! Invariant: a loss only strikes a disk where the damage is unambiguous
 //! (the manifest present for a store; every complete line of the log an
@@ -51,6 +59,10 @@ pub enum Loss {
     Entries { expected: u64, found: u64 },
     /// `session.json` gone beside a log holding `agent.created`.
     Record,
+    /// A session's directory gone while a live session names it as
+    /// parent; `ts_floor`: the highest `ts` of every log the boot reads.
+    /// The sessions cut off are [`Rot::cut_off`].
+    Parent { ts_floor: u64 },
 }
 
 /// The damage a boot refused with, as the harness compares it.
@@ -109,6 +121,46 @@ struct Candidate {
     path: PathBuf,
     /// For lost entries: the byte the log is cut at (`None`: deleted).
     cut_at: Option<Option<u64>>,
+    /// For a lost parent: the session directories the boot cuts off.
+    cut_off: Vec<PathBuf>,
+}
+
+/// A session record's state member when TERMINATED, as serde writes it.
+const TERMINATED: &[u8] = b"\"state\":\"TERMINATED\"";
+
+/// One session as the boot will read it (its pending append in flight
+/// replayed), for the lost-parent damage.
+struct Scanned<'a> {
+    dir: &'a Path,
+    id: &'a str,
+    parent: Option<String>,
+    /// A record not TERMINATED, `agent.created` and no `agent.terminated`.
+    live: bool,
+    /// The highest `ts` of its log.
+    max_ts: u64,
+}
+
+/// The live sessions of `sessions` whose parent never resolves once
+/// `lost` is gone (recovery step 5: roots first, then children of placed
+/// sessions, until no progress).
+fn cut_off(sessions: &[Scanned<'_>], lost: &Path) -> Vec<PathBuf> {
+    let live: Vec<&Scanned<'_>> = sessions.iter().filter(|s| s.live && s.dir != lost).collect();
+    let mut placed: Vec<&str> = Vec::new();
+    loop {
+        let before = placed.len();
+        for s in &live {
+            if !placed.contains(&s.id) && s.parent.as_deref().is_none_or(|p| placed.contains(&p)) {
+                placed.push(s.id);
+            }
+        }
+        if placed.len() == before {
+            break;
+        }
+    }
+    live.iter()
+        .filter(|s| !placed.contains(&s.id))
+        .map(|s| s.dir.to_path_buf())
+        .collect()
 }
 
 /// Lose something of `fs` (rebooted after a power loss), when the disk
@@ -126,7 +178,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     };
     let disk = fs.disk_image_where(named);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(23) ^ 0x6c6f_7374);
-    let mut by_kind: [Vec<Candidate>; 3] = Default::default();
+    let mut by_kind: [Vec<Candidate>; 4] = Default::default();
     let beside = |suffix: &str| PathBuf::from(format!("{STORE_DB}{suffix}"));
     let wal_bytes = fs.disk_image_where(|p| p == beside("-wal"));
     let has_store =
@@ -136,6 +188,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             loss: Loss::Store,
             path: store.to_path_buf(),
             cut_at: None,
+            cut_off: Vec::new(),
         });
     }
     let sessions: BTreeMap<&Path, &str> = disk
@@ -146,10 +199,18 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             (dir.parent() == Some(&root.join("agents"))).then_some((dir, dir.file_name()?.to_str()?))
         })
         .collect();
+    let mut scanned: Vec<Scanned<'_>> = Vec::new();
+    // Every session the boot reads, readable here (else no lost parent:
+    // which sessions the boot cuts off would be a guess).
+    let mut all_read = true;
     for (dir, id) in sessions {
         let log_path = dir.join(EVENTS_FILE);
-        let Some(log) = disk.get(&log_path) else { continue };
+        let Some(log) = disk.get(&log_path) else {
+            all_read = false;
+            continue;
+        };
         let Some(entries) = entries_of(log, id) else {
+            all_read = false;
             continue;
         };
         if entries
@@ -160,6 +221,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
                 loss: Loss::Record,
                 path: dir.join("session.json"),
                 cut_at: None,
+                cut_off: Vec::new(),
             });
         }
         // The pending copy: a complete entry of this session whose `seq`
@@ -171,12 +233,35 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             .filter(|line| !line.contains(&b'\n'))
             .and_then(|line| LogEntry::parse(line).ok())
             .filter(|e| e.session_id.as_str() == id);
+        let in_flight = pending.as_ref().is_some_and(|e| e.seq == entries.len() as u64);
+        let record_terminated = disk
+            .get(&dir.join("session.json"))
+            .is_some_and(|r| r.windows(TERMINATED.len()).any(|w| w == TERMINATED));
+        let mut read = entries.iter().map(|(_, e)| e).collect::<Vec<_>>();
+        read.extend(pending.as_ref().filter(|_| in_flight));
+        let parent = read.iter().find_map(|e| match &e.event {
+            Event::AgentCreated {
+                parent_session_id, ..
+            } => Some(parent_session_id.as_ref().map(|p| p.as_str().to_string())),
+            _ => None,
+        });
+        let terminated = read
+            .iter()
+            .any(|e| matches!(e.event, Event::AgentTerminated { .. }));
+        scanned.push(Scanned {
+            dir,
+            id,
+            parent: parent.clone().flatten(),
+            live: parent.is_some() && !terminated && !record_terminated,
+            max_ts: read.iter().map(|e| e.ts).max().unwrap_or(0),
+        });
         let Some(seq) = pending.map(|e| e.seq) else {
             continue;
         };
         if seq == 0 || seq > entries.len() as u64 {
             continue;
         }
+
         let found = rng.random_range(0..seq);
         let cut_at = match found {
             0 if rng.random_bool(0.5) => None,
@@ -189,7 +274,30 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             },
             path: log_path,
             cut_at: Some(cut_at),
+            cut_off: Vec::new(),
         });
+    }
+    if all_read {
+        for parent in &scanned {
+            let named = scanned
+                .iter()
+                .any(|s| s.live && s.parent.as_deref() == Some(parent.id));
+            if named {
+                // The logs the boot reads: every one but the lost.
+                let ts_floor = scanned
+                    .iter()
+                    .filter(|s| s.dir != parent.dir)
+                    .map(|s| s.max_ts)
+                    .max()
+                    .unwrap_or(0);
+                by_kind[3].push(Candidate {
+                    loss: Loss::Parent { ts_floor },
+                    path: parent.dir.to_path_buf(),
+                    cut_at: None,
+                    cut_off: cut_off(&scanned, parent.dir),
+                });
+            }
+        }
     }
     let kinds: Vec<&Vec<Candidate>> = by_kind.iter().filter(|k| !k.is_empty()).collect();
     if kinds.is_empty() {
@@ -210,7 +318,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             }
         }
         (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
-        (Loss::Entries { .. }, _) | (Loss::Record, _) => fs.lose(&chosen.path).ok()?,
+        (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
     }
     let (line, line_offset) = match (chosen.loss, chosen.cut_at) {
         (Loss::Entries { found, .. }, Some(at)) => (found + 1, at.unwrap_or(0)),
@@ -225,6 +333,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         at_point: fs.points(),
         replaceable: false,
         backup: Some(backup),
+        cut_off: chosen.cut_off.clone(),
     })
 }
 
@@ -239,6 +348,7 @@ fn wanted(loss: Loss, path: &Path) -> Refusal {
             found,
         },
         Loss::Record => Refusal::MissingRecord(path),
+        Loss::Parent { .. } => Refusal::Other("none: the boot terminates the sessions cut off".into()),
     }
 }
 
@@ -249,7 +359,17 @@ pub fn judge(
     loss: Loss,
     opened: &Result<(), String>,
     refused: Option<&Refusal>,
+    fs: &SimFs,
 ) -> Result<(), String> {
+    if let Loss::Parent { ts_floor } = loss {
+        return match opened {
+            Ok(()) => judge_cut_off(rot, ts_floor, fs),
+            Err(e) => Err(format!(
+                "the boot failed over a lost parent directory; it must terminate the sessions cut off ({:?}): {e}",
+                rot.cut_off
+            )),
+        };
+    }
     let want = wanted(loss, &rot.path);
     match (opened, refused) {
         (Err(_), Some(r)) if *r == want => Ok(()),
@@ -263,16 +383,73 @@ pub fn judge(
     }
 }
 
+/// R6 for a lost parent the boot booted over: each session cut off ends
+/// its log with `agent.terminated` logged past `ts_floor` (the one clock),
+/// its record TERMINATED.
+fn judge_cut_off(rot: &Rot, ts_floor: u64, fs: &SimFs) -> Result<(), String> {
+    let mut wrong = Vec::new();
+    for dir in &rot.cut_off {
+        let files = fs.disk_image_where(|p| p.parent() == Some(dir.as_path()));
+        let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let last = files
+            .get(&dir.join(EVENTS_FILE))
+            .and_then(|log| entries_of(log, id))
+            .and_then(|entries| entries.last().map(|(_, e)| e.clone()));
+        match last {
+            Some(e) if matches!(e.event, Event::AgentTerminated { .. }) && e.ts > ts_floor => {}
+            Some(e) if matches!(e.event, Event::AgentTerminated { .. }) => wrong.push(format!(
+                "{}: agent.terminated logged at ts {}, not past ts {ts_floor} (the highest of the logs the boot read)",
+                dir.display(),
+                e.ts
+            )),
+            other => wrong.push(format!(
+                "{}: its parent never resolves, but its log does not end with agent.terminated: {other:?}",
+                dir.display()
+            )),
+        }
+        let record = files.get(&dir.join("session.json"));
+        if !record.is_some_and(|r| r.windows(TERMINATED.len()).any(|w| w == TERMINATED)) {
+            wrong.push(format!(
+                "{}: cut off, but its record is not TERMINATED",
+                dir.display()
+            ));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("\n"))
+    }
+}
+
 /// I7 for a loss the boot refused: `verify` reports a finding of the same
 /// kind on the same file (for lost entries, at the first missing line).
 pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
     let Damage::Lost(loss) = rot.damage else {
         return Vec::new();
     };
+    if let Loss::Parent { .. } = loss {
+        let unlisted: Vec<&PathBuf> = rot
+            .cut_off
+            .iter()
+            .filter(|d| !verified.repaired_at_boot.iter().any(|c| &c.path == *d))
+            .collect();
+        return match (verified.is_healthy(), unlisted.is_empty()) {
+            (true, true) => Vec::new(),
+            _ => vec![format!(
+                "I7: a parent's directory {} was lost: the boot terminated {:?}, but `verify` reported damage {:?} \
+                 or did not list {unlisted:?} as done at boot",
+                rot.path.display(),
+                rot.cut_off,
+                verified.damaged
+            )],
+        };
+    }
     let (kind, line) = match loss {
         Loss::Store => (FindingKind::StoreMissing, None),
         Loss::Entries { found, .. } => (FindingKind::LostEntries, Some(found + 1)),
         Loss::Record => (FindingKind::MissingRecord, None),
+        Loss::Parent { .. } => return Vec::new(), // answered above
     };
     let agrees = verified
         .damaged

@@ -126,7 +126,10 @@
 //!   its `events.pending` holds, or a `session.json` beside a log holding
 //!   `agent.created` — each must be refused with the typed damage error
 //!   naming that file (`StoreMissing`; `LostEntries` with the expected
-//!   and found counts; `MissingRecord`), never booted over; the whole
+//!   and found counts; `MissingRecord`), never booted over; and a
+//!   parent's whole directory, lost while a live session names it: the
+//!   boot terminates every session so cut off (GUARANTEES 9), its
+//!   `agent.terminated` past every tick of the logs it read. The whole
 //!   disk is then restored and booted again.
 //!
 //! Invariants (checked after every step; after recovery also I2):

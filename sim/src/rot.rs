@@ -8,8 +8,9 @@
 //! the reader's version and `seq` checks can tell. An older version's
 //! line (unsealed) must be read. And one time in eight, when the disk has
 //! something to lose, a loss instead ([`Damage::Lost`], [`crate::loss`]):
-//! `store.db`, lines off a log's end, or a session record, lost at rest;
-//! the whole disk is kept aside first and put back after the refusal.
+//! `store.db`, lines off a log's end, a session record, or a parent's
+//! directory, lost at rest; the whole disk is kept aside first and put
+//! back after the boot is judged.
 //!
 //! Invariant: a line damage only ever hits bytes that were durable *before* the
 //! crash (the durable floor, [`durable_agent::fs::SimFs::durable_image`])
@@ -82,6 +83,9 @@ pub struct Rot {
     /// The whole disk before a [`Damage::Lost`], which [`Rot::restore`]
     /// puts back (a flip or rewrite is undone byte by byte instead).
     pub backup: Option<durable_agent::fs::DiskBackup>,
+    /// A lost parent's ([`crate::loss::Loss::Parent`]): the session
+    /// directories the boot must terminate. Empty otherwise.
+    pub cut_off: Vec<PathBuf>,
 }
 
 /// Files that carry checksummed lines: event logs and session records.
@@ -192,6 +196,7 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
         at_point: fs.points(),
         replaceable: replaceable && damage == Damage::Flip,
         backup: None,
+        cut_off: Vec::new(),
     })
 }
 

@@ -304,6 +304,7 @@ fn rot_verdicts_refuse_a_damaged_line_but_replace_one_the_pending_copy_holds() {
         at_point: 40,
         replaceable,
         backup: None,
+        cut_off: Vec::new(),
     };
     let rot = |replaceable| damaged(Damage::Flip, replaceable);
     let named = |line, offset| CorruptLine {
@@ -382,6 +383,7 @@ fn a_loss_at_rest_is_refused_with_its_typed_damage_and_verify_says_so() {
         at_point: 40,
         replaceable: false,
         backup: None,
+        cut_off: Vec::new(),
     };
     let refused = |expected| Refusal::LostEntries {
         path: log.clone(),
@@ -389,17 +391,18 @@ fn a_loss_at_rest_is_refused_with_its_typed_damage_and_verify_says_so() {
         found: 2,
     };
     let failed = Err("boot: damaged".to_string());
-    assert!(judge(&rot, loss, &failed, Some(&refused(5))).is_ok());
+    let fs = durable_agent::fs::SimFs::new(durable_agent::fs::SimConfig::new(1));
+    assert!(judge(&rot, loss, &failed, Some(&refused(5)), &fs).is_ok());
     assert!(
-        judge(&rot, loss, &failed, Some(&refused(4))).is_err(),
+        judge(&rot, loss, &failed, Some(&refused(4)), &fs).is_err(),
         "a wrong expected count"
     );
     assert!(
-        judge(&rot, loss, &Ok(()), None).is_err(),
+        judge(&rot, loss, &Ok(()), None, &fs).is_err(),
         "booted over lost entries"
     );
     assert!(
-        judge(&rot, loss, &failed, None).is_err(),
+        judge(&rot, loss, &failed, None, &fs).is_err(),
         "refused, but not as damage"
     );
     let finding = |kind, line| Finding {

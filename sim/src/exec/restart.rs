@@ -155,7 +155,7 @@ impl Exec {
                 let refused = self.driver.take_refusal();
                 let judged = match rot.damage {
                     crate::rot::Damage::Lost(loss) => {
-                        crate::loss::judge(&rot, loss, &opened, refused.as_ref())
+                        crate::loss::judge(&rot, loss, &opened, refused.as_ref(), &self.driver.fs)
                             .map(|()| oracle::RotVerdict::Refused)
                     }
                     _ => {
@@ -173,12 +173,21 @@ impl Exec {
                             verdict,
                             oracle::RotVerdict::Replaced | oracle::RotVerdict::ReadOlder
                         ) {
+                            if opened.is_ok() && rot.backup.is_some() {
+                                // A boot over a lost parent: stopped before the
+                                // whole root is restored.
+                                self.driver.stop();
+                            }
                             rot.restore(&self.driver.fs);
                         }
                         self.restart_notes
                             .push(format!("{}: {verdict:?}", rot.describe()));
                         if verdict == oracle::RotVerdict::Refused {
-                            // Restored from a backup: boot the same disk again.
+                            // Restored from a backup: boot the same disk again
+                            // (a boot over a lost parent was stopped first).
+                            if opened.is_ok() {
+                                self.disarm();
+                            }
                             continue;
                         }
                     }
