@@ -279,6 +279,15 @@ impl Rot {
             (Damage::Lost(loss), _) => format!("lost at rest ({loss:?}):"),
             (Damage::Flip, None) => "bit rot in".into(),
         };
+        if self.line == 0 {
+            // A lost file or directory: no line to name.
+            let cut_off = if self.cut_off.is_empty() {
+                String::new()
+            } else {
+                format!(" (cutting off {:?})", self.cut_off)
+            };
+            return format!("{what} {}{cut_off}", self.path.display());
+        }
         format!(
             "{what} {} line {} (line starts at byte {})",
             self.path.display(),
