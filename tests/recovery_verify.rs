@@ -262,3 +262,29 @@ fn verify_agrees_with_the_boot_after_a_power_cut_in_the_first_store_writes() {
     }
     assert!(judged > 0, "no boot recovered");
 }
+
+/// A parent's whole directory lost while its child lives: the boot
+/// terminates the child for good (GUARANTEES 9), so `verify` must say so
+/// before it — the child listed as done at boot, nothing called damage —
+/// instead of calling the root healthy with nothing to do.
+#[test]
+fn a_child_whose_parent_directory_is_gone_is_listed_as_terminated_at_boot() {
+    let (fs, parent, child) = tree();
+    // A power cut first: the disk at rest, as a loss wants it.
+    fs.restart(CrashMode::PowerLoss(DirModel::Strict));
+    fs.lose(&parent).expect("lose the parent's directory");
+    let v = checked(&fs);
+    assert!(v.is_healthy(), "{:#?}", v.damaged);
+    assert!(
+        v.repaired_at_boot
+            .iter()
+            .any(|c| c.path == child && c.what.contains("terminates this session")),
+        "{:#?}",
+        v.repaired_at_boot
+    );
+    let mut system = boot(&fs).expect("the boot terminates the child");
+    assert!(
+        system.runtime_mut().tree().nodes().is_empty(),
+        "the child was not terminated"
+    );
+}

@@ -17,6 +17,7 @@ pub mod driver;
 pub mod exec;
 pub mod fuzz;
 pub mod jobs;
+pub mod loss;
 pub mod machine;
 pub mod madsim_sim;
 pub mod model;

@@ -120,7 +120,17 @@
 //!   must be refused as corrupt naming that line; a line as the **older**
 //!   version before checksums wrote it (unsealed, never the last) must be
 //!   read as the same entry — it stays, and the recovery is judged as
-//!   any is ([`RotVerdict::ReadOlder`]).
+//!   any is ([`RotVerdict::ReadOlder`]). And it loses at rest what no
+//!   crash loses ([`crate::loss`]): `store.db` (gone or emptied while
+//!   `root.json` names a store), lines off a log's end before the `seq`
+//!   its `events.pending` holds, or a `session.json` beside a log holding
+//!   `agent.created` — each must be refused with the typed damage error
+//!   naming that file (`StoreMissing`; `LostEntries` with the expected
+//!   and found counts; `MissingRecord`), never booted over; and a
+//!   parent's whole directory, lost while a live session names it: the
+//!   boot terminates every session so cut off (GUARANTEES 9), its
+//!   `agent.terminated` past every tick of the logs it read. The whole
+//!   disk is then restored and booted again.
 //!
 //! Invariants (checked after every step; after recovery also I2):
 //!
@@ -166,7 +176,9 @@
 //!   "repaired at boot"); when the boot refuses a damaged line (R6) it
 //!   reports that file as damaged, at that line; and when the boot
 //!   replaces the line from `events.pending`, or reads an older version's
-//!   line, it does not call that file damaged; and every log the boot cuts
+//!   line, it does not call that file damaged; when the boot refuses a
+//!   loss it reports a finding of that kind on that file
+//!   ([`crate::loss::verify_agrees`]); and every log the boot cuts
 //!   a torn tail from, it lists as repaired at boot ([`verify_saw_cuts`]).
 //!   (A rotted file the boot
 //!   never reads is not asked about: `verify` reads every file, the boot
@@ -226,6 +238,9 @@ pub fn verify_agrees(
         verified.damaged.iter().filter(|f| f.path == path).collect()
     };
     match rot {
+        Some((rot, _)) if matches!(rot.damage, crate::rot::Damage::Lost(_)) => {
+            crate::loss::verify_agrees(verified, rot)
+        }
         None if booted && !verified.is_healthy() => vec![format!(
             "I7: `verify` reported damage on a disk of the crash model, which the boot then recovered: {:?}",
             verified.damaged

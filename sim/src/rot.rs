@@ -5,9 +5,14 @@
 //! durable-agent writes it (a downgrade: the input no build of this one
 //! ever produced), and a gap (the line's `seq` skips one, as a log that
 //! lost a line mid-file reads). The last two carry a valid checksum: only
-//! the reader's version and `seq` checks can tell.
+//! the reader's version and `seq` checks can tell. An older version's
+//! line (unsealed) must be read. And one time in eight, when the disk has
+//! something to lose, a loss instead ([`Damage::Lost`], [`crate::loss`]):
+//! `store.db`, lines off a log's end, a session record, or a parent's
+//! directory, lost at rest; the whole disk is kept aside first and put
+//! back after the boot is judged.
 //!
-//! Invariant: damage only ever hits bytes that were durable *before* the
+//! Invariant: a line damage only ever hits bytes that were durable *before* the
 //! crash (the durable floor, [`durable_agent::fs::SimFs::durable_image`])
 //! and that the power loss left as they were, inside a line that ends
 //! with its newline there — never a torn or unacknowledged tail, never the
@@ -48,10 +53,14 @@ pub enum Damage {
     /// allows to keep its length): an upgrade reads old logs, so the boot
     /// must read it as the same entry. Left in place (not undone).
     Older,
+    /// A file, or lines off a log's end, lost at rest
+    /// ([`crate::loss`]): the boot must refuse it as damage naming the
+    /// file. `line` is then the first missing line (lost entries) or 0.
+    Lost(crate::loss::Loss),
 }
 
 /// The damaged line, and where the boot must say the damage is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Rot {
     pub damage: Damage,
     pub path: PathBuf,
@@ -71,6 +80,12 @@ pub struct Rot {
     /// must ([`crate::oracle::RotVerdict::Replaced`]), not refuse. Never
     /// a newer or gap line (it is not damage a copy undoes).
     pub replaceable: bool,
+    /// The whole disk before a [`Damage::Lost`], which [`Rot::restore`]
+    /// puts back (a flip or rewrite is undone byte by byte instead).
+    pub backup: Option<durable_agent::fs::DiskBackup>,
+    /// A lost parent's ([`crate::loss::Loss::Parent`]): the session
+    /// directories the boot must terminate. Empty otherwise.
+    pub cut_off: Vec<PathBuf>,
 }
 
 /// Files that carry checksummed lines: event logs and session records.
@@ -86,6 +101,16 @@ pub fn is_target(path: &Path) -> bool {
 /// before the crash) and is unchanged on the disk. `None` when there is no
 /// such line (nothing durable yet).
 pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: u64) -> Option<Rot> {
+    // The kind from its own stream, so a flip hits the byte it always
+    // did; one time in eight a loss ([`crate::loss`]) instead, when the
+    // disk has something to lose.
+    let mut kinds = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(17) ^ 0x6b69_6e64);
+    let kind = kinds.random_range(0..8u8);
+    if kind == 3 {
+        if let Some(rot) = crate::loss::strike(fs, seed, point) {
+            return Some(rot);
+        }
+    }
     let disk = fs.disk_image_where(is_target);
     // (path, line number, start, end without the newline)
     let mut lines: Vec<(&PathBuf, u64, usize, usize)> = Vec::new();
@@ -127,11 +152,9 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
         let copy = fs.disk_image_where(|p| p == pending);
         copy.get(&pending).map(Vec::as_slice) == now.get(start..=end)
     };
-    // The kind from its own stream, so a flip hits the byte it always
-    // did; a kind the line cannot take (or a rewrite that changes its
-    // length) falls back to the flip.
-    let mut kinds = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(17) ^ 0x6b69_6e64);
-    let wanted = match kinds.random_range(0..8u8) {
+    // A kind the line cannot take (or a rewrite that changes its length)
+    // falls back to the flip.
+    let wanted = match kind {
         0 if !replaceable => Damage::Newer,
         1 if is_log && !last_line => Damage::Gap,
         // Not the last line: its `events.pending` copy would be the
@@ -141,7 +164,7 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
     };
     let original = now.get(start..end)?;
     let rewritten = match wanted {
-        Damage::Flip => None,
+        Damage::Flip | Damage::Lost(_) => None,
         // 9: newer than any version this build knows, one digit as the
         // versions it writes are (so the line keeps its length).
         Damage::Newer => rewrite(original, "schema_version", |v| v.max(9)),
@@ -172,6 +195,8 @@ pub fn strike(fs: &SimFs, floor: &BTreeMap<PathBuf, Vec<u8>>, seed: u64, point: 
         bytes,
         at_point: fs.points(),
         replaceable: replaceable && damage == Damage::Flip,
+        backup: None,
+        cut_off: Vec::new(),
     })
 }
 
@@ -236,6 +261,9 @@ impl Rot {
     /// a scrub repaired a flip nobody had read), so the run goes on from
     /// the disk the crash left. A file recovery removed stays gone.
     pub fn restore(&self, fs: &SimFs) {
+        if let Some(backup) = &self.backup {
+            fs.restore_backup(backup);
+        }
         for (at, mask, _) in &self.bytes {
             let _ = fs.rot(&self.path, *at, *mask);
         }
@@ -248,8 +276,18 @@ impl Rot {
             (Damage::Newer, _) => "a newer version's line (schema_version raised, resealed):".into(),
             (Damage::Gap, _) => "a gap (the line's seq raised by one, resealed):".into(),
             (Damage::Older, _) => "an older version's line (unsealed, schema_version lowered):".into(),
+            (Damage::Lost(loss), _) => format!("lost at rest ({loss:?}):"),
             (Damage::Flip, None) => "bit rot in".into(),
         };
+        if self.line == 0 {
+            // A lost file or directory: no line to name.
+            let cut_off = if self.cut_off.is_empty() {
+                String::new()
+            } else {
+                format!(" (cutting off {:?})", self.cut_off)
+            };
+            return format!("{what} {}{cut_off}", self.path.display());
+        }
         format!(
             "{what} {} line {} (line starts at byte {})",
             self.path.display(),

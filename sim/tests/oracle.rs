@@ -303,6 +303,8 @@ fn rot_verdicts_refuse_a_damaged_line_but_replace_one_the_pending_copy_holds() {
         bytes: vec![(222, 0x10, b'a')],
         at_point: 40,
         replaceable,
+        backup: None,
+        cut_off: Vec::new(),
     };
     let rot = |replaceable| damaged(Damage::Flip, replaceable);
     let named = |line, offset| CorruptLine {
@@ -356,4 +358,78 @@ fn rot_verdicts_refuse_a_damaged_line_but_replace_one_the_pending_copy_holds() {
         Ok(RotVerdict::ReadOlder)
     );
     assert!(judge_rot(&older, &refused, Some(&named(3, 210)), false, true, false).is_err());
+}
+
+/// R6 and I7 for a loss at rest: the boot must refuse with the typed
+/// damage naming the file (lost entries: with the expected and found
+/// counts), never boot over it; `verify` must report that kind on that
+/// file (lost entries: at the first missing line).
+#[test]
+fn a_loss_at_rest_is_refused_with_its_typed_damage_and_verify_says_so() {
+    use durable_agent::recovery::verify::{Finding, FindingKind, Remedy, Verification};
+    use durable_agent_sim::loss::{judge, verify_agrees, Loss, Refusal};
+    use durable_agent_sim::rot::{Damage, Rot};
+    let log: std::path::PathBuf = "/da/agents/00000001/events.jsonl".into();
+    let loss = Loss::Entries {
+        expected: 5,
+        found: 2,
+    };
+    let rot = Rot {
+        damage: Damage::Lost(loss),
+        path: log.clone(),
+        line: 3,
+        line_offset: 180,
+        bytes: Vec::new(),
+        at_point: 40,
+        replaceable: false,
+        backup: None,
+        cut_off: Vec::new(),
+    };
+    let refused = |expected| Refusal::LostEntries {
+        path: log.clone(),
+        expected,
+        found: 2,
+    };
+    let failed = Err("boot: damaged".to_string());
+    let fs = durable_agent::fs::SimFs::new(durable_agent::fs::SimConfig::new(1));
+    assert!(judge(&rot, loss, &failed, Some(&refused(5)), &fs).is_ok());
+    assert!(
+        judge(&rot, loss, &failed, Some(&refused(4)), &fs).is_err(),
+        "a wrong expected count"
+    );
+    assert!(
+        judge(&rot, loss, &Ok(()), None, &fs).is_err(),
+        "booted over lost entries"
+    );
+    assert!(
+        judge(&rot, loss, &failed, None, &fs).is_err(),
+        "refused, but not as damage"
+    );
+    let finding = |kind, line| Finding {
+        kind,
+        path: log.clone(),
+        line,
+        offset: None,
+        session: None,
+        message: String::new(),
+        remedy: Remedy::QuarantineSession,
+    };
+    let verified = |damaged| Verification {
+        damaged,
+        ..Verification::default()
+    };
+    assert!(verify_agrees(&verified(vec![finding(FindingKind::LostEntries, Some(3))]), &rot).is_empty());
+    assert_eq!(
+        verify_agrees(&verified(vec![finding(FindingKind::LostEntries, Some(2))]), &rot).len(),
+        1
+    );
+    assert_eq!(
+        verify_agrees(
+            &verified(vec![finding(FindingKind::MissingCreated, Some(3))]),
+            &rot
+        )
+        .len(),
+        1
+    );
+    assert_eq!(verify_agrees(&verified(Vec::new()), &rot).len(), 1);
 }

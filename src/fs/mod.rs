@@ -27,7 +27,9 @@ use std::path::Path;
 
 pub use lock::{lock_held, FsLock};
 pub use real::RealFs;
-pub use sim::{CrashImage, CrashMode, DirModel, Fault, SimConfig, SimFs, SimSnapshot, TraceEntry};
+pub use sim::{
+    CrashImage, CrashMode, DirModel, DiskBackup, Fault, SimConfig, SimFs, SimSnapshot, TraceEntry,
+};
 
 /// Read `buf.len()` bytes at `offset`, looping over short reads: POSIX
 /// lets `pread` return fewer bytes than asked (a signal, a network or FUSE

@@ -524,6 +524,7 @@ fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, writers: Writers, v: &mut Verif
         });
         check_session(fs.as_ref(), store.as_ref(), s, v);
     }
+    cut_off(&scans, store.as_ref(), v);
     for damage in session_damage(&scans) {
         let session = scans
             .iter()
@@ -555,6 +556,47 @@ fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, writers: Writers, v: &mut Verif
             message: damage_message(&damage),
             remedy: Remedy::QuarantineSession,
         });
+    }
+}
+
+/// The live sessions whose parent never resolves (its directory is gone,
+/// or it is cut off itself): the boot terminates each for good and
+/// reports it (recovery step 5), so `verify` lists each as done at boot.
+/// Live as the boot counts it: a record not TERMINATED, a log that reads,
+/// holds `agent.created` and no `agent.terminated`.
+fn cut_off(scans: &[SessionScan], store: Option<&SessionStore>, v: &mut Verification) {
+    let live: Vec<&SessionScan> = scans
+        .iter()
+        .filter(|s| s.has_record && matches!(s.log, Some(Ok(_))) && s.created() && !s.terminated())
+        .filter(|s| {
+            store
+                .and_then(|st| st.load(&s.id).ok().flatten())
+                .is_some_and(|r| r.state != crate::store::session::SessionState::Terminated)
+        })
+        .collect();
+    let mut placed: BTreeSet<&SessionId> = BTreeSet::new();
+    loop {
+        let before = placed.len();
+        for s in &live {
+            if s.parent().is_none_or(|p| placed.contains(p)) {
+                placed.insert(&s.id);
+            }
+        }
+        if placed.len() == before {
+            break;
+        }
+    }
+    for s in live.iter().filter(|s| !placed.contains(&s.id)) {
+        let parent = s.parent().map(SessionId::as_str).unwrap_or_default();
+        at_boot(
+            v,
+            &s.dir,
+            format!(
+                "its parent session {parent} never resolves (its directory is gone, or it is cut off \
+                 itself): the next boot terminates this session for good; restore the parent's \
+                 directory first to keep it"
+            ),
+        );
     }
 }
 

@@ -136,6 +136,9 @@ pub struct Driver {
     /// Where the last failed boot said the data is damaged, and whether
     /// as a newer version's line.
     corruption: Option<(CorruptLine, bool)>,
+    /// The damage the last failed boot refused the root for, if any
+    /// ([`crate::loss::refusal`]).
+    refusal: Option<crate::loss::Refusal>,
     /// Where the last boot's recovery report disagrees with what it did
     /// to the logs ([`project::report_violations`]).
     report_violations: Vec<String>,
@@ -215,6 +218,7 @@ impl Driver {
             lost_keys: Arc::default(),
             rot: None,
             corruption: None,
+            refusal: None,
             report_violations: Vec::new(),
             verified: None,
             boot_logs: None,
@@ -327,7 +331,9 @@ impl Driver {
         self.clock.set(step_ms);
         self.verified = Some(verified);
         self.corruption = None;
+        self.refusal = None;
         let (system, report) = booted.map_err(|e| {
+            self.refusal = crate::loss::refusal(&e);
             self.corruption = e
                 .damaged_line()
                 .map(|(line, fault)| (line, fault == LineFault::Newer));
@@ -472,6 +478,18 @@ impl Driver {
     /// and whether it said the line is a newer version's.
     pub fn take_corruption(&mut self) -> Option<(CorruptLine, bool)> {
         self.corruption.take()
+    }
+
+    /// Stop the booted system, its disk as it is (nothing pending): for a
+    /// whole-root restore from backup ([`crate::loss`]) right after.
+    pub fn stop(&mut self) {
+        self.close();
+        self.fs.restart(durable_agent::fs::CrashMode::ProcessCrash);
+    }
+
+    /// The damage the last failed boot refused the root for, if it did.
+    pub fn take_refusal(&mut self) -> Option<crate::loss::Refusal> {
+        self.refusal.take()
     }
 
     /// A runtime an I/O error of unknown outcome poisoned must refuse

@@ -16,9 +16,9 @@ use crate::report::{CrashSite, Failure, TRACE_CONTEXT};
 
 /// The failure title of a boot that mishandled a damaged line (R6).
 const R6_FAILED: &str =
-    "R6: a durable line changed at rest (bit rot, a newer or older version's line, a gap) \
-     was not handled as promised (refused with the typed error naming it, replaced from events.pending, \
-     or — an older version's — read)";
+    "R6: a durable line changed at rest (bit rot, a newer or older version's line, a gap), or a file \
+     or log lines lost at rest, was not handled as promised (refused with the typed error naming it, \
+     replaced from events.pending, or — an older version's — read)";
 
 /// The failure title of an operator's `verify` that disagreed with the
 /// boot after it (I7).
@@ -152,7 +152,17 @@ impl Exec {
                 let (named, newer) = self.driver.take_corruption().unzip();
                 let read = rot.read_since(&self.driver.fs);
                 let replaced = rot.replaced(&self.driver.fs);
-                match oracle::judge_rot(&rot, &opened, named.as_ref(), newer == Some(true), read, replaced) {
+                let refused = self.driver.take_refusal();
+                let judged = match rot.damage {
+                    crate::rot::Damage::Lost(loss) => {
+                        crate::loss::judge(&rot, loss, &opened, refused.as_ref(), &self.driver.fs)
+                            .map(|()| oracle::RotVerdict::Refused)
+                    }
+                    _ => {
+                        oracle::judge_rot(&rot, &opened, named.as_ref(), newer == Some(true), read, replaced)
+                    }
+                };
+                match judged {
                     Ok(verdict) => {
                         let disagree =
                             oracle::verify_agrees(verified.as_ref(), Some((&rot, verdict)), opened.is_ok());
@@ -163,12 +173,21 @@ impl Exec {
                             verdict,
                             oracle::RotVerdict::Replaced | oracle::RotVerdict::ReadOlder
                         ) {
+                            if opened.is_ok() && rot.backup.is_some() {
+                                // A boot over a lost parent: stopped before the
+                                // whole root is restored.
+                                self.driver.stop();
+                            }
                             rot.restore(&self.driver.fs);
                         }
                         self.restart_notes
                             .push(format!("{}: {verdict:?}", rot.describe()));
                         if verdict == oracle::RotVerdict::Refused {
-                            // Restored from a backup: boot the same disk again.
+                            // Restored from a backup: boot the same disk again
+                            // (a boot over a lost parent was stopped first).
+                            if opened.is_ok() {
+                                self.disarm();
+                            }
                             continue;
                         }
                     }

@@ -164,6 +164,11 @@ struct State {
     captures: Option<Vec<CrashImage>>,
 }
 
+/// A whole disk image kept aside ([`SimFs::backup`]): an operator's
+/// backup of the root, put back with [`SimFs::restore_backup`].
+#[derive(Debug, Clone)]
+pub struct DiskBackup(Image);
+
 /// The disk of a process killed at one I/O point, before the reboot:
 /// exactly what `Fault::CrashAt(point)` leaves, random draws included (see
 /// [`SimFs::set_capture`]).
@@ -440,6 +445,50 @@ impl SimFs {
         let mut visible = inode.base.clone();
         inode.log.iter().for_each(|e| e.op.apply(&mut visible));
         inode.visible = visible;
+        Ok(())
+    }
+
+    /// A copy of the disk at rest, for [`SimFs::restore_backup`] (pages
+    /// shared copy-on-write, so it is cheap). Not an I/O point.
+    pub fn backup(&self) -> DiskBackup {
+        DiskBackup(self.lock().image.clone())
+    }
+
+    /// The operator restored the whole root from `backup`: the disk and
+    /// the process's view are that image again. Not an I/O point (nothing
+    /// traced, counted or drawn); the harness calls it only between boots.
+    pub fn restore_backup(&self, backup: &DiskBackup) {
+        self.lock().image = backup.0.clone();
+    }
+
+    /// A file or directory lost at rest (deleted by hand, a lost directory
+    /// block): `path` and everything under it leave the disk and the
+    /// process's view. Not an I/O point; as [`SimFs::rot`], only right
+    /// after a [`SimFs::restart`] (nothing pending). `NotFound` if absent.
+    pub fn lose(&self, path: &Path) -> io::Result<()> {
+        let mut s = self.lock();
+        debug_assert!(s.image.dir_log.is_empty(), "lose: only on a disk at rest");
+        let gone = |k: &key::Key| k.to_path_buf().starts_with(path);
+        if !s.image.ns.keys().any(gone) {
+            return Err(state::not_found(path));
+        }
+        s.image.ns.retain(|k, _| !gone(k));
+        s.image.ns_base.retain(|k, _| !gone(k));
+        // Its files' inodes die with the names (no name reaches them).
+        s.image.collect_garbage();
+        Ok(())
+    }
+
+    /// A file cut short at rest to `len` bytes (emptied, or lines lost off
+    /// its end by a hand edit or a bad restore), on the disk and in the
+    /// process's view. Not an I/O point; as [`SimFs::lose`].
+    pub fn cut(&self, path: &Path, len: u64) -> io::Result<()> {
+        let mut s = self.lock();
+        let inode = s.image.inode_mut(&key::Arg::new(path))?;
+        debug_assert!(inode.log.is_empty(), "cut: only on a disk at rest");
+        let len = usize::try_from(len).unwrap_or(usize::MAX).min(inode.base.len());
+        inode.base.truncate(len);
+        inode.visible = inode.base.clone();
         Ok(())
     }
 

@@ -283,7 +283,7 @@ impl Image {
     /// is also in `ns_base` or named by `dir_log`; between folds `ns_base`
     /// stays put and `dir_log` only grows. So running this right after each
     /// fold that drained something keeps every inode in `inodes` live.
-    fn collect_garbage(&mut self) {
+    pub(super) fn collect_garbage(&mut self) {
         let live = self.live_inodes();
         self.inodes.retain(|ino, _| live.contains(ino));
     }

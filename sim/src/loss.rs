@@ -1,0 +1,468 @@
+//! Damage at rest that loses whole files or lines, for the `PowerRot`
+//! crash mode ([`crate::rot::Damage::Lost`]): what no crash makes and the
+//! boot must refuse, naming the file, before it changes anything
+//! (`durable_agent::recovery::damage`). Three kinds ([`Loss`]):
+//! - **store**: `store.db` deleted (with its `-wal`, `-journal`) or
+//!   emptied while `root.json` says the root has a store — refused as
+//!   `StoreMissing` naming `store.db` (never booted empty: a fresh store
+//!   forgets every trigger and side effect);
+//! - **entries**: an `events.jsonl` lost lines off its end (cut at a line
+//!   boundary, emptied or deleted) before the `seq` its `events.pending`
+//!   holds — refused as `LostEntries` naming the log, with the expected
+//!   (that `seq` + 1) and found (the lines kept) counts;
+//! - **record**: a `session.json` deleted beside a log that holds
+//!   `agent.created` (appended only once the record is durable) — refused
+//!   as `MissingRecord` naming the record, never cleaned up as a crash
+//!   orphan (which would delete the log);
+//! - **parent**: a session's whole directory lost while a live session
+//!   names it as parent — the child's parent never resolves, and the boot
+//!   must do what GUARANTEES 9 says: boot, and terminate each live session
+//!   cut off that way, durably (its log ends with `agent.terminated`,
+//!   logged past every tick of every log the boot read: the one clock;
+//!   its record TERMINATED).
+//!
+//! `verify` (I7) must report the same: a finding of the same kind on the
+//! same file (for lost entries, at the first missing line); for a lost
+//! parent no damage, and each session the boot then terminates listed as
+//! done at boot.
+//!
+//! Invariant: a loss only strikes a disk where the damage is unambiguous
+//! (the manifest present for a store; every complete line of the log an
+//! entry of its session, so the product's reader sees what this module
+//! sees), the whole disk is kept aside first ([`SimFs::backup`]) and put
+//! back after the refusal (an operator's restore from backup), and the
+//! choice is a pure function of (seed, crash point, disk), so a forked
+//! crash image and a replay lose the same bytes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use durable_agent::fs::SimFs;
+use durable_agent::log::{Event, LogEntry, EVENTS_FILE, PENDING_FILE};
+use durable_agent::recovery::verify::{FindingKind, Verification};
+use durable_agent::recovery::DamageError;
+use durable_agent::store::manifest::MANIFEST_FILE;
+use durable_agent::system::SystemError;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::driver::{ROOT, STORE_DB};
+use crate::rot::{Damage, Rot};
+
+/// What was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// `store.db` gone or emptied (its WAL and journal gone).
+    Store,
+    /// The log keeps `found` entries; `events.pending` says `expected`
+    /// were acknowledged.
+    Entries { expected: u64, found: u64 },
+    /// `session.json` gone beside a log holding `agent.created`.
+    Record,
+    /// A session's directory gone while a live session names it as
+    /// parent; `ts_floor`: the highest `ts` of every log the boot reads.
+    /// The sessions cut off are [`Rot::cut_off`].
+    Parent { ts_floor: u64 },
+}
+
+/// The damage a boot refused with, as the harness compares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    StoreMissing(PathBuf),
+    LostEntries {
+        path: PathBuf,
+        expected: u64,
+        found: u64,
+    },
+    MissingRecord(PathBuf),
+    /// Any other damage, with its message.
+    Other(String),
+}
+
+/// The damage `e` refuses the root for, if it is one
+/// (`SystemError::Damaged`).
+pub fn refusal(e: &SystemError) -> Option<Refusal> {
+    let SystemError::Damaged(d) = e else { return None };
+    Some(match d {
+        DamageError::StoreMissing { path, .. } => Refusal::StoreMissing(path.clone()),
+        DamageError::LostEntries {
+            path,
+            expected,
+            found,
+        } => Refusal::LostEntries {
+            path: path.clone(),
+            expected: *expected,
+            found: *found,
+        },
+        DamageError::MissingRecord { path } => Refusal::MissingRecord(path.clone()),
+        other => Refusal::Other(other.to_string()),
+    })
+}
+
+/// The complete lines of `bytes` as `(start, entry)` when every one is an
+/// entry of session `id` (checksums verified), else `None`.
+fn entries_of(bytes: &[u8], id: &str) -> Option<Vec<(usize, LogEntry)>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while let Some(nl) = bytes[start..].iter().position(|&b| b == b'\n') {
+        let entry = LogEntry::parse(&bytes[start..start + nl]).ok()?;
+        if entry.session_id.as_str() != id {
+            return None;
+        }
+        out.push((start, entry));
+        start += nl + 1;
+    }
+    Some(out)
+}
+
+/// One loss the disk can take: the kind, the file, and how to do it.
+struct Candidate {
+    loss: Loss,
+    path: PathBuf,
+    /// For lost entries: the byte the log is cut at (`None`: deleted).
+    cut_at: Option<Option<u64>>,
+    /// For a lost parent: the session directories the boot cuts off.
+    cut_off: Vec<PathBuf>,
+}
+
+/// A session record's state member when TERMINATED, as serde writes it.
+const TERMINATED: &[u8] = b"\"state\":\"TERMINATED\"";
+
+/// One session as the boot will read it (its pending append in flight
+/// replayed), for the lost-parent damage.
+struct Scanned<'a> {
+    dir: &'a Path,
+    id: &'a str,
+    parent: Option<String>,
+    /// A record not TERMINATED, `agent.created` and no `agent.terminated`.
+    live: bool,
+    /// The highest `ts` of its log.
+    max_ts: u64,
+}
+
+/// The live sessions of `sessions` whose parent never resolves once
+/// `lost` is gone (recovery step 5: roots first, then children of placed
+/// sessions, until no progress).
+fn cut_off(sessions: &[Scanned<'_>], lost: &Path) -> Vec<PathBuf> {
+    let live: Vec<&Scanned<'_>> = sessions.iter().filter(|s| s.live && s.dir != lost).collect();
+    let mut placed: Vec<&str> = Vec::new();
+    loop {
+        let before = placed.len();
+        for s in &live {
+            if !placed.contains(&s.id) && s.parent.as_deref().is_none_or(|p| placed.contains(&p)) {
+                placed.push(s.id);
+            }
+        }
+        if placed.len() == before {
+            break;
+        }
+    }
+    live.iter()
+        .filter(|s| !placed.contains(&s.id))
+        .map(|s| s.dir.to_path_buf())
+        .collect()
+}
+
+/// Lose something of `fs` (rebooted after a power loss), when the disk
+/// has something to lose: a pure function of (seed, point, disk).
+pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
+    let root = Path::new(ROOT);
+    let store = Path::new(STORE_DB);
+    let named = |p: &Path| {
+        p == store
+            || p == root.join(MANIFEST_FILE)
+            || matches!(
+                p.file_name().and_then(|n| n.to_str()),
+                Some("session.json" | EVENTS_FILE | PENDING_FILE)
+            )
+    };
+    let disk = fs.disk_image_where(named);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(23) ^ 0x6c6f_7374);
+    let mut by_kind: [Vec<Candidate>; 4] = Default::default();
+    let beside = |suffix: &str| PathBuf::from(format!("{STORE_DB}{suffix}"));
+    let wal_bytes = fs.disk_image_where(|p| p == beside("-wal"));
+    let has_store =
+        disk.get(store).is_some_and(|b| !b.is_empty()) || wal_bytes.values().any(|w| !w.is_empty());
+    if disk.contains_key(&root.join(MANIFEST_FILE)) && has_store {
+        by_kind[0].push(Candidate {
+            loss: Loss::Store,
+            path: store.to_path_buf(),
+            cut_at: None,
+            cut_off: Vec::new(),
+        });
+    }
+    let sessions: BTreeMap<&Path, &str> = disk
+        .keys()
+        .filter(|p| p.file_name().and_then(|n| n.to_str()) == Some("session.json"))
+        .filter_map(|p| {
+            let dir = p.parent()?;
+            (dir.parent() == Some(&root.join("agents"))).then_some((dir, dir.file_name()?.to_str()?))
+        })
+        .collect();
+    let mut scanned: Vec<Scanned<'_>> = Vec::new();
+    // Every session the boot reads, readable here (else no lost parent:
+    // which sessions the boot cuts off would be a guess).
+    let mut all_read = true;
+    for (dir, id) in sessions {
+        let log_path = dir.join(EVENTS_FILE);
+        let Some(log) = disk.get(&log_path) else {
+            all_read = false;
+            continue;
+        };
+        let Some(entries) = entries_of(log, id) else {
+            all_read = false;
+            continue;
+        };
+        if entries
+            .iter()
+            .any(|(_, e)| matches!(e.event, Event::AgentCreated { .. }))
+        {
+            by_kind[2].push(Candidate {
+                loss: Loss::Record,
+                path: dir.join("session.json"),
+                cut_at: None,
+                cut_off: Vec::new(),
+            });
+        }
+        // The pending copy: a complete entry of this session whose `seq`
+        // the log reaches (else the log already lost entries, or holds a
+        // replayable append in flight beyond them).
+        let pending = disk
+            .get(&dir.join(PENDING_FILE))
+            .and_then(|b| b.strip_suffix(b"\n"))
+            .filter(|line| !line.contains(&b'\n'))
+            .and_then(|line| LogEntry::parse(line).ok())
+            .filter(|e| e.session_id.as_str() == id);
+        let in_flight = pending.as_ref().is_some_and(|e| e.seq == entries.len() as u64);
+        let record_terminated = disk
+            .get(&dir.join("session.json"))
+            .is_some_and(|r| r.windows(TERMINATED.len()).any(|w| w == TERMINATED));
+        let mut read = entries.iter().map(|(_, e)| e).collect::<Vec<_>>();
+        read.extend(pending.as_ref().filter(|_| in_flight));
+        let parent = read.iter().find_map(|e| match &e.event {
+            Event::AgentCreated {
+                parent_session_id, ..
+            } => Some(parent_session_id.as_ref().map(|p| p.as_str().to_string())),
+            _ => None,
+        });
+        let terminated = read
+            .iter()
+            .any(|e| matches!(e.event, Event::AgentTerminated { .. }));
+        scanned.push(Scanned {
+            dir,
+            id,
+            parent: parent.clone().flatten(),
+            live: parent.is_some() && !terminated && !record_terminated,
+            max_ts: read.iter().map(|e| e.ts).max().unwrap_or(0),
+        });
+        let Some(seq) = pending.map(|e| e.seq) else {
+            continue;
+        };
+        if seq == 0 || seq > entries.len() as u64 {
+            continue;
+        }
+
+        let found = rng.random_range(0..seq);
+        let cut_at = match found {
+            0 if rng.random_bool(0.5) => None,
+            k => Some(entries.get(k as usize).map_or(log.len(), |(start, _)| *start) as u64),
+        };
+        by_kind[1].push(Candidate {
+            loss: Loss::Entries {
+                expected: seq + 1,
+                found,
+            },
+            path: log_path,
+            cut_at: Some(cut_at),
+            cut_off: Vec::new(),
+        });
+    }
+    if all_read {
+        for parent in &scanned {
+            let named = scanned
+                .iter()
+                .any(|s| s.live && s.parent.as_deref() == Some(parent.id));
+            if named {
+                // The logs the boot reads: every one but the lost.
+                let ts_floor = scanned
+                    .iter()
+                    .filter(|s| s.dir != parent.dir)
+                    .map(|s| s.max_ts)
+                    .max()
+                    .unwrap_or(0);
+                by_kind[3].push(Candidate {
+                    loss: Loss::Parent { ts_floor },
+                    path: parent.dir.to_path_buf(),
+                    cut_at: None,
+                    cut_off: cut_off(&scanned, parent.dir),
+                });
+            }
+        }
+    }
+    let kinds: Vec<&Vec<Candidate>> = by_kind.iter().filter(|k| !k.is_empty()).collect();
+    if kinds.is_empty() {
+        return None;
+    }
+    let kind = kinds[rng.random_range(0..kinds.len())];
+    let chosen = &kind[rng.random_range(0..kind.len())];
+    let backup = fs.backup();
+    match (chosen.loss, chosen.cut_at) {
+        (Loss::Store, _) => {
+            if rng.random_bool(0.5) && disk.contains_key(store) {
+                fs.cut(store, 0).ok()?;
+            } else {
+                let _ = fs.lose(store);
+            }
+            for suffix in ["-wal", "-journal"] {
+                let _ = fs.lose(&beside(suffix));
+            }
+        }
+        (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
+        (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
+    }
+    let (line, line_offset) = match (chosen.loss, chosen.cut_at) {
+        (Loss::Entries { found, .. }, Some(at)) => (found + 1, at.unwrap_or(0)),
+        _ => (0, 0),
+    };
+    Some(Rot {
+        damage: Damage::Lost(chosen.loss),
+        path: chosen.path.clone(),
+        line,
+        line_offset,
+        bytes: Vec::new(),
+        at_point: fs.points(),
+        replaceable: false,
+        backup: Some(backup),
+        cut_off: chosen.cut_off.clone(),
+    })
+}
+
+/// What the boot must have refused with for `loss` of `path`.
+fn wanted(loss: Loss, path: &Path) -> Refusal {
+    let path = path.to_path_buf();
+    match loss {
+        Loss::Store => Refusal::StoreMissing(path),
+        Loss::Entries { expected, found } => Refusal::LostEntries {
+            path,
+            expected,
+            found,
+        },
+        Loss::Record => Refusal::MissingRecord(path),
+        Loss::Parent { .. } => Refusal::Other("none: the boot terminates the sessions cut off".into()),
+    }
+}
+
+/// R6 for a loss: the boot must refuse with the typed damage error naming
+/// the file (and, for lost entries, the expected and found counts).
+pub fn judge(
+    rot: &Rot,
+    loss: Loss,
+    opened: &Result<(), String>,
+    refused: Option<&Refusal>,
+    fs: &SimFs,
+) -> Result<(), String> {
+    if let Loss::Parent { ts_floor } = loss {
+        return match opened {
+            Ok(()) => judge_cut_off(rot, ts_floor, fs),
+            Err(e) => Err(format!(
+                "the boot failed over a lost parent directory; it must terminate the sessions cut off ({:?}): {e}",
+                rot.cut_off
+            )),
+        };
+    }
+    let want = wanted(loss, &rot.path);
+    match (opened, refused) {
+        (Err(_), Some(r)) if *r == want => Ok(()),
+        (Err(e), Some(r)) => Err(format!("the boot refused with {r:?}, but {want:?} was due: {e}")),
+        (Err(e), None) => Err(format!(
+            "the boot failed, but not as damage ({want:?} was due): {e}"
+        )),
+        (Ok(()), _) => Err(format!(
+            "the boot succeeded over the loss: acknowledged data silently gone ({want:?} was due)"
+        )),
+    }
+}
+
+/// R6 for a lost parent the boot booted over: each session cut off ends
+/// its log with `agent.terminated` logged past `ts_floor` (the one clock),
+/// its record TERMINATED.
+fn judge_cut_off(rot: &Rot, ts_floor: u64, fs: &SimFs) -> Result<(), String> {
+    let mut wrong = Vec::new();
+    for dir in &rot.cut_off {
+        let files = fs.disk_image_where(|p| p.parent() == Some(dir.as_path()));
+        let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let last = files
+            .get(&dir.join(EVENTS_FILE))
+            .and_then(|log| entries_of(log, id))
+            .and_then(|entries| entries.last().map(|(_, e)| e.clone()));
+        match last {
+            Some(e) if matches!(e.event, Event::AgentTerminated { .. }) && e.ts > ts_floor => {}
+            Some(e) if matches!(e.event, Event::AgentTerminated { .. }) => wrong.push(format!(
+                "{}: agent.terminated logged at ts {}, not past ts {ts_floor} (the highest of the logs the boot read)",
+                dir.display(),
+                e.ts
+            )),
+            other => wrong.push(format!(
+                "{}: its parent never resolves, but its log does not end with agent.terminated: {other:?}",
+                dir.display()
+            )),
+        }
+        let record = files.get(&dir.join("session.json"));
+        if !record.is_some_and(|r| r.windows(TERMINATED.len()).any(|w| w == TERMINATED)) {
+            wrong.push(format!(
+                "{}: cut off, but its record is not TERMINATED",
+                dir.display()
+            ));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("\n"))
+    }
+}
+
+/// I7 for a loss the boot refused: `verify` reports a finding of the same
+/// kind on the same file (for lost entries, at the first missing line).
+pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
+    let Damage::Lost(loss) = rot.damage else {
+        return Vec::new();
+    };
+    if let Loss::Parent { .. } = loss {
+        let unlisted: Vec<&PathBuf> = rot
+            .cut_off
+            .iter()
+            .filter(|d| !verified.repaired_at_boot.iter().any(|c| &c.path == *d))
+            .collect();
+        return match (verified.is_healthy(), unlisted.is_empty()) {
+            (true, true) => Vec::new(),
+            _ => vec![format!(
+                "I7: a parent's directory {} was lost: the boot terminated {:?}, but `verify` reported damage {:?} \
+                 or did not list {unlisted:?} as done at boot",
+                rot.path.display(),
+                rot.cut_off,
+                verified.damaged
+            )],
+        };
+    }
+    let (kind, line) = match loss {
+        Loss::Store => (FindingKind::StoreMissing, None),
+        Loss::Entries { found, .. } => (FindingKind::LostEntries, Some(found + 1)),
+        Loss::Record => (FindingKind::MissingRecord, None),
+        Loss::Parent { .. } => return Vec::new(), // answered above
+    };
+    let agrees = verified
+        .damaged
+        .iter()
+        .any(|f| f.path == rot.path && f.kind == kind && (line.is_none() || f.line == line));
+    if agrees {
+        Vec::new()
+    } else {
+        vec![format!(
+            "I7: the boot refused {} ({loss:?}), but `verify` did not report it as {kind:?}{}: {:?}",
+            rot.path.display(),
+            line.map(|l| format!(" at line {l}")).unwrap_or_default(),
+            verified.damaged
+        )]
+    }
+}
