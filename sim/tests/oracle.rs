@@ -215,7 +215,10 @@ fn duplicate_side_effect_and_orphans_break_invariants() {
 
 #[test]
 fn partial_loop_round_and_lost_trigger_are_rejected() {
-    let before = model(&[Action::Emit { key: "k0".into(), fire_at: 0 }]);
+    let before = model(&[Action::Emit {
+        key: "k0".into(),
+        fire_at: 0,
+    }]);
     let action = Action::LoopRound { round: 1, tools: 2 };
     let mut after = before.clone();
     after.apply(&action);
@@ -238,7 +241,10 @@ fn partial_loop_round_and_lost_trigger_are_rejected() {
 #[test]
 fn claimed_trigger_returns_to_pending_at_restart() {
     let m = model(&[
-        Action::Emit { key: "k0".into(), fire_at: 0 },
+        Action::Emit {
+            key: "k0".into(),
+            fire_at: 0,
+        },
         Action::Claim { key: "k0".into() },
     ]);
     let restarted = m.restarted();

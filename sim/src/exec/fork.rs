@@ -166,6 +166,9 @@ impl Exec {
         kind: CrashKind,
     ) -> Result<(Side, Model), Box<Failure>> {
         let mut driver = self.driver.fork(disk, point, j.names.clone());
+        // The clock of the op the point lies in (a boot's time is data: a
+        // RESUME row's `fire_at`), not the live run's at judging time.
+        driver.set_step(j.history_len as u64);
         driver.rot_fork(kind, floor, point);
         let mut exec = Exec {
             seed: self.seed,

@@ -303,7 +303,7 @@ impl Exec {
         let names = self.names();
         let lost_before = self.driver.lost_replies();
         let result = self.driver.exec(&action);
-        self.collect(|e| Judging::in_flight(&before, &after, &action, names, e));
+        self.collect(|e| Judging::in_flight(&before, &after, &action, names.clone(), e));
         let blocked = self.driver.take_blocked();
         // The world acted and lost its answer to this live process: the
         // op's outcome is unknown to the runtime, as after an I/O error
@@ -318,7 +318,13 @@ impl Exec {
                 // A crash armed past the op's points: the process dies
                 // right after it, as ever.
                 Some((_, kind)) => self.restart(kind, &before, Some(&after), Some(&action)),
-                None => self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action)),
+                None => {
+                    let judged =
+                        self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action));
+                    // A crash inside that reopen is a crash inside this op.
+                    self.collect(|e| Judging::in_flight(&before, &after, &action, names, e));
+                    judged
+                }
             };
         }
         if fault.is_some() && !self.driver.fs.crashed() {
@@ -329,7 +335,9 @@ impl Exec {
                 }
                 // Unknown outcome: the daemon reopens everything in place
                 // (no crash) and the oracle judges it like one.
-                return self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action));
+                let judged = self.reopen_and_judge(CrashKind::Process, &before, Some(&after), Some(&action));
+                self.collect(|e| Judging::in_flight(&before, &after, &action, names, e));
+                return judged;
             }
         }
         let kind = armed.map(|(_, k)| k).or(self.global.map(|g| g.kind));
