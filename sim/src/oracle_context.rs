@@ -427,6 +427,11 @@ impl Fits for ContextBudget {
 }
 
 /// 4 tokens per message plus its bytes / 4, rounded up.
+///
+/// This and [`estimate`] state `runtime::context`'s estimator again on
+/// purpose, from its module doc rather than its code: judged by the
+/// product's own `item_size`, an estimator that miscounts would agree with
+/// itself (the `item_size` mutant is killed by CTX6 through this copy).
 fn tokens(bytes: usize) -> u64 {
     4 + (bytes as u64).div_ceil(4)
 }

@@ -280,24 +280,7 @@ fn sweep_cases_pass_at_every_point_forked() {
     assert!(!paths.is_empty());
     for path in paths {
         let case: Case = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let options = SweepOptions {
-            recheck_every: 0,
-            ..SweepOptions::default()
-        };
-        let s = sweep(case.seed, &case.ops, &Canaries::none(), &options);
-        if let Some(f) = s.failures.first() {
-            panic!(
-                "{}: {} failing points; first:\n{}",
-                path.display(),
-                s.failures.len(),
-                f.report()
-            );
-        }
-        assert_eq!(
-            s.crashes,
-            s.runs,
-            "{}: every swept point must be hit",
-            path.display()
-        );
+        eprintln!("{}", path.display());
+        sweep_clean(case.seed, &case.ops);
     }
 }

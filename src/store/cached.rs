@@ -59,6 +59,12 @@ pub(crate) trait CachedSql {
     where
         P: Params,
         F: FnOnce(&Row<'_>) -> rusqlite::Result<T>;
+
+    /// Every row of a query, mapped, with the statement from the cache.
+    fn query_all_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<Vec<T>>
+    where
+        P: Params,
+        F: FnMut(&Row<'_>) -> rusqlite::Result<T>;
 }
 
 impl CachedSql for Connection {
@@ -72,6 +78,14 @@ impl CachedSql for Connection {
         F: FnOnce(&Row<'_>) -> rusqlite::Result<T>,
     {
         self.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    fn query_all_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<Vec<T>>
+    where
+        P: Params,
+        F: FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_map(params, f)?.collect()
     }
 }
 

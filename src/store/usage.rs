@@ -124,14 +124,11 @@ impl UsageStore {
 
     /// A session's usage rows, oldest first.
     pub fn token_usage(&self, conn: &Connection, session_id: &str) -> Result<Vec<StoredUsage>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT turn, input_tokens, output_tokens, model, created_at FROM token_usage \
-                 WHERE session_id = ?1 ORDER BY id",
-            )
-            .map_err(sql("token usage load"))?;
-        let rows = stmt
-            .query_map([session_id], |r| {
+        conn.query_all_cached(
+            "SELECT turn, input_tokens, output_tokens, model, created_at FROM token_usage \
+             WHERE session_id = ?1 ORDER BY id",
+            [session_id],
+            |r| {
                 Ok(StoredUsage {
                     turn: r.get(0)?,
                     input_tokens: r.get(1)?,
@@ -139,22 +136,18 @@ impl UsageStore {
                     model: r.get(3)?,
                     created_at_ms: r.get(4)?,
                 })
-            })
-            .map_err(sql("token usage load"))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(sql("token usage load"))
+            },
+        )
+        .map_err(sql("token usage load"))
     }
 
     /// A session's errors, oldest first.
     pub fn errors(&self, conn: &Connection, session_id: &str) -> Result<Vec<StoredError>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT turn, context, message, attempt, created_at FROM errors \
-                 WHERE session_id = ?1 ORDER BY id",
-            )
-            .map_err(sql("errors load"))?;
-        let rows = stmt
-            .query_map([session_id], |r| {
+        conn.query_all_cached(
+            "SELECT turn, context, message, attempt, created_at FROM errors \
+             WHERE session_id = ?1 ORDER BY id",
+            [session_id],
+            |r| {
                 Ok(StoredError {
                     turn: r.get(0)?,
                     context: r.get(1)?,
@@ -162,9 +155,9 @@ impl UsageStore {
                     attempt: r.get(3)?,
                     created_at_ms: r.get(4)?,
                 })
-            })
-            .map_err(sql("errors load"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(sql("errors load"))
+            },
+        )
+        .map_err(sql("errors load"))
     }
 }
 

@@ -480,13 +480,6 @@ impl Driver {
         self.corruption.take()
     }
 
-    /// Stop the booted system, its disk as it is (nothing pending): for a
-    /// whole-root restore from backup ([`crate::loss`]) right after.
-    pub fn stop(&mut self) {
-        self.close();
-        self.fs.restart(durable_agent::fs::CrashMode::ProcessCrash);
-    }
-
     /// The damage the last failed boot refused the root for, if it did.
     pub fn take_refusal(&mut self) -> Option<crate::loss::Refusal> {
         self.refusal.take()

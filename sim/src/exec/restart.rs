@@ -175,8 +175,9 @@ impl Exec {
                         ) {
                             if opened.is_ok() && rot.backup.is_some() {
                                 // A boot over a lost parent: stopped before the
-                                // whole root is restored.
-                                self.driver.stop();
+                                // whole root is restored (the restore and the
+                                // re-boot below make a crash hit here moot).
+                                self.driver.shutdown(CrashKind::Process);
                             }
                             rot.restore(&self.driver.fs);
                         }
