@@ -298,14 +298,17 @@ fn print_summary(s: &Summary, p: &Profile) {
         t.cases as f64 / t.search_secs.max(1e-9)
     );
     println!(
-        "sweep      {} sequences (the 40-op tour, then {} generated {}-op ones a round): {} I/O points x {} modes = {} crash points judged  ({:.0} points/s, forked)",
+        "sweep      {} sequences (the 40-op tour, then {} generated {}-op ones a round): {} I/O points x {} modes = {} crash points judged  ({:.0} points/s of wall time; {:.0} points/s per job while sweeping, forked)",
         t.sequences,
         p.sweeps,
         p.max_steps,
         t.sweep_points,
         SweepOptions::default().kinds.len(),
         t.judged,
-        s.judged_per_sec
+        s.judged_per_sec,
+        // The sweep's own rate, as the search's: the wall-time rate above
+        // also divides by the search's time, so it moves with the search.
+        t.judged as f64 / t.sweep_secs.max(1e-9)
     );
     println!(
         "verdicts   {} crash states recovered, {} verdicts reused from an equal state of the same phase, {} of those re-judged: all equal",

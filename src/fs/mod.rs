@@ -28,7 +28,8 @@ use std::path::Path;
 pub use lock::{lock_held, FsLock};
 pub use real::RealFs;
 pub use sim::{
-    CrashImage, CrashMode, DirModel, DiskBackup, Fault, SimConfig, SimFs, SimSnapshot, TraceEntry,
+    CrashImage, CrashMode, DirModel, DiskBackup, Fault, FileVersion, SimConfig, SimFs, SimSnapshot,
+    TraceEntry,
 };
 
 /// Read `buf.len()` bytes at `offset`, looping over short reads: POSIX

@@ -205,33 +205,50 @@ impl Exec {
 /// A 64-bit hash of what recovery reads of `disk`: every path, directory
 /// and file, a SQLite WAL only as far as its last commit frame
 /// ([`crate::wal::committed_len_upper`]: without checking the frames'
-/// checksums, which would cost a pass over every page). ahash with fixed seeds: in-process and deterministic
-/// (the cache never outlives a sweep, so no stability across builds is
-/// needed); two distinct states of one phase collide with odds of about
-/// n²/2⁶⁵ for n states.
+/// checksums, which would cost a pass over every page). Each file counts
+/// by its digest ([`file_digest`]), which the SimFs remembers per version
+/// of the file ([`durable_agent::fs::FileVersion::digest`]: slot 0 for a
+/// whole file, slot 1 for a WAL's prefix), so a sweep hashes a version
+/// once however many crash images hold it. ahash with fixed seeds:
+/// in-process and deterministic (the cache never outlives a sweep, so no
+/// stability across builds is needed); two distinct states of one phase
+/// collide with odds of about n²/2⁶⁵ for n states (and as much again for
+/// two versions of one file among m: m²/2⁶⁵).
 fn disk_key(disk: &SimFs) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     use std::os::unix::ffi::OsStrExt;
 
     let mut h = ahash::RandomState::with_seeds(0xda, 0x5e, 0xed, 0x5).build_hasher();
-    disk.visit_image(|path, bytes| {
+    disk.visit_versions(|path, file| {
         let spelled = path.as_os_str().as_bytes();
         h.write_usize(spelled.len());
         h.write(spelled);
-        match bytes {
+        match file {
             None => h.write_u8(b'd'),
-            Some(b) => {
-                let n = if spelled.ends_with(b"-wal") {
-                    crate::wal::committed_len_upper(b)
-                } else {
-                    b.len()
-                };
+            Some(file) => {
+                let wal = spelled.ends_with(b"-wal");
                 h.write_u8(b'f');
-                h.write_usize(n);
-                h.write(&b[..n]);
+                h.write_u64(file.digest(usize::from(wal), |bytes| file_digest(wal, bytes)));
             }
         }
     });
+    h.finish()
+}
+
+/// The hash of what recovery reads of one file: a WAL's committed
+/// prefix, any other file whole. A pure function of `(wal, bytes)`: what
+/// [`disk_key`] may remember per version of the file.
+fn file_digest(wal: bool, bytes: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+
+    let n = if wal {
+        crate::wal::committed_len_upper(bytes)
+    } else {
+        bytes.len()
+    };
+    let mut h = ahash::RandomState::with_seeds(0xf1, 0x1e, 0xd1, 0x6e).build_hasher();
+    h.write_usize(n);
+    h.write(&bytes[..n]);
     h.finish()
 }
 

@@ -510,6 +510,14 @@ impl SimFs {
         self.visit_pages(|path, bytes| f(path, bytes.map(pages::Pages::contiguous)));
     }
 
+    /// [`SimFs::visit_image`] with each file as its [`FileVersion`]: a
+    /// checker that digests every crash image of a sweep digests each
+    /// version of a file once ([`FileVersion::digest`]), however many
+    /// images share it.
+    pub fn visit_versions(&self, mut f: impl FnMut(&Path, Option<FileVersion<'_>>)) {
+        self.visit_pages(|path, bytes| f(path, bytes.map(FileVersion)));
+    }
+
     /// [`SimFs::visit_image`] with each file's bytes as its pages.
     fn visit_pages(&self, mut f: impl FnMut(&Path, Option<&pages::Pages>)) {
         let s = self.lock();
@@ -632,6 +640,26 @@ impl SimFs {
             outcome,
         });
         result
+    }
+}
+
+/// One version of a file's bytes in an image ([`SimFs::visit_versions`]):
+/// the same version (bytes no write has changed since) is shared by every
+/// image that holds it, and so is what is remembered of it.
+pub struct FileVersion<'a>(&'a pages::Pages);
+
+impl FileVersion<'_> {
+    /// The bytes, contiguous (copied once per version).
+    pub fn bytes(&self) -> &[u8] {
+        self.0.contiguous()
+    }
+
+    /// `digest` of the bytes, remembered in `slot` (0 or 1) for this
+    /// version: computed by the first caller, then shared. Each slot must
+    /// always be filled by one function (the harness's verdict cache is
+    /// the one user); a slot out of range computes afresh.
+    pub fn digest(&self, slot: usize, digest: impl FnOnce(&[u8]) -> u64) -> u64 {
+        self.0.digest(slot, digest)
     }
 }
 

@@ -5,8 +5,9 @@
 //!
 //! Invariants: `pages.len() == len.div_ceil(PAGE_BYTES)`; the bytes of the
 //! last page past `len` are zero, so growing a file (a write past its end,
-//! a truncate up) never has to zero-fill inside a page it keeps; `flat`,
-//! once filled, holds exactly the bytes, and every change replaces it.
+//! a truncate up) never has to zero-fill inside a page it keeps; `memo`
+//! (the contiguous copy, the digests), once filled, is of exactly these
+//! bytes, and every change replaces it.
 //! Pages are a storage detail: every operation here means exactly what it
 //! means on a `Vec<u8>` (`apply` of a [`super::inode::DataOp`] on either
 //! gives the same bytes; `tests` check it op by op).
@@ -30,7 +31,25 @@ pub(super) struct Pages {
     /// and shared by every clone of these bytes (clones made before the
     /// first call too): a checker that hashes every crash image's disk
     /// copies a file once per version, not once per image it appears in.
-    flat: Arc<OnceLock<Arc<[u8]>>>,
+    /// And the digests [`Pages::digest`] computed of this version.
+    memo: Arc<Memo>,
+}
+
+/// What is remembered of one version of a file's bytes: made on first
+/// use, shared by every clone of the version.
+#[derive(Default)]
+struct Memo {
+    flat: OnceLock<Arc<[u8]>>,
+    digests: [OnceLock<u64>; DIGEST_SLOTS],
+}
+
+/// How many kinds of digest a version remembers ([`Pages::digest`]).
+const DIGEST_SLOTS: usize = 2;
+
+impl Memo {
+    fn is_empty(&self) -> bool {
+        self.flat.get().is_none() && self.digests.iter().all(|d| d.get().is_none())
+    }
 }
 
 impl std::fmt::Debug for Pages {
@@ -76,7 +95,7 @@ impl Pages {
         match self.pages.as_slice() {
             [] => &[],
             [only] => &only[..self.len],
-            _ => self.flat.get_or_init(|| self.to_arc()),
+            _ => self.memo.flat.get_or_init(|| self.to_arc()),
         }
     }
 
@@ -89,9 +108,22 @@ impl Pages {
         })
     }
 
+    /// Digest `slot` of these bytes: `digest` of [`Pages::contiguous`],
+    /// computed on the first call for this version and shared by its
+    /// clones. The caller keeps the contract that gives this its meaning:
+    /// each slot always holds one function's digest (the harness's
+    /// verdict cache is the one user: a file's hash, and a SQLite WAL's
+    /// hash of its committed prefix).
+    pub(super) fn digest(&self, slot: usize, digest: impl FnOnce(&[u8]) -> u64) -> u64 {
+        match self.memo.digests.get(slot) {
+            Some(memo) => *memo.get_or_init(|| digest(self.contiguous())),
+            None => digest(self.contiguous()),
+        }
+    }
+
     /// A copy of the bytes, contiguous.
     pub(super) fn to_vec(&self) -> Vec<u8> {
-        if let Some(flat) = self.flat.get() {
+        if let Some(flat) = self.memo.flat.get() {
             return flat.to_vec();
         }
         let mut out = Vec::with_capacity(self.len);
@@ -149,8 +181,8 @@ impl Pages {
     /// The bytes are about to change: the contiguous copy, if any, is of
     /// the old ones (and stays with the clones that still hold them).
     fn changed(&mut self) {
-        if self.flat.get().is_some() || Arc::strong_count(&self.flat) > 1 {
-            self.flat = Arc::default();
+        if !self.memo.is_empty() || Arc::strong_count(&self.memo) > 1 {
+            self.memo = Arc::default();
         }
     }
 
@@ -336,6 +368,40 @@ mod tests {
         assert_eq!(&c.contiguous()[5..8], &[3, 3, 3], "the old bytes keep theirs");
         b.truncate(b.len());
         assert_eq!(&b.contiguous()[5..8], b"new", "a no-op truncate changes nothing");
+    }
+
+    #[test]
+    fn a_digest_is_computed_once_per_version_and_never_outlives_a_change() {
+        let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>() + b.len() as u64;
+        let calls = std::cell::Cell::new(0);
+        let counted = |b: &[u8]| {
+            calls.set(calls.get() + 1);
+            sum(b)
+        };
+        for len in [10, 3 * PAGE] {
+            calls.set(0);
+            let a = Pages::from(&vec![1u8; len][..]);
+            let mut b = a.clone();
+            assert_eq!(a.digest(0, counted), sum(&vec![1u8; len]));
+            assert_eq!(b.digest(0, counted), a.digest(0, counted), "shared by clones");
+            assert_eq!(calls.get(), 1, "computed once for the version");
+            assert_eq!(a.digest(1, |_| 99), 99, "each slot is its own digest");
+            b.write(2, &[5]);
+            assert_eq!(
+                b.digest(0, counted),
+                sum(&vec![1u8; len]) + 4,
+                "a change is a new version"
+            );
+            assert_eq!(
+                a.digest(0, counted),
+                sum(&vec![1u8; len]),
+                "the old version keeps its own"
+            );
+            let mut c = b.clone();
+            c.truncate(3);
+            assert_eq!(c.digest(0, counted), 1 + 1 + 5 + 3);
+            assert_eq!(a.digest(7, |_| 42), 42, "a slot out of range computes afresh");
+        }
     }
 
     #[test]
