@@ -34,6 +34,7 @@
 
 pub mod damage;
 mod invariants;
+mod placement;
 mod stores;
 pub mod verify;
 
@@ -258,7 +259,7 @@ fn rebuild(
     fs: &Arc<dyn Fs>,
     store: &SessionStore,
     config: &RuntimeConfig,
-    mut todo: Vec<Candidate>,
+    candidates: Vec<Candidate>,
     report: &mut RecoveryReport,
     max_ts: u64,
 ) -> Result<Rebuilt, RuntimeError> {
@@ -266,41 +267,40 @@ fn rebuild(
     let mut agents = BTreeMap::new();
     let mut inbox = Inboxes::default();
     let mut by_session: BTreeMap<SessionId, AgentId> = BTreeMap::new();
-    // Roots first, then children whose parent is placed; repeat until no
-    // progress (depth of the tree passes at most).
-    loop {
-        let before = todo.len();
-        let mut rest = Vec::new();
-        for c in todo {
-            let parent = match &c.parent_session {
-                None => None,
-                Some(ps) => match by_session.get(ps) {
-                    Some(p) => Some(p.clone()),
-                    None => {
-                        rest.push(c);
-                        continue;
-                    }
-                },
-            };
-            tree.add(c.agent_id.clone(), c.name.clone(), parent.clone())?;
-            if parent.is_none() {
-                report.roots_resumable.push(c.agent_id.clone());
-            }
-            by_session.insert(c.record.session_id.clone(), c.agent_id.clone());
-            let c_agent = c.agent_id.clone();
-            let slot = rebuild_slot(fs, store, config, c, parent, &mut inbox, report);
-            if let Some(open) = &slot.open {
-                report.turns_interrupted.insert(c_agent.clone(), open.round);
-            }
-            agents.insert(c_agent, slot);
+    // Roots first, then children whose parent is placed (`placement`:
+    // the rule `verify` follows too).
+    let (placed, mut cut_off) = placement::place(
+        candidates,
+        |c| &c.record.session_id,
+        |c| c.parent_session.as_ref(),
+    );
+    for c in placed {
+        let parent = match &c.parent_session {
+            None => None,
+            Some(ps) => match by_session.get(ps) {
+                Some(p) => Some(p.clone()),
+                // Not reached: `place` puts every parent before its
+                // children. Should it be, the child dangles: cut it off.
+                None => {
+                    cut_off.push(c);
+                    continue;
+                }
+            },
+        };
+        tree.add(c.agent_id.clone(), c.name.clone(), parent.clone())?;
+        if parent.is_none() {
+            report.roots_resumable.push(c.agent_id.clone());
         }
-        todo = rest;
-        if todo.is_empty() || todo.len() == before {
-            break;
+        by_session.insert(c.record.session_id.clone(), c.agent_id.clone());
+        let c_agent = c.agent_id.clone();
+        let slot = rebuild_slot(fs, store, config, c, parent, &mut inbox, report);
+        if let Some(open) = &slot.open {
+            report.turns_interrupted.insert(c_agent.clone(), open.round);
         }
+        agents.insert(c_agent, slot);
     }
     let mut ts = max_ts;
-    for mut c in todo {
+    for mut c in cut_off {
         // Parent unknown: the tree would dangle. Terminate durably, keep the
         // files for inspection.
         let dir = store.dir(&c.record.session_id);

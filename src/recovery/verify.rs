@@ -574,19 +574,8 @@ fn cut_off(scans: &[SessionScan], store: Option<&SessionStore>, v: &mut Verifica
                 .is_some_and(|r| r.state != crate::store::session::SessionState::Terminated)
         })
         .collect();
-    let mut placed: BTreeSet<&SessionId> = BTreeSet::new();
-    loop {
-        let before = placed.len();
-        for s in &live {
-            if s.parent().is_none_or(|p| placed.contains(p)) {
-                placed.insert(&s.id);
-            }
-        }
-        if placed.len() == before {
-            break;
-        }
-    }
-    for s in live.iter().filter(|s| !placed.contains(&s.id)) {
+    let (_, cut) = super::placement::place(live, |s| &s.id, |s| s.parent());
+    for s in cut {
         let parent = s.parent().map(SessionId::as_str).unwrap_or_default();
         at_boot(
             v,
