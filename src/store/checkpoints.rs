@@ -354,14 +354,11 @@ impl CheckpointStore {
         session_id: &str,
         last_msg_id: i64,
     ) -> Result<Vec<StoredMessage>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT id, session_id, turn, role, content, tool_call_id, tool_name, tool_args \
-                 FROM messages WHERE session_id = ?1 AND id <= ?2 ORDER BY id",
-            )
-            .map_err(sql("messages load"))?;
-        let rows = stmt
-            .query_map(params![session_id, last_msg_id], |r| {
+        conn.query_all_cached(
+            "SELECT id, session_id, turn, role, content, tool_call_id, tool_name, tool_args \
+             FROM messages WHERE session_id = ?1 AND id <= ?2 ORDER BY id",
+            params![session_id, last_msg_id],
+            |r| {
                 Ok(StoredMessage {
                     id: r.get(0)?,
                     session_id: r.get(1)?,
@@ -374,8 +371,8 @@ impl CheckpointStore {
                         tool_args: r.get(7)?,
                     },
                 })
-            })
-            .map_err(sql("messages load"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(sql("messages load"))
+            },
+        )
+        .map_err(sql("messages load"))
     }
 }

@@ -324,15 +324,12 @@ impl ActivityStore {
         conn: &Connection,
         status: ActivityStatus,
     ) -> Result<Vec<ActivityRecord>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM activity_log WHERE status = ?1 ORDER BY created_at, rowid"
-            ))
-            .map_err(sql("activity select"))?;
-        let raws = stmt
-            .query_map([status.as_str()], raw_row)
-            .map_err(sql("activity select"))?
-            .collect::<Result<Vec<_>, _>>()
+        let raws = conn
+            .query_all_cached(
+                &format!("SELECT {COLUMNS} FROM activity_log WHERE status = ?1 ORDER BY created_at, rowid"),
+                [status.as_str()],
+                raw_row,
+            )
             .map_err(sql("activity select"))?;
         raws.into_iter().map(decode).collect()
     }

@@ -124,29 +124,23 @@ impl ToolCallStore {
 
     /// Every run id, oldest first.
     pub fn run_ids(&self, conn: &Connection) -> Result<Vec<String>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached("SELECT run_id FROM runs ORDER BY created_at, run_id")
-            .map_err(sql("run list"))?;
-        let rows = stmt
-            .query_map([], |r| r.get::<_, String>(0))
-            .map_err(sql("run list"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(sql("run list"))
+        conn.query_all_cached("SELECT run_id FROM runs ORDER BY created_at, run_id", [], |r| {
+            r.get(0)
+        })
+        .map_err(sql("run list"))
     }
 
     /// The runs not settled (`running`, `waiting_for_human`), oldest
     /// first: bookkeeping `session:…` runs included (they stay `running`).
     pub fn unsettled_runs(&self, conn: &Connection) -> Result<Vec<RunRecord>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached(
+        type Raw = (String, String, String, Option<String>, Option<String>);
+        let raws: Vec<Raw> = conn
+            .query_all_cached(
                 "SELECT run_id, session_id, status, parent_run_id, job_json FROM runs \
                  WHERE status NOT IN ('succeeded', 'failed') ORDER BY created_at, run_id",
+                [],
+                |r| Raw::try_from(r),
             )
-            .map_err(sql("run list unsettled"))?;
-        type Raw = (String, String, String, Option<String>, Option<String>);
-        let raws: Vec<Raw> = stmt
-            .query_map([], |r| Raw::try_from(r))
-            .map_err(sql("run list unsettled"))?
-            .collect::<Result<_, _>>()
             .map_err(sql("run list unsettled"))?;
         raws.into_iter()
             .map(|(run_id, session_id, status, parent_run_id, job_json)| {
@@ -164,13 +158,12 @@ impl ToolCallStore {
     /// The ids of every call of run `run_id`, whatever their status
     /// (cheaper than [`Self::calls_of`]: no body is read).
     pub fn call_ids(&self, conn: &Connection, run_id: &str) -> Result<Vec<String>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached("SELECT id FROM tool_calls WHERE run_id = ?1 ORDER BY rowid")
-            .map_err(sql("tool call ids"))?;
-        let rows = stmt
-            .query_map([run_id], |r| r.get::<_, String>(0))
-            .map_err(sql("tool call ids"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(sql("tool call ids"))
+        conn.query_all_cached(
+            "SELECT id FROM tool_calls WHERE run_id = ?1 ORDER BY rowid",
+            [run_id],
+            |r| r.get(0),
+        )
+        .map_err(sql("tool call ids"))
     }
 
     pub fn run_status(&self, conn: &Connection, run_id: &str) -> Result<RunStatus, StoreError> {
@@ -450,24 +443,20 @@ impl ToolCallStore {
 
     /// Every failed attempt of call `id`, in order.
     pub fn attempts(&self, conn: &Connection, id: &str) -> Result<Vec<FailedAttempt>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT call_id, attempt, error, created_at FROM tool_call_attempts \
-                 WHERE call_id = ?1 ORDER BY attempt",
-            )
-            .map_err(sql("tool call attempts"))?;
-        let rows = stmt
-            .query_map([id], |r| {
+        conn.query_all_cached(
+            "SELECT call_id, attempt, error, created_at FROM tool_call_attempts \
+             WHERE call_id = ?1 ORDER BY attempt",
+            [id],
+            |r| {
                 Ok(FailedAttempt {
                     call_id: r.get(0)?,
                     attempt: r.get(1)?,
                     error: r.get(2)?,
                     at_ms: r.get(3)?,
                 })
-            })
-            .map_err(sql("tool call attempts"))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(sql("tool call attempts"))
+            },
+        )
+        .map_err(sql("tool call attempts"))
     }
 
     /// Park prepared call `id` for a human (a `require_confirmation`
@@ -519,9 +508,6 @@ impl ToolCallStore {
     }
 
     fn select(&self, conn: &Connection, tail: &str, arg: &str) -> Result<Vec<ToolCall>, StoreError> {
-        let mut stmt = conn
-            .prepare_cached(&format!("SELECT {COLUMNS} FROM tool_calls {tail}"))
-            .map_err(sql("tool call select"))?;
         type Raw = (
             String,
             String,
@@ -535,10 +521,10 @@ impl ToolCallStore {
             Option<String>,
             u32,
         );
-        let raws: Vec<Raw> = stmt
-            .query_map([arg], |r| Raw::try_from(r))
-            .map_err(sql("tool call select"))?
-            .collect::<Result<_, _>>()
+        let raws: Vec<Raw> = conn
+            .query_all_cached(&format!("SELECT {COLUMNS} FROM tool_calls {tail}"), [arg], |r| {
+                Raw::try_from(r)
+            })
             .map_err(sql("tool call select"))?;
         raws.into_iter()
             .map(
