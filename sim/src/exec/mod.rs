@@ -303,8 +303,14 @@ impl Exec {
         let names = self.names();
         let lost_before = self.driver.lost_replies();
         let result = self.driver.exec(&action);
+        if let crate::model::Action::RunTurn { agent, .. } = &action {
+            // The turn's number: its agent's completed turns before it.
+            let turn = before.state.agents.get(agent).map_or(0, |a| a.turns.len());
+            self.driver.note_failed_turn(self.step_start, turn as u64);
+        }
         self.collect(|e| Judging::in_flight(&before, &after, &action, names.clone(), e));
         let blocked = self.driver.take_blocked();
+        let provider_failed = self.driver.take_provider_failed();
         // The world acted and lost its answer to this live process: the
         // op's outcome is unknown to the runtime, as after an I/O error
         // that took effect (no crash: the disk keeps everything).
@@ -375,6 +381,9 @@ impl Exec {
                     ))
                 }
             },
+            // The provider failed the turn where the script says (the
+            // model's state after is the failed turn's).
+            (Err(_), None) if provider_failed && before.fails(&action).is_some() => after,
             (Err(e), None) => {
                 return Err(self.fail(
                     "the runtime refused a valid operation with no fault injected",
