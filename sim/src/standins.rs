@@ -103,6 +103,9 @@ impl ProviderFaults {
     /// `fails` asks of the round by this agent. Recorded when the
     /// process lives (a dead one's ask reaches no one).
     fn fail(&self, agent: &str, prompt: &str, round: u32, fails: u8) -> Option<String> {
+        if fails == 0 {
+            return None;
+        }
         let mut failed = self.record();
         let before = failed
             .iter()
