@@ -131,6 +131,13 @@ impl UsageStore {
     /// 0, the next 1, … — whatever process recorded the earlier ones (the
     /// number is read and written in one statement, so it survives a
     /// restart and never repeats). Returns the attempt recorded.
+    ///
+    /// Not `INSERT … RETURNING` read with `query_row`: that takes the row
+    /// from the statement's first step and resets it, and an autocommit
+    /// statement commits only when it completes, so a failed commit (EIO
+    /// writing the WAL) would be dropped with the reset and the caller told
+    /// the row was recorded (the crash fuzzer's E1 found it). The insert
+    /// runs to completion here, and the number is read back after.
     pub fn persist_failed_attempt(
         &self,
         conn: &Connection,
@@ -139,15 +146,19 @@ impl UsageStore {
         message: &str,
         now_ms: u64,
     ) -> Result<u32, StoreError> {
-        conn.query_row_cached(
+        conn.execute_cached(
             "INSERT INTO errors (session_id, agent_id, turn, context, message, attempt, created_at) \
              SELECT ?1, ?2, ?3, ?4, ?5, COUNT(*), ?6 FROM errors \
-             WHERE session_id = ?1 AND turn = ?3 AND context = ?4 \
-             RETURNING attempt",
+             WHERE session_id = ?1 AND turn = ?3 AND context = ?4",
             params![at.session_id, at.agent_id, at.turn, context, message, now_ms],
+        )
+        .map_err(sql("error insert"))?;
+        conn.query_row_cached(
+            "SELECT attempt FROM errors WHERE rowid = ?1",
+            [conn.last_insert_rowid()],
             |r| r.get(0),
         )
-        .map_err(sql("error insert"))
+        .map_err(sql("error insert read back"))
     }
 
     /// A session's usage rows, oldest first.

@@ -89,6 +89,11 @@ pub struct Exec {
     /// The next judged restart is a clean stop and start (no crash point
     /// hit, no fault armed): the oracle's strict candidate, no R3.
     clean_restart: bool,
+    /// The op in flight answered its provider's failure
+    /// (`RuntimeError::Provider`, the process alive): its `errors` row was
+    /// committed before the answer, so a reopen after it (an armed fault
+    /// that never fired) does not excuse a missing row (E1).
+    answered_failure: bool,
 }
 
 impl Exec {
@@ -131,6 +136,7 @@ impl Exec {
             forks: None,
             crash_side: None,
             clean_restart: false,
+            answered_failure: false,
         };
         let install = match installed_disk(&canaries) {
             Ok(disk) => disk,
@@ -218,6 +224,7 @@ impl Exec {
         self.driver.set_step(self.history.len() as u64);
         self.model.at_step(self.history.len() as u64);
         self.step_start = self.driver.fs.points();
+        self.answered_failure = false;
         self.crash_mode = None;
         self.boundary = None;
         match op {
@@ -311,6 +318,8 @@ impl Exec {
         self.collect(|e| Judging::in_flight(&before, &after, &action, names.clone(), e));
         let blocked = self.driver.take_blocked();
         let provider_failed = self.driver.take_provider_failed();
+        // (A sweep's crash is a kill -9: no answer reached anyone.)
+        self.answered_failure = provider_failed && !self.driver.fs.crashed() && self.global.is_none();
         // The world acted and lost its answer to this live process: the
         // op's outcome is unknown to the runtime, as after an I/O error
         // that took effect (no crash: the disk keeps everything).

@@ -124,7 +124,7 @@ impl Exec {
         action: Option<&Action>,
     ) -> Result<(), Box<Failure>> {
         self.restarts += 1;
-        if action.is_some() {
+        if action.is_some() && !std::mem::take(&mut self.answered_failure) {
             // The op in flight was cut: a failure it was handed may have
             // no durable row (E1).
             self.driver.cut_failures_since(self.step_start);
