@@ -196,7 +196,8 @@
 //! attempt the count of rows before it with the same turn and context (0,
 //! 1, … across restarts: the store numbers it). Relaxed: the row of a
 //! failure handed out in an op a crash, an injected I/O fault or a lost
-//! answer cut may be missing; an agent alive at a GC is not checked (the
+//! answer cut may be missing, unless the op answered the failure (the row
+//! is committed before the answer); an agent alive at a GC is not checked (the
 //! GC deletes settled sessions' rows, as for U1–U3).
 //!
 //! And after every turn the runtime answers live (`Driver::check_answer`):

@@ -17,7 +17,9 @@
 //!   order handed out, each with its turn number, context and message —
 //!   except that the row of a failure handed out in an op a crash, an
 //!   injected I/O fault or a lost answer cut may be missing (its commit
-//!   may not have happened, or not be durable);
+//!   may not have happened, or not be durable) — unless that op answered
+//!   the failure (`RuntimeError::Provider`, the process alive: the row
+//!   was committed before the answer, `Exec::answered_failure`);
 //! - **E2** each row's attempt is the count of the rows before it with the
 //!   same turn and context.
 //!
