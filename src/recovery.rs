@@ -390,7 +390,6 @@ fn rebuild_slot(
         started_work: turns.started_work,
         open: turns.open,
         parked: turns.parked,
-        provider_failures: 0,
         in_turn: None,
         delivered,
         log,

@@ -46,6 +46,22 @@ pub struct ToolStep {
     /// instead of a tool: then `irreversible` is false and `ok` true.
     #[serde(default, skip_serializing_if = "Orch::is_none")]
     pub orch: Orch,
+    /// The provider fails the first `provider_fails` asks of the round
+    /// this step opens (a transient error, at most
+    /// [`MAX_PROVIDER_FAILS`]; the ask after them answers): each fails
+    /// the turn, which a re-run of the same turn resumes. Plain turns
+    /// only, on a step that opens a round (the model clears it
+    /// elsewhere); like `joins_round`, how the turn was asked: recorded
+    /// turns have 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub provider_fails: u8,
+}
+
+/// Most asks of one round the provider fails ([`ToolStep::provider_fails`]).
+pub const MAX_PROVIDER_FAILS: u8 = 2;
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 impl ToolStep {
@@ -54,20 +70,24 @@ impl ToolStep {
     /// succeeds can lose its answer (`arbitrary` decodes any combination;
     /// the model resolves every turn's steps through this).
     pub fn normalized(self) -> ToolStep {
-        match self.orch {
+        let step = ToolStep {
+            provider_fails: self.provider_fails.min(MAX_PROVIDER_FAILS),
+            ..self
+        };
+        match step.orch {
             Orch::None => ToolStep {
-                lost: if self.irreversible && self.ok {
-                    self.lost
+                lost: if step.irreversible && step.ok {
+                    step.lost
                 } else {
                     Lost::None
                 },
-                ..self
+                ..step
             },
             _ => ToolStep {
                 irreversible: false,
                 ok: true,
                 lost: Lost::None,
-                ..self
+                ..step
             },
         }
     }
@@ -311,14 +331,16 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         prop::bool::weighted(0.4),
         prop_oneof![22 => Just(Lost::None), 2 => Just(Lost::Reply), 1 => Just(Lost::Request)],
         prop_oneof![20 => Just(Orch::None), 1 => Just(Orch::Spawn), 2 => agent_ref().prop_map(Orch::Send)],
+        prop_oneof![24 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8)],
     )
-        .prop_map(|(irreversible, ok, joins_round, lost, orch)| {
+        .prop_map(|(irreversible, ok, joins_round, lost, orch, provider_fails)| {
             ToolStep {
                 irreversible,
                 ok,
                 joins_round,
                 lost,
                 orch,
+                provider_fails,
             }
             .normalized()
         })
@@ -374,6 +396,8 @@ fn render_tools(tools: &[ToolStep]) -> String {
         if i > 0 {
             out.push(if t.joins_round { '+' } else { ',' });
         }
+        // `~`: the provider fails one ask of the round before it answers.
+        out.push_str(&"~".repeat(usize::from(t.provider_fails)));
         match t.orch {
             Orch::None => out.push_str(if t.irreversible { "irrev" } else { "rev" }),
             Orch::Spawn => out.push_str("spawn"),

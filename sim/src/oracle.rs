@@ -184,6 +184,22 @@
 //!   never reads is not asked about: `verify` reads every file, the boot
 //!   only what it needs.)
 //!
+//! And after every step and every restart, each live agent's bookkeeping
+//! rows an operator reads: its token usage (U1–U3, `driver/usage.rs`)
+//! and its `errors` rows (`driver/errors.rs`) — **E1** exactly the
+//! failures the scripted provider handed to a live process running that
+//! agent's turns (a script's `~`: the round's first asks fail; the turn
+//! fails with `RuntimeError::Provider`, holds its slot, keeps its earlier
+//! rounds' effects and sends, and its re-run resumes at that round —
+//! [`Model::fails`]), in order, each under the turn's number, context
+//! `llm_complete round N` and the provider's message; **E2** each row's
+//! attempt the count of rows before it with the same turn and context (0,
+//! 1, … across restarts: the store numbers it). Relaxed: the row of a
+//! failure handed out in an op a crash, an injected I/O fault or a lost
+//! answer cut may be missing, unless the op answered the failure (the row
+//! is committed before the answer); an agent alive at a GC is not checked (the
+//! GC deletes settled sessions' rows, as for U1–U3).
+//!
 //! And after every turn the runtime answers live (`Driver::check_answer`):
 //! its calls' rows in the tool-call ledger, and its session's run, are
 //! what [`crate::model::ledger_calls`] says (up to R9).

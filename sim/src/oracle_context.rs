@@ -358,7 +358,7 @@ fn judge(
 /// The script's tool calls made before round `round` of the turn with
 /// `prompt` (each round's calls are the script's steps joined by `+`).
 fn calls_before(prompt: &str, round: u32) -> usize {
-    crate::standins::parse_rounds(prompt)
+    crate::model::script_rounds(prompt)
         .iter()
         .take(round as usize)
         .map(Vec::len)

@@ -3,7 +3,11 @@
 //! the system's activity ledger sends irreversible effects) and the clock.
 //!
 //! Invariant: both are pure functions of their inputs (the prompt carries
-//! the tool script), so the model can predict every turn.
+//! the tool script) and of what the world remembers — the provider's asks
+//! so far ([`Rewording`]) and the asks it failed ([`ProviderFaults`]), each
+//! recorded with the I/O point it happened after, so a run forked at a
+//! crash point remembers exactly what a replay killed there would — so the
+//! model can predict every turn.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,23 +22,10 @@ use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
-use crate::model::{call_key, parse_script, OrchCall, ScriptStep};
+use crate::model::{call_key, script_rounds, OrchCall};
 use crate::op::Lost;
 use crate::oracle_context::Asks;
 use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
-
-/// The prompt's tool script as provider rounds: each round's steps with
-/// their index in the turn (`+` joins a step to the round before it).
-pub(crate) fn parse_rounds(prompt: &str) -> Vec<Vec<ScriptStep>> {
-    let mut rounds: Vec<Vec<ScriptStep>> = Vec::new();
-    for step in parse_script(prompt) {
-        match rounds.last_mut() {
-            Some(round) if step.1.joins_round => round.push(step),
-            _ => rounds.push(vec![step]),
-        }
-    }
-    rounds
-}
 
 /// The LLM stand-in: round `r` asks for the `r`-th round of the script
 /// (one call, or several asked together), then answers `r<n>` for prompt
@@ -54,6 +45,136 @@ pub struct ScriptedProvider {
     /// Where every ask is recorded for the context oracle
     /// ([`crate::oracle_context`]).
     pub asked: Option<Asks>,
+    /// The transient failures the script asks for
+    /// ([`crate::op::ToolStep::provider_fails`]); `None`: it never fails.
+    pub faults: Option<ProviderFaults>,
+}
+
+/// The provider's transient failures: the first `n` asks of a round
+/// whose script says `~`×`n` fail, per agent (a twin is failed afresh),
+/// with a message naming the ask. Every failure a live process was handed
+/// is recorded, in order, with the I/O point count it happened after
+/// (a fork at point `p` keeps those before `p`): what the oracle holds
+/// the `errors` rows to ([`crate::driver`]'s E1–E2). Clones share the
+/// record.
+#[derive(Debug, Clone)]
+pub struct ProviderFaults {
+    pub fs: SimFs,
+    pub failed: Arc<Mutex<Vec<FailedAsk>>>,
+}
+
+/// One failure the provider handed to a live process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedAsk {
+    pub agent: String,
+    pub prompt: String,
+    pub round: u32,
+    /// The error message ([`failure_message`]).
+    pub message: String,
+    /// I/O points done when it was handed out.
+    pub point: u64,
+    /// The turn's number (the agent's completed turns when its op began),
+    /// noted by the driver once the op returns.
+    pub turn: Option<u64>,
+    /// Its op was cut (a crash, an injected I/O fault, a lost answer
+    /// reopened): its row may be missing.
+    pub cut: bool,
+}
+
+/// The message of the `nth` (from 1) failed ask of `round` of the turn
+/// with `prompt`: what its `errors` row must say.
+pub fn failure_message(prompt: &str, round: u32, nth: usize) -> String {
+    format!("scripted transient failure {nth} of {prompt} round {round}")
+}
+
+impl ProviderFaults {
+    pub fn new(fs: SimFs) -> ProviderFaults {
+        ProviderFaults {
+            fs,
+            failed: Arc::default(),
+        }
+    }
+
+    fn record(&self) -> std::sync::MutexGuard<'_, Vec<FailedAsk>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this ask fails (`Some` message): it is one of the first
+    /// `fails` asks of the round by this agent. Recorded when the
+    /// process lives (a dead one's ask reaches no one).
+    fn fail(&self, agent: &str, prompt: &str, round: u32, fails: u8) -> Option<String> {
+        if fails == 0 {
+            return None;
+        }
+        let mut failed = self.record();
+        let before = failed
+            .iter()
+            .filter(|f| f.agent == agent && f.prompt == prompt && f.round == round)
+            .count();
+        if before >= usize::from(fails) {
+            return None;
+        }
+        let message = failure_message(prompt, round, before + 1);
+        if !self.fs.crashed() {
+            failed.push(FailedAsk {
+                agent: agent.to_string(),
+                prompt: prompt.to_string(),
+                round,
+                message: message.clone(),
+                point: self.fs.points(),
+                turn: None,
+                cut: false,
+            });
+        }
+        Some(message)
+    }
+
+    /// The record as a run forked at `point` has it.
+    pub fn fork(&self, fs: SimFs, point: u64) -> ProviderFaults {
+        let kept = self
+            .record()
+            .iter()
+            .take_while(|f| f.point < point)
+            .cloned()
+            .collect();
+        ProviderFaults {
+            fs,
+            failed: Arc::new(Mutex::new(kept)),
+        }
+    }
+
+    /// Every failure handed out so far, in order.
+    pub fn all(&self) -> Vec<FailedAsk> {
+        self.record().clone()
+    }
+
+    /// How many asks of each round the provider failed, by
+    /// [`crate::model::ask_key`] (the model's [`crate::model::Model::provider_failed`]).
+    pub fn counts(&self) -> std::collections::BTreeMap<String, u8> {
+        let mut out = std::collections::BTreeMap::new();
+        for f in self.record().iter() {
+            let n: &mut u8 = out
+                .entry(crate::model::ask_key(&f.agent, &f.prompt, f.round))
+                .or_default();
+            *n = n.saturating_add(1);
+        }
+        out
+    }
+
+    /// Number the failures handed out since point `since` as turn `turn`.
+    pub fn note_turn(&self, since: u64, turn: u64) {
+        for f in self.record().iter_mut().filter(|f| f.point >= since) {
+            f.turn.get_or_insert(turn);
+        }
+    }
+
+    /// The op that began after point `since` was cut: its failures' rows
+    /// may be missing.
+    pub fn cut_since(&self, since: u64) {
+        for f in self.record().iter_mut().filter(|f| f.point >= since) {
+            f.cut = true;
+        }
+    }
 }
 
 /// How [`ScriptedProvider`] varies its answers: every ask it answered (a
@@ -130,11 +251,17 @@ impl Provider for ScriptedProvider {
                 _ => None,
             })
             .ok_or_else(|| ProviderError("no prompt in the open turn".into()))?;
-        let rounds = parse_rounds(prompt);
+        let rounds = script_rounds(prompt);
         let wording = self
             .rewording
             .as_ref()
             .and_then(|r| r.ask(request.agent_name, prompt, request.round));
+        if let (Some(faults), Some(round)) = (&self.faults, rounds.get(request.round as usize)) {
+            let fails = round.first().map_or(0, |(_, step, _)| step.provider_fails);
+            if let Some(message) = faults.fail(request.agent_name, prompt, request.round, fails) {
+                return Err(ProviderError(message));
+            }
+        }
         if let Some(round) = rounds.get(request.round as usize) {
             let tool_calls = round
                 .iter()

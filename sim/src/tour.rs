@@ -13,6 +13,7 @@ const REV: ToolStep = ToolStep {
     joins_round: false,
     lost: Lost::None,
     orch: Orch::None,
+    provider_fails: 0,
 };
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
@@ -20,6 +21,7 @@ const IRREV: ToolStep = ToolStep {
     joins_round: false,
     lost: Lost::None,
     orch: Orch::None,
+    provider_fails: 0,
 };
 const FAILING: ToolStep = ToolStep {
     irreversible: true,
@@ -27,6 +29,7 @@ const FAILING: ToolStep = ToolStep {
     joins_round: false,
     lost: Lost::None,
     orch: Orch::None,
+    provider_fails: 0,
 };
 
 /// The tour: a tree of four agents, turns with every tool kind, messages

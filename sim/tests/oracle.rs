@@ -43,6 +43,7 @@ const IRREV: ToolStep = ToolStep {
     joins_round: false,
     lost: durable_agent_sim::op::Lost::None,
     orch: durable_agent_sim::op::Orch::None,
+    provider_fails: 0,
 };
 
 #[test]

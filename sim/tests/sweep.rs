@@ -197,6 +197,7 @@ fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once()
         joins_round,
         lost: Default::default(),
         orch: Default::default(),
+        provider_fails: 0,
     };
     let ops = vec![
         Op::CreateRoot,

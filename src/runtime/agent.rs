@@ -40,9 +40,6 @@ pub(crate) struct AgentSlot {
     /// `open`: running one of them again (same prompt and work) continues
     /// it, from its durable decisions, never from a new ask.
     pub parked: Vec<OpenTurn>,
-    /// Consecutive failed provider calls (the attempt number of the next
-    /// failure); process state, reset by a success.
-    pub provider_failures: u32,
     /// The token of the turn in flight (started, not finished or
     /// abandoned): the agent is pinned to its slot and refuses a second
     /// turn, eviction and termination until it ends. Process state.

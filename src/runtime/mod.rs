@@ -121,9 +121,12 @@ pub struct CallSite<'a> {
 pub trait CallLog: Send + Sync + std::fmt::Debug {
     /// A completion returned, with its usage if the provider reported it.
     fn completed(&self, at: &CallSite<'_>, usage: Option<Usage>) -> Result<(), String>;
-    /// A completion failed; `attempt` counts this agent's consecutive
-    /// failures (0 for the first).
-    fn failed(&self, at: &CallSite<'_>, error: &str, attempt: u32) -> Result<(), String>;
+    /// A completion failed: record it with its attempt number — how many
+    /// failures of the same call (agent session, turn, round) are already
+    /// recorded, 0 for the first — and return that number. Kept where the
+    /// failures are (the store), never in memory: a restart between two
+    /// failures of one call must not number both 0.
+    fn failed(&self, at: &CallSite<'_>, error: &str) -> Result<u32, String>;
 }
 
 /// Records nothing (a runtime without stores).
@@ -134,8 +137,8 @@ impl CallLog for NoCallLog {
     fn completed(&self, _at: &CallSite<'_>, _usage: Option<Usage>) -> Result<(), String> {
         Ok(())
     }
-    fn failed(&self, _at: &CallSite<'_>, _error: &str, _attempt: u32) -> Result<(), String> {
-        Ok(())
+    fn failed(&self, _at: &CallSite<'_>, _error: &str) -> Result<u32, String> {
+        Ok(0)
     }
 }
 

@@ -231,7 +231,6 @@ impl Runtime {
                 started_work: Default::default(),
                 open: None,
                 parked: Vec::new(),
-                provider_failures: 0,
                 in_turn: None,
             },
         );

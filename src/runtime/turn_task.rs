@@ -614,16 +614,10 @@ impl Runtime {
         };
         let calls = self.config.calls.clone();
         let logged = match &completed {
-            Ok(reply) => {
-                self.slot_mut(&agent)?.provider_failures = 0;
-                calls.completed(&site, reply.usage)
-            }
-            Err(e) => {
-                let slot = self.slot_mut(&agent)?;
-                let attempt = slot.provider_failures;
-                slot.provider_failures = attempt.saturating_add(1);
-                calls.failed(&site, &e.0, attempt)
-            }
+            Ok(reply) => calls.completed(&site, reply.usage),
+            Err(e) => calls.failed(&site, &e.0).map(|attempt| {
+                tracing::warn!(%agent, turn = site.turn, round = site.round, attempt, error = %e.0, "provider call failed; the turn stays open for a retry");
+            }),
         };
         logged.map_err(|cause| RuntimeError::CallLog {
             agent: agent.clone(),

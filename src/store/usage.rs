@@ -3,7 +3,11 @@
 //!
 //! Invariant: rows are append-only until GC; an error row carries the
 //! 0-indexed attempt that failed, so a retried call leaves attempts 0, 1, …
-//! in order. [`UsageStore::gc_keeping`] deletes rows recorded more than a
+//! in order. The agent loop's provider failures are numbered by the store
+//! itself ([`UsageStore::persist_failed_attempt`]): the attempt is the
+//! count of the rows already recorded for the same call — session, turn
+//! number and context (`llm_complete round N`) — so the numbering goes on
+//! across a restart, as the tool ledger's numbered attempts do. [`UsageStore::gc_keeping`] deletes rows recorded more than a
 //! TTL ago, except those of the sessions the caller keeps, in one
 //! transaction over both tables (all or nothing). Nothing recovery or a
 //! resume does reads these rows — they are what the operator's views show
@@ -120,6 +124,41 @@ impl UsageStore {
         )
         .map_err(sql("error insert"))?;
         Ok(())
+    }
+
+    /// Record a failure of the call at (`at`, `context`), numbered by the
+    /// rows already recorded for that call: the first failure is attempt
+    /// 0, the next 1, … — whatever process recorded the earlier ones (the
+    /// number is read and written in one statement, so it survives a
+    /// restart and never repeats). Returns the attempt recorded.
+    ///
+    /// Not `INSERT … RETURNING` read with `query_row`: that takes the row
+    /// from the statement's first step and resets it, and an autocommit
+    /// statement commits only when it completes, so a failed commit (EIO
+    /// writing the WAL) would be dropped with the reset and the caller told
+    /// the row was recorded (the crash fuzzer's E1 found it). The insert
+    /// runs to completion here, and the number is read back after.
+    pub fn persist_failed_attempt(
+        &self,
+        conn: &Connection,
+        at: &TurnRef,
+        context: &str,
+        message: &str,
+        now_ms: u64,
+    ) -> Result<u32, StoreError> {
+        conn.execute_cached(
+            "INSERT INTO errors (session_id, agent_id, turn, context, message, attempt, created_at) \
+             SELECT ?1, ?2, ?3, ?4, ?5, COUNT(*), ?6 FROM errors \
+             WHERE session_id = ?1 AND turn = ?3 AND context = ?4",
+            params![at.session_id, at.agent_id, at.turn, context, message, now_ms],
+        )
+        .map_err(sql("error insert"))?;
+        conn.query_row_cached(
+            "SELECT attempt FROM errors WHERE rowid = ?1",
+            [conn.last_insert_rowid()],
+            |r| r.get(0),
+        )
+        .map_err(sql("error insert read back"))
     }
 
     /// A session's usage rows, oldest first.
@@ -242,6 +281,49 @@ mod tests {
         };
         assert_eq!(rows, vec![row(0, 5, 2, "m1", 10), row(3, 7, 1, "m2", 12)]);
         assert_eq!(usage.total_token_usage(&conn, "s").expect("sum"), (12, 3));
+    }
+
+    #[test]
+    fn a_failed_call_is_numbered_by_the_rows_of_the_same_call_so_numbering_survives_a_restart() {
+        let conn = Connection::open_in_memory().expect("in-memory db");
+        migrate(&conn, "test").expect("migrate");
+        let at = |s: &str, turn| TurnRef {
+            session_id: s.into(),
+            agent_id: format!("agent-{s}"),
+            turn,
+        };
+        let usage = UsageStore;
+        let fail = |s: &str, turn, context: &str| {
+            usage
+                .persist_failed_attempt(&conn, &at(s, turn), context, "HTTP 503", 7)
+                .expect("error row")
+        };
+        // The same call (session, turn, context) counts on; any other call
+        // starts at 0. Nothing in memory carries the count: a process that
+        // restarted between two failures numbers the second 1, not 0.
+        assert_eq!(fail("s", 2, "llm_complete round 0"), 0);
+        assert_eq!(fail("s", 2, "llm_complete round 0"), 1);
+        assert_eq!(fail("s", 2, "llm_complete round 1"), 0);
+        assert_eq!(fail("s", 3, "llm_complete round 0"), 0);
+        assert_eq!(fail("other", 2, "llm_complete round 0"), 0);
+        assert_eq!(fail("s", 2, "llm_complete round 0"), 2);
+        let rows: Vec<(u64, String, u32)> = usage
+            .errors(&conn, "s")
+            .expect("read")
+            .into_iter()
+            .map(|e| (e.turn, e.context, e.attempt))
+            .collect();
+        let row = |turn, round, attempt| (turn, format!("llm_complete round {round}"), attempt);
+        assert_eq!(
+            rows,
+            vec![
+                row(2, 0, 0),
+                row(2, 0, 1),
+                row(2, 1, 0),
+                row(3, 0, 0),
+                row(2, 0, 2)
+            ]
+        );
     }
 
     #[test]

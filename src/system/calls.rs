@@ -1,7 +1,9 @@
 //! [`StoreCallLog`]: the agent loop's provider calls into the usage store
 //! (seed 000): one `token_usage` row per completed call that reported its
 //! usage, with the model it was made with, and one `errors` row per failed
-//! call with its attempt number.
+//! call with its attempt number — numbered by the store from the rows of
+//! the same call (session, turn, round), so a call retried after a restart
+//! goes on counting (never a second attempt 0).
 //!
 //! Invariant: a row is committed before the loop goes on with the call's
 //! result, and a failed commit is returned (the runtime poisons itself: a
@@ -59,12 +61,12 @@ impl CallLog for StoreCallLog {
         })
     }
 
-    fn failed(&self, at: &CallSite<'_>, error: &str, attempt: u32) -> Result<(), String> {
+    fn failed(&self, at: &CallSite<'_>, error: &str) -> Result<u32, String> {
         let now = self.clock.now_ms();
         let context = format!("llm_complete round {}", at.round);
         self.with(|db| {
             UsageStore
-                .persist_error(db.conn(), &turn_ref(at), &context, error, attempt, now)
+                .persist_failed_attempt(db.conn(), &turn_ref(at), &context, error, now)
                 .map_err(|e| e.to_string())
         })
     }

@@ -31,12 +31,13 @@ use crate::oracle_context::ContextOracle;
 use crate::rot::{self, Rot};
 use durable_agent::system::{CorruptLine, LineFault};
 use std::path::PathBuf;
+mod errors;
 mod project;
 mod usage;
 
 use project::checkpoint;
 
-use crate::standins::{Rewording, ScriptedOutbox, ScriptedProvider, SimTools, SteppedClock};
+use crate::standins::{ProviderFaults, Rewording, ScriptedOutbox, ScriptedProvider, SimTools, SteppedClock};
 
 /// The stores' database (the system's layout: `store.db` in the root).
 pub const STORE_DB: &str = "/da/store.db";
@@ -131,6 +132,12 @@ pub struct Driver {
     /// The model's asks so far: a model that does not repeat itself
     /// answers a re-asked round in other words ([`Rewording`]).
     asks: Rewording,
+    /// The asks the provider failed ([`ProviderFaults`]): the world's
+    /// memory, which the `errors` rows are held to ([`errors`]).
+    faults: ProviderFaults,
+    /// The last op's turn failed with its provider's error
+    /// (`RuntimeError::Provider`): the model decides whether it may.
+    provider_failed: bool,
     /// The line a `PowerRot` crash damaged, until the next boot is judged.
     rot: Option<Rot>,
     /// Where the last failed boot said the data is damaged, and whether
@@ -201,6 +208,8 @@ impl Driver {
                 fs: fs.clone(),
                 asks: Arc::default(),
             },
+            faults: ProviderFaults::new(fs.clone()),
+            provider_failed: false,
             fs,
             world: World::without_dedup(),
             canaries,
@@ -257,6 +266,7 @@ impl Driver {
         driver.world = self.world.fork_prefix(sent.len());
         driver.sent_at = Arc::new(Mutex::new(sent));
         driver.asks = self.asks.fork(driver.fs.clone(), point);
+        driver.faults = self.faults.fork(driver.fs.clone(), point);
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
         driver.msgs = names.msgs;
@@ -311,6 +321,7 @@ impl Driver {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),
                 asked: Some(self.context.recorder()),
+                faults: Some(self.faults.clone()),
             }),
             tools: Arc::new(self.tools),
             outbox: Arc::new(ScriptedOutbox {
@@ -621,6 +632,7 @@ impl Driver {
     pub fn exec(&mut self, action: &Action) -> Result<(), String> {
         let now = self.now();
         self.blocked = None;
+        self.provider_failed = false;
         self.boot_logs = None;
         if matches!(
             action,
@@ -669,6 +681,7 @@ impl Driver {
                     Ok(outcome) => self.check_answer(agent, &outcome, tools, response),
                     Err(e) => {
                         self.note_blocked(&e);
+                        self.provider_failed = matches!(e, RuntimeError::Provider { .. });
                         return Err(e.to_string());
                     }
                 }

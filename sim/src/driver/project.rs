@@ -120,6 +120,7 @@ impl Driver {
         let mut violations = rt.check_invariants();
         violations.append(&mut self.answer_violations);
         violations.extend(self.usage_violations(&rs.conversations));
+        violations.extend(self.error_violations());
         violations.extend(self.context.check(&rs));
         for (id, v) in &rs.agents {
             self.names.insert(id.clone(), v.name.clone());
@@ -495,6 +496,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                         joins_round: false,
                         lost: Lost::None,
                         orch: Orch::None,
+                        provider_fails: 0,
                     });
                 }
             }

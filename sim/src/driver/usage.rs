@@ -36,7 +36,7 @@ use super::Driver;
 /// The provider calls a completed turn with `prompt` made: one per round
 /// of its script, and the final answer's.
 pub fn asks_of(prompt: &str) -> usize {
-    crate::standins::parse_rounds(prompt).len() + 1
+    crate::model::script_rounds(prompt).len() + 1
 }
 
 /// The model the scripted provider names (`Provider::model`).

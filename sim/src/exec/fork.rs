@@ -188,6 +188,7 @@ impl Exec {
             forks: None,
             crash_side: None,
             clean_restart: false,
+            answered_failure: false,
         };
         with_saved_prng(|| {
             let judged = exec.reopen_and_judge(kind, &j.before, j.after.as_ref(), j.action.as_ref());

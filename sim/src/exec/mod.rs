@@ -89,6 +89,11 @@ pub struct Exec {
     /// The next judged restart is a clean stop and start (no crash point
     /// hit, no fault armed): the oracle's strict candidate, no R3.
     clean_restart: bool,
+    /// The op in flight answered its provider's failure
+    /// (`RuntimeError::Provider`, the process alive): its `errors` row was
+    /// committed before the answer, so a reopen after it (an armed fault
+    /// that never fired) does not excuse a missing row (E1).
+    answered_failure: bool,
 }
 
 impl Exec {
@@ -131,6 +136,7 @@ impl Exec {
             forks: None,
             crash_side: None,
             clean_restart: false,
+            answered_failure: false,
         };
         let install = match installed_disk(&canaries) {
             Ok(disk) => disk,
@@ -218,6 +224,7 @@ impl Exec {
         self.driver.set_step(self.history.len() as u64);
         self.model.at_step(self.history.len() as u64);
         self.step_start = self.driver.fs.points();
+        self.answered_failure = false;
         self.crash_mode = None;
         self.boundary = None;
         match op {
@@ -303,8 +310,16 @@ impl Exec {
         let names = self.names();
         let lost_before = self.driver.lost_replies();
         let result = self.driver.exec(&action);
+        if let crate::model::Action::RunTurn { agent, .. } = &action {
+            // The turn's number: its agent's completed turns before it.
+            let turn = before.state.agents.get(agent).map_or(0, |a| a.turns.len());
+            self.driver.note_failed_turn(self.step_start, turn as u64);
+        }
         self.collect(|e| Judging::in_flight(&before, &after, &action, names.clone(), e));
         let blocked = self.driver.take_blocked();
+        let provider_failed = self.driver.take_provider_failed();
+        // (A sweep's crash is a kill -9: no answer reached anyone.)
+        self.answered_failure = provider_failed && !self.driver.fs.crashed() && self.global.is_none();
         // The world acted and lost its answer to this live process: the
         // op's outcome is unknown to the runtime, as after an I/O error
         // that took effect (no crash: the disk keeps everything).
@@ -375,6 +390,9 @@ impl Exec {
                     ))
                 }
             },
+            // The provider failed the turn where the script says (the
+            // model's state after is the failed turn's).
+            (Err(_), None) if provider_failed && before.fails(&action).is_some() => after,
             (Err(e), None) => {
                 return Err(self.fail(
                     "the runtime refused a valid operation with no fault injected",

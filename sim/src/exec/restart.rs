@@ -124,6 +124,11 @@ impl Exec {
         action: Option<&Action>,
     ) -> Result<(), Box<Failure>> {
         self.restarts += 1;
+        if action.is_some() && !std::mem::take(&mut self.answered_failure) {
+            // The op in flight was cut: a failure it was handed may have
+            // no durable row (E1).
+            self.driver.cut_failures_since(self.step_start);
+        }
         let clean = std::mem::take(&mut self.clean_restart);
         let mut attempts = 0;
         let (state, mut violations) = loop {
@@ -229,6 +234,9 @@ impl Exec {
                     self.crash_side = Some(accepted.side);
                 }
                 self.model = accepted.adopted;
+                // The provider's failures are the world's, which no crash
+                // rolls back: what it failed, the model's turns meet failed.
+                self.model.provider_failed = self.driver.provider_failures();
                 if accepted.side == oracle::Side::Before {
                     // The turn was rolled back: remember it for resume_turn,
                     // and its effects the world did not show as unknown.

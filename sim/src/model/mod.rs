@@ -278,7 +278,8 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
 /// A turn's prompt: unique (`p<n>`) and carrying the tool script, so the
 /// stateless scripted provider can follow it: `p7:Ir` = an irreversible
 /// tool that succeeds, then (next round) a reversible one that fails;
-/// `p7:I+r` asks for both in one round; `L` and `N` are irreversible ones
+/// `p7:I+r` asks for both in one round; `p7:I~~r` has the provider fail
+/// the first two asks of the second round ([`ToolStep::provider_fails`]); `L` and `N` are irreversible ones
 /// whose answer the world loses, having acted or not ([`Lost`]); `C`
 /// spawns a child ([`spawn_name`]) and `M(a003)` sends agent `a003` a
 /// message ([`Orch`]). `agents` are the live agents, in name order, that
@@ -289,6 +290,9 @@ pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String]) -> String {
         if i > 0 && t.joins_round {
             script.push('+');
         }
+        // A failing ask belongs to the round: only a step opening one
+        // carries it (see [`normalized_failing`]).
+        script.push_str(&"~".repeat(usize::from(t.provider_fails)));
         match t.orch {
             Orch::Spawn => script.push('C'),
             Orch::Send(to) => match pick(agents, to.0) {
@@ -343,10 +347,15 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
     let script = prompt.split_once(':').map(|(_, s)| s).unwrap_or("");
     let mut out = Vec::new();
     let mut joins = false;
+    let mut fails = 0u8;
     let mut chars = script.chars().peekable();
     while let Some(c) = chars.next() {
         if c == '+' {
             joins = true;
+            continue;
+        }
+        if c == '~' {
+            fails = fails.saturating_add(1);
             continue;
         }
         let index = out.len();
@@ -360,6 +369,7 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
                 _ => Lost::None,
             },
             orch: Orch::None,
+            provider_fails: std::mem::take(&mut fails),
         };
         let call = match c {
             'C' => {
@@ -411,13 +421,58 @@ pub fn work_key(agent: &str, work: &str) -> String {
 }
 
 /// A turn's steps as the provider asks them: at most
-/// [`MAX_TOOLS_PER_TURN`], each [`ToolStep::normalized`].
+/// [`MAX_TOOLS_PER_TURN`], each [`ToolStep::normalized`], and no failing
+/// ask (a work turn's or a fire's: their failure is the caller's retry —
+/// an API 502, a trigger acked failed with backoff — which the model does
+/// not state; see [`normalized_failing`]).
 pub fn normalized(tools: &[ToolStep]) -> Vec<ToolStep> {
+    normalized_failing(tools)
+        .into_iter()
+        .map(|t| ToolStep {
+            provider_fails: 0,
+            ..t
+        })
+        .collect()
+}
+
+/// A plain turn's steps as the provider asks them: as [`normalized`], but
+/// a step that opens a round keeps its failing asks
+/// ([`ToolStep::provider_fails`]); one joining a round has none.
+pub fn normalized_failing(tools: &[ToolStep]) -> Vec<ToolStep> {
     tools
         .iter()
         .take(MAX_TOOLS_PER_TURN)
-        .map(|t| t.normalized())
+        .enumerate()
+        .map(|(i, t)| {
+            let t = t.normalized();
+            match i > 0 && t.joins_round {
+                true => ToolStep {
+                    provider_fails: 0,
+                    ..t
+                },
+                false => t,
+            }
+        })
         .collect()
+}
+
+/// The prompt's script as provider rounds: each round's steps with their
+/// index in the turn (`+` joins a step to the round before it).
+pub fn script_rounds(prompt: &str) -> Vec<Vec<ScriptStep>> {
+    let mut rounds: Vec<Vec<ScriptStep>> = Vec::new();
+    for step in parse_script(prompt) {
+        match rounds.last_mut() {
+            Some(round) if step.1.joins_round => round.push(step),
+            _ => rounds.push(vec![step]),
+        }
+    }
+    rounds
+}
+
+/// The key of one round's asks by one agent, in the provider's failure
+/// bookkeeping ([`Model::provider_failed`]).
+pub fn ask_key(agent: &str, prompt: &str, round: u32) -> String {
+    format!("{agent}/{prompt}@{round}")
 }
 
 /// Provider slots of the system under test (`SystemConfig::new`'s 3): the
@@ -487,6 +542,13 @@ pub struct Model {
     /// Bookkeeping.
     #[serde(default)]
     pub now: u64,
+    /// Asks the scripted provider failed, by [`ask_key`]: the world's
+    /// memory (a round's first [`ToolStep::provider_fails`] asks fail),
+    /// which a crash does not roll back — after a restart it is what the
+    /// world says (`Driver::provider_failures`), not a candidate's guess.
+    /// Bookkeeping.
+    #[serde(default)]
+    pub provider_failed: BTreeMap<String, u8>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -557,6 +619,7 @@ impl Model {
                         joins_round: false,
                         lost: Lost::None,
                         orch: Orch::None,
+                        provider_fails: 0,
                         ..*t
                     })
                     .collect(),
@@ -605,6 +668,81 @@ impl Model {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The round at which the provider fails `agent`'s turn with `prompt`
+    /// now, if it does: the first round whose failing asks
+    /// ([`ToolStep::provider_fails`]) the provider has not all failed yet.
+    /// Each failure ends the run there, so every run of the turn — fresh,
+    /// resumed after a crash or a failure, a twin's — meets the rounds'
+    /// failures in order.
+    pub fn failing_round(&self, agent: &str, prompt: &str) -> Option<u32> {
+        script_rounds(prompt).iter().enumerate().find_map(|(r, steps)| {
+            let fails = steps.first().map_or(0, |(_, t, _)| t.provider_fails);
+            let round = u32::try_from(r).unwrap_or(u32::MAX);
+            let failed = self
+                .provider_failed
+                .get(&ask_key(agent, prompt, round))
+                .copied()
+                .unwrap_or(0);
+            (failed < fails).then_some(round)
+        })
+    }
+
+    /// The round at which the provider fails `action` now, if it is a
+    /// plain turn it fails ([`Model::failing_round`]).
+    pub fn fails(&self, action: &Action) -> Option<u32> {
+        match action {
+            Action::RunTurn { agent, prompt, .. } => self.failing_round(agent, prompt),
+            _ => None,
+        }
+    }
+
+    /// The plain turn `action` fails at `round`'s ask: the runtime logs the
+    /// error row and answers `RuntimeError::Provider`. Nothing of the turn
+    /// is acknowledged, but it is not lost either: its rounds before
+    /// `round` ran (their irreversible effects are in the world, their
+    /// sends pending at the recipients — a spawn waits for
+    /// `turn.complete`), it holds its agent's slot, its messages stay
+    /// pending, and running it again (`resume_turn`) resumes at `round`.
+    fn provider_fails(&mut self, action: &Action, agent: &str, prompt: &str, round: u32) {
+        self.lost_turns.insert(agent.to_string(), action.clone());
+        *self
+            .provider_failed
+            .entry(ask_key(agent, prompt, round))
+            .or_default() += 1;
+        self.touch(agent);
+        let done: Vec<ScriptStep> = script_rounds(prompt)
+            .into_iter()
+            .take(round as usize)
+            .flatten()
+            .collect();
+        for (i, t, call) in done {
+            match call {
+                None => {
+                    let key = effect_key(agent, prompt, i);
+                    if t.irreversible
+                        && t.ok
+                        && !self.maybe_effects.contains(&key)
+                        && !self.state.outbox.contains(&key)
+                    {
+                        self.state.outbox.push(key);
+                    }
+                }
+                Some(OrchCall::Send { to, payload }) => {
+                    let msg = Msg {
+                        from: agent.to_string(),
+                        payload,
+                    };
+                    if let Some(a) = self.state.agents.get_mut(&to) {
+                        if !a.pending.contains(&msg) && !a.delivered.contains(&msg) {
+                            a.pending.push(msg);
+                        }
+                    }
+                }
+                Some(OrchCall::Spawn { .. }) => {}
             }
         }
     }
@@ -696,7 +834,7 @@ impl Model {
                 name: format!("a{n:03}"),
             },
             Op::RunTurn { agent, tools } | Op::ReadTurn { agent, tools } => {
-                let tools: &[ToolStep] = &normalized(tools);
+                let tools: &[ToolStep] = &normalized_failing(tools);
                 Action::RunTurn {
                     agent: pick(&all, agent.0)?.clone(),
                     prompt: script_prompt(n, tools, &all),
@@ -911,6 +1049,10 @@ impl Model {
                 reads,
             } => {
                 self.lost_turns.remove(agent);
+                if let Some(round) = self.failing_round(agent, prompt) {
+                    self.provider_fails(action, agent, prompt, round);
+                    return;
+                }
                 // The messages it read were pending when it started: what
                 // it sends itself stays pending.
                 if *reads {

@@ -431,14 +431,21 @@ impl ToolCallStore {
         error: &str,
         now_ms: u64,
     ) -> Result<u32, StoreError> {
-        conn.query_row_cached(
+        // Run to completion, then read back: `INSERT … RETURNING` through
+        // `query_row` would drop a failed autocommit commit with the
+        // statement's reset (see `UsageStore::persist_failed_attempt`).
+        conn.execute_cached(
             "INSERT INTO tool_call_attempts (call_id, attempt, error, created_at) \
-             SELECT ?1, COALESCE(MAX(attempt), 0) + 1, ?2, ?3 FROM tool_call_attempts WHERE call_id = ?1 \
-             RETURNING attempt",
+             SELECT ?1, COALESCE(MAX(attempt), 0) + 1, ?2, ?3 FROM tool_call_attempts WHERE call_id = ?1",
             params![id, error, now_ms],
+        )
+        .map_err(sql("tool call record attempt"))?;
+        conn.query_row_cached(
+            "SELECT attempt FROM tool_call_attempts WHERE rowid = ?1",
+            [conn.last_insert_rowid()],
             |r| r.get(0),
         )
-        .map_err(sql("tool call record attempt"))
+        .map_err(sql("tool call record attempt read back"))
     }
 
     /// Every failed attempt of call `id`, in order.
