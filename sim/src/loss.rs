@@ -6,6 +6,11 @@
 //!   emptied while `root.json` says the root has a store — refused as
 //!   `StoreMissing` naming `store.db` (never booted empty: a fresh store
 //!   forgets every trigger and side effect);
+//! - **replaced store**: `store.db` (with its `-wal`; the `-shm` is the
+//!   VFS's memory, never a file) replaced by another root's store — a
+//!   second system booted on a scratch disk at another time, so its
+//!   store id differs — refused as `StoreReplaced` naming `store.db`
+//!   (the manifest's store id is not the store's `application_id`);
 //! - **entries**: an `events.jsonl` lost lines off its end (cut at a line
 //!   boundary, emptied or deleted) before the `seq` its `events.pending`
 //!   holds — refused as `LostEntries` naming the log, with the expected
@@ -37,7 +42,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use durable_agent::fs::SimFs;
+use std::sync::OnceLock;
+
+use durable_agent::canary::Canaries;
+use durable_agent::fs::{DiskBackup, SimFs};
 use durable_agent::log::{Event, LogEntry, EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::verify::{FindingKind, Verification};
 use durable_agent::recovery::DamageError;
@@ -46,7 +54,8 @@ use durable_agent::system::SystemError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::driver::{ROOT, STORE_DB};
+use crate::driver::{Driver, ROOT, STORE_DB};
+use crate::op::CrashKind;
 use crate::rot::{Damage, Rot};
 
 /// What was lost.
@@ -54,6 +63,8 @@ use crate::rot::{Damage, Rot};
 pub enum Loss {
     /// `store.db` gone or emptied (its WAL and journal gone).
     Store,
+    /// `store.db` and its WAL replaced by another root's.
+    StoreReplaced,
     /// The log keeps `found` entries; `events.pending` says `expected`
     /// were acknowledged.
     Entries { expected: u64, found: u64 },
@@ -69,6 +80,7 @@ pub enum Loss {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     StoreMissing(PathBuf),
+    StoreReplaced(PathBuf),
     LostEntries {
         path: PathBuf,
         expected: u64,
@@ -85,6 +97,7 @@ pub fn refusal(e: &SystemError) -> Option<Refusal> {
     let SystemError::Damaged(d) = e else { return None };
     Some(match d {
         DamageError::StoreMissing { path, .. } => Refusal::StoreMissing(path.clone()),
+        DamageError::StoreReplaced { path, .. } => Refusal::StoreReplaced(path.clone()),
         DamageError::LostEntries {
             path,
             expected,
@@ -184,12 +197,17 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     let has_store =
         disk.get(store).is_some_and(|b| !b.is_empty()) || wal_bytes.values().any(|w| !w.is_empty());
     if disk.contains_key(&root.join(MANIFEST_FILE)) && has_store {
-        by_kind[0].push(Candidate {
-            loss: Loss::Store,
-            path: store.to_path_buf(),
-            cut_at: None,
-            cut_off: Vec::new(),
-        });
+        let foreign = foreign_root().is_some();
+        for loss in [Loss::Store, Loss::StoreReplaced] {
+            if loss != Loss::StoreReplaced || foreign {
+                by_kind[0].push(Candidate {
+                    loss,
+                    path: store.to_path_buf(),
+                    cut_at: None,
+                    cut_off: Vec::new(),
+                });
+            }
+        }
     }
     let sessions: BTreeMap<&Path, &str> = disk
         .keys()
@@ -317,6 +335,11 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
                 let _ = fs.lose(&beside(suffix));
             }
         }
+        (Loss::StoreReplaced, _) => {
+            let foreign = foreign_root()?;
+            let files = [store.to_path_buf(), beside("-wal"), beside("-journal")];
+            fs.copy_in(foreign, |p| files.iter().any(|f| f == p)).ok()?;
+        }
         (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
         (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
     }
@@ -337,11 +360,36 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     })
 }
 
+/// Another root's disk, stopped cleanly: a second system booted on a
+/// scratch disk at op [`FOREIGN_STEP`] (not at the install's time, so the
+/// store id its boot draws from the clock differs from every case's):
+/// a healthy store with its own loop checkpoint. Built once
+/// per process; a pure function of constants, so every case, fork and
+/// replay copies the same bytes. `None` if that system does not boot
+/// (then no store is replaced).
+fn foreign_root() -> Option<&'static DiskBackup> {
+    static FOREIGN: OnceLock<Option<DiskBackup>> = OnceLock::new();
+    FOREIGN
+        .get_or_init(|| {
+            let mut other = Driver::new(FOREIGN_SEED, Canaries::default());
+            other.set_step(FOREIGN_STEP);
+            other.open().ok()?;
+            other.shutdown(CrashKind::Process);
+            Some(other.fs.backup())
+        })
+        .as_ref()
+}
+
+/// The other root's seed and the op its system was installed at.
+const FOREIGN_SEED: u64 = 0x0f07_e167;
+const FOREIGN_STEP: u64 = 1_000;
+
 /// What the boot must have refused with for `loss` of `path`.
 fn wanted(loss: Loss, path: &Path) -> Refusal {
     let path = path.to_path_buf();
     match loss {
         Loss::Store => Refusal::StoreMissing(path),
+        Loss::StoreReplaced => Refusal::StoreReplaced(path),
         Loss::Entries { expected, found } => Refusal::LostEntries {
             path,
             expected,
@@ -447,6 +495,7 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
     }
     let (kind, line) = match loss {
         Loss::Store => (FindingKind::StoreMissing, None),
+        Loss::StoreReplaced => (FindingKind::StoreReplaced, None),
         Loss::Entries { found, .. } => (FindingKind::LostEntries, Some(found + 1)),
         Loss::Record => (FindingKind::MissingRecord, None),
         Loss::Parent { .. } => return Vec::new(), // answered above
