@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-pub use damage::{preflight, DamageError};
+pub use damage::{preflight, store_behind, DamageError};
 pub use invariants::check_invariants;
 pub use stores::{recover_stores, StoreRecovery, StoreRecoveryError};
 

@@ -254,3 +254,44 @@ fn posix_scenarios_give_exactly_the_expected_outcomes_per_crash_mode() {
 mod faults;
 #[path = "fs_model/props.rs"]
 mod props;
+
+/// `copy_in` (a file copied back from a backup, or from another disk, at
+/// rest): the wanted files of this disk are replaced by the other disk's,
+/// durable at once (a power loss keeps them), a wanted file the other
+/// disk lacks leaves this one, and nothing else changes.
+#[test]
+fn copy_in_replaces_the_wanted_files_durably_and_nothing_else() {
+    let old = SimFs::new(SimConfig::new(1));
+    durable_file(&old, "/d/f", b"old f");
+    let backup = old.backup();
+    let fs = SimFs::new(SimConfig::new(2));
+    durable_file(&fs, "/d/f", b"new f, longer");
+    fs.open(p("/d/f-wal"), OpenMode::Create, "create wal").unwrap();
+    fs.append(p("/d/f-wal"), b"frames", "append wal").unwrap();
+    fs.open(p("/d/g"), OpenMode::Create, "create g").unwrap();
+    fs.append(p("/d/g"), b"kept", "append g").unwrap();
+    fs.sync(p("/d/g"), "sync g").unwrap();
+    fs.sync_dir(p("/d"), "sync d").unwrap();
+    fs.sync(p("/d/f-wal"), "sync wal").unwrap();
+    let copied = fs
+        .copy_in(&backup, |path| path == p("/d/f") || path == p("/d/f-wal"))
+        .expect("copy in");
+    assert_eq!(copied, vec![PathBuf::from("/d/f")]);
+    for mode in MODES {
+        let after = fs.detached(SimConfig::new(3));
+        after.restart(mode);
+        let files = after.disk_image();
+        assert_eq!(get(&files, "/d/f"), Some(&b"old f"[..]), "{mode:?}");
+        assert_eq!(
+            get(&files, "/d/f-wal"),
+            None,
+            "{mode:?}: a wanted file the copy lacks stays"
+        );
+        assert_eq!(get(&files, "/d/g"), Some(&b"kept"[..]), "{mode:?}");
+    }
+    let missing_dir = SimFs::new(SimConfig::new(4));
+    assert!(
+        missing_dir.copy_in(&backup, |path| path == p("/d/f")).is_err(),
+        "a copy into a directory this disk lacks"
+    );
+}

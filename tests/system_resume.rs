@@ -667,3 +667,134 @@ fn two_agents_interrupted_in_works_of_the_same_id_are_each_resumed() {
     }
     assert_eq!(world.deliveries_len(), 2, "each agent's email went out once");
 }
+
+/// What the open turn's log says of the email (round 1's irreversible
+/// call), as the boot reads it (a pending append in flight replayed):
+/// `(called, settled)` — its `tool.call`, its `tool.result` — when the log's
+/// last turn is open.
+fn email_in_open_turn(fs: &SimFs, dir: &std::path::Path) -> (bool, bool) {
+    use durable_agent::log::Event;
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("session dir name");
+    let id = durable_agent::runtime::SessionId::from_hex(name).expect("session id");
+    let entries = durable_agent::log::repair::inspect(fs, dir, &id)
+        .expect("inspect")
+        .entries;
+    let Some(start) = entries
+        .iter()
+        .rposition(|e| matches!(e.event, Event::TurnStart { .. }))
+    else {
+        return (false, false);
+    };
+    let open = &entries[start..];
+    if open.iter().any(|e| matches!(e.event, Event::TurnComplete { .. })) {
+        return (false, false);
+    }
+    let emails: Vec<&str> = open
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ToolCall { call_id, tool, .. } if tool == "send_email" => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let settled = open
+        .iter()
+        .any(|e| matches!(&e.event, Event::ToolResult { call_id, .. } if emails.contains(&call_id.as_str())));
+    (!emails.is_empty(), settled)
+}
+
+/// An older copy of the root's own `store.db` put back under newer logs (a
+/// single-file restore from an older backup), after a crash anywhere in a
+/// turn whose round 1 sends an email to a world that cannot deduplicate.
+/// When the open turn's log holds the email's result, the store must hold
+/// its ledger row (committed before the result is appended): the boot
+/// refuses with `StoreBehind` naming `store.db` and changes nothing (the
+/// store is provably older than the logs); put the store the logs were
+/// written with back, and the turn resumes and the email went out once.
+/// An older store the logs do not contradict boots — a stated limit, and a
+/// known product bug (docs/OPERATING.md): when the crash fell between the
+/// email's send and its logged result (12 of this turn's points), the
+/// older ledger has no INTENT, the resumed call looks never started, and
+/// the email goes out a second time. Asserted here as it is, so that a fix
+/// (the ledger row durable before `tool.call`) shows up as a change.
+#[test]
+fn an_older_store_under_a_settled_irreversible_call_is_refused_not_sent_again() {
+    use durable_agent::recovery::DamageError;
+    use durable_agent::system::SystemError;
+    // The turn's I/O points, from a crash-free run.
+    let turn_points = {
+        let fs = SimFs::new(SimConfig::new(2));
+        let provider = Arc::new(CountingProvider::default());
+        let mut system = boot(&fs, &provider, &World::without_dedup());
+        let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+        let first = fs.points();
+        system.runtime_mut().run_turn(&agent, PROMPT).expect("turn");
+        fs.points() - first
+    };
+    let store = |p: &std::path::Path| p.to_str().is_some_and(|s| s.starts_with("/r/store.db"));
+    let (mut refused, mut booted) = (0, 0);
+    for offset in 1..=turn_points {
+        let repro = format!("offset={offset} into the turn");
+        let fs = SimFs::new(SimConfig::new(2));
+        let provider = Arc::new(CountingProvider::default());
+        let world = World::without_dedup();
+        let mut system = boot(&fs, &provider, &world);
+        let agent = system.runtime_mut().create_root("a", "work").expect("agent");
+        let dir = system.runtime().session_dir(&agent).expect("dir");
+        drop(system);
+        // A consistent backup of the stopped root, before the turn.
+        let older = fs.backup();
+        let mut system = boot(&fs, &provider, &world);
+        fs.set_fault(Some(Fault::CrashAt(fs.points() + offset)));
+        let crashed = system.runtime_mut().run_turn(&agent, PROMPT);
+        assert!(crashed.is_err() && fs.crashed(), "{repro}: not reached");
+        drop(system);
+        fs.restart(CrashMode::ProcessCrash);
+        let newer = fs.backup();
+        let (called, settled) = email_in_open_turn(&fs, &dir);
+        fs.copy_in(&older, store).expect("put the older store back");
+        let before = fs.image_hash();
+        let deps = Deps {
+            provider: provider.clone(),
+            tools: Arc::new(PureTools),
+            outbox: Arc::new(world.clone()),
+            clock: Arc::new(Zero),
+        };
+        match System::boot(Arc::new(fs.clone()), SystemConfig::new("/r", 5), deps) {
+            Err(SystemError::Damaged(DamageError::StoreBehind { path, log, .. })) => {
+                assert!(settled, "{repro}: refused, but the log holds no settled email");
+                assert_eq!(path, std::path::Path::new("/r/store.db"), "{repro}");
+                assert_eq!(log, dir.join("events.jsonl"), "{repro}");
+                assert_eq!(fs.image_hash(), before, "{repro}: the refusal changed the disk");
+                refused += 1;
+                // The store the logs were written with: the turn resumes.
+                fs.copy_in(&newer, store).expect("put the newer store back");
+                let mut system = boot(&fs, &provider, &world);
+                let (outcome, _) =
+                    run_answering(&mut system, &world, |s| s.runtime_mut().run_turn(&agent, PROMPT));
+                outcome.expect(&repro);
+                assert_eq!(world.deliveries_len(), 1, "{repro}: the email went out twice");
+            }
+            Err(e) => panic!("{repro}: {e}"),
+            Ok((mut system, _)) => {
+                booted += 1;
+                let (outcome, _) =
+                    run_answering(&mut system, &world, |s| s.runtime_mut().run_turn(&agent, PROMPT));
+                outcome.expect(&repro);
+                if world.deliveries_len() > 1 {
+                    assert!(
+                        called && !settled,
+                        "{repro}: the email went out twice (its tool.call logged: {called}, its result: {settled})"
+                    );
+                }
+                assert!(
+                    !settled,
+                    "{repro}: booted over a store older than a settled email"
+                );
+            }
+        }
+    }
+    assert!(refused > 0 && booted > 0, "refused {refused}, booted {booted}");
+}

@@ -1,11 +1,28 @@
 //! Damage at rest that loses whole files or lines, for the `PowerRot`
 //! crash mode ([`crate::rot::Damage::Lost`]): what no crash makes and the
 //! boot must refuse, naming the file, before it changes anything
-//! (`durable_agent::recovery::damage`). Three kinds ([`Loss`]):
+//! (`durable_agent::recovery::damage`). The kinds ([`Loss`]):
 //! - **store**: `store.db` deleted (with its `-wal`, `-journal`) or
 //!   emptied while `root.json` says the root has a store — refused as
 //!   `StoreMissing` naming `store.db` (never booted empty: a fresh store
 //!   forgets every trigger and side effect);
+//! - **replaced store**: `store.db` (with its `-wal`; the `-shm` is the
+//!   VFS's memory, never a file) replaced by another root's store — a
+//!   second system booted on a scratch disk at another time, so its
+//!   store id differs — refused as `StoreReplaced` naming `store.db`
+//!   (the manifest's store id is not the store's `application_id`);
+//! - **older store**: `store.db` (with its `-wal`) replaced by an older
+//!   copy of this root's own — the install's, taken before the first op
+//!   (a restored backup) — when the disk proves it older: an open turn's
+//!   log (its last `turn.start`, no `turn.complete` after it, the agent
+//!   not terminated) holds the `tool.result` of an irreversible call
+//!   (not denied, not the runtime's own orchestration tool), whose
+//!   tool-call ledger row is committed before that result is appended
+//!   and kept by GC while the turn is open; the install's ledger is empty.
+//!   Refused as `StoreBehind` naming `store.db`. Such a disk is rare (a
+//!   few in a `ci` fuzz), so when the strike finds one it always loses
+//!   this way. An older copy the logs do not contradict boots: a stated
+//!   limit of the product (nothing to judge, so never struck);
 //! - **entries**: an `events.jsonl` lost lines off its end (cut at a line
 //!   boundary, emptied or deleted) before the `seq` its `events.pending`
 //!   holds — refused as `LostEntries` naming the log, with the expected
@@ -37,7 +54,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use durable_agent::fs::SimFs;
+use std::sync::OnceLock;
+
+use durable_agent::canary::Canaries;
+use durable_agent::fs::{DiskBackup, SimFs};
 use durable_agent::log::{Event, LogEntry, EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::verify::{FindingKind, Verification};
 use durable_agent::recovery::DamageError;
@@ -46,7 +66,8 @@ use durable_agent::system::SystemError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::driver::{ROOT, STORE_DB};
+use crate::driver::{Driver, ROOT, STORE_DB};
+use crate::op::CrashKind;
 use crate::rot::{Damage, Rot};
 
 /// What was lost.
@@ -54,6 +75,12 @@ use crate::rot::{Damage, Rot};
 pub enum Loss {
     /// `store.db` gone or emptied (its WAL and journal gone).
     Store,
+    /// `store.db` and its WAL replaced by another root's.
+    StoreReplaced,
+    /// `store.db` and its WAL replaced by the install's (an older copy of
+    /// this root's) while an open turn's log holds a settled irreversible
+    /// call.
+    StoreOlder,
     /// The log keeps `found` entries; `events.pending` says `expected`
     /// were acknowledged.
     Entries { expected: u64, found: u64 },
@@ -69,6 +96,8 @@ pub enum Loss {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     StoreMissing(PathBuf),
+    StoreReplaced(PathBuf),
+    StoreBehind(PathBuf),
     LostEntries {
         path: PathBuf,
         expected: u64,
@@ -85,6 +114,8 @@ pub fn refusal(e: &SystemError) -> Option<Refusal> {
     let SystemError::Damaged(d) = e else { return None };
     Some(match d {
         DamageError::StoreMissing { path, .. } => Refusal::StoreMissing(path.clone()),
+        DamageError::StoreReplaced { path, .. } => Refusal::StoreReplaced(path.clone()),
+        DamageError::StoreBehind { path, .. } => Refusal::StoreBehind(path.clone()),
         DamageError::LostEntries {
             path,
             expected,
@@ -178,18 +209,23 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     };
     let disk = fs.disk_image_where(named);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(23) ^ 0x6c6f_7374);
-    let mut by_kind: [Vec<Candidate>; 4] = Default::default();
+    let mut by_kind: [Vec<Candidate>; 5] = Default::default();
     let beside = |suffix: &str| PathBuf::from(format!("{STORE_DB}{suffix}"));
     let wal_bytes = fs.disk_image_where(|p| p == beside("-wal"));
     let has_store =
         disk.get(store).is_some_and(|b| !b.is_empty()) || wal_bytes.values().any(|w| !w.is_empty());
     if disk.contains_key(&root.join(MANIFEST_FILE)) && has_store {
-        by_kind[0].push(Candidate {
-            loss: Loss::Store,
-            path: store.to_path_buf(),
-            cut_at: None,
-            cut_off: Vec::new(),
-        });
+        let foreign = foreign_root().is_some();
+        for loss in [Loss::Store, Loss::StoreReplaced] {
+            if loss != Loss::StoreReplaced || foreign {
+                by_kind[0].push(Candidate {
+                    loss,
+                    path: store.to_path_buf(),
+                    cut_at: None,
+                    cut_off: Vec::new(),
+                });
+            }
+        }
     }
     let sessions: BTreeMap<&Path, &str> = disk
         .keys()
@@ -200,6 +236,8 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         })
         .collect();
     let mut scanned: Vec<Scanned<'_>> = Vec::new();
+    // An open turn's log holds a settled irreversible call.
+    let mut proves_store_older = false;
     // Every session the boot reads, readable here (else no lost parent:
     // which sessions the boot cuts off would be a guess).
     let mut all_read = true;
@@ -248,6 +286,9 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         let terminated = read
             .iter()
             .any(|e| matches!(e.event, Event::AgentTerminated { .. }));
+        if !terminated && settled_irreversible(&read) {
+            proves_store_older = true;
+        }
         scanned.push(Scanned {
             dir,
             id,
@@ -277,6 +318,14 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             cut_off: Vec::new(),
         });
     }
+    if all_read && proves_store_older && has_store && disk.contains_key(&root.join(MANIFEST_FILE)) {
+        by_kind[4].push(Candidate {
+            loss: Loss::StoreOlder,
+            path: store.to_path_buf(),
+            cut_at: None,
+            cut_off: Vec::new(),
+        });
+    }
     if all_read {
         for parent in &scanned {
             let named = scanned
@@ -303,7 +352,11 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     if kinds.is_empty() {
         return None;
     }
-    let kind = kinds[rng.random_range(0..kinds.len())];
+    // A disk that proves an older store wrong is rare (a few in a `ci`
+    // fuzz): when there is one, that is what is lost. The draw is made
+    // all the same, so the rest of the choice stays where it was.
+    let drawn = kinds[rng.random_range(0..kinds.len())];
+    let kind = if by_kind[4].is_empty() { drawn } else { &by_kind[4] };
     let chosen = &kind[rng.random_range(0..kind.len())];
     let backup = fs.backup();
     match (chosen.loss, chosen.cut_at) {
@@ -316,6 +369,14 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             for suffix in ["-wal", "-journal"] {
                 let _ = fs.lose(&beside(suffix));
             }
+        }
+        (Loss::StoreReplaced | Loss::StoreOlder, _) => {
+            let copy = match chosen.loss {
+                Loss::StoreOlder => older_copy()?,
+                _ => foreign_root()?,
+            };
+            let files = [store.to_path_buf(), beside("-wal"), beside("-journal")];
+            fs.copy_in(copy, |p| files.iter().any(|f| f == p)).ok()?;
         }
         (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
         (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
@@ -337,11 +398,86 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     })
 }
 
+/// Another root's disk, stopped cleanly: a second system booted on a
+/// scratch disk at op [`FOREIGN_STEP`] (not at the install's time, so the
+/// store id its boot draws from the clock differs from every case's):
+/// a healthy store with its own loop checkpoint. Built once
+/// per process; a pure function of constants, so every case, fork and
+/// replay copies the same bytes. `None` if that system does not boot
+/// (then no store is replaced).
+fn foreign_root() -> Option<&'static DiskBackup> {
+    static FOREIGN: OnceLock<Option<DiskBackup>> = OnceLock::new();
+    FOREIGN
+        .get_or_init(|| {
+            let mut other = Driver::new(FOREIGN_SEED, Canaries::default());
+            other.set_step(FOREIGN_STEP);
+            other.open().ok()?;
+            other.shutdown(CrashKind::Process);
+            Some(other.fs.backup())
+        })
+        .as_ref()
+}
+
+/// This root's store as installed (before the first op, the same for every
+/// case): the older copy an operator restores from a backup. `None` if the
+/// install fails (then no store is replaced).
+fn older_copy() -> Option<&'static DiskBackup> {
+    static OLDER: OnceLock<Option<DiskBackup>> = OnceLock::new();
+    OLDER
+        .get_or_init(|| {
+            let install = crate::driver::installed_disk(&Canaries::default()).ok()?;
+            let fs = SimFs::from_snapshot(&install, crate::driver::sim_config(0));
+            Some(fs.backup())
+        })
+        .as_ref()
+}
+
+/// `read` (one session's log as the boot reads it) has an open turn — its
+/// last `turn.start`, no `turn.complete` after it — holding the
+/// `tool.result` of an irreversible call its `round.decided` decided, not
+/// denied by a hook and not one of the runtime's own orchestration tools
+/// (those never reach the tool-call ledger).
+fn settled_irreversible(read: &[&LogEntry]) -> bool {
+    let Some(start) = read
+        .iter()
+        .rposition(|e| matches!(e.event, Event::TurnStart { .. }))
+    else {
+        return false;
+    };
+    let open = &read[start..];
+    if open.iter().any(|e| matches!(e.event, Event::TurnComplete { .. })) {
+        return false;
+    }
+    let ledgered: Vec<&str> = open
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::RoundDecided { calls, .. } => Some(calls),
+            _ => None,
+        })
+        .flatten()
+        .filter(|c| {
+            c.irreversible
+                && c.hook.as_ref().is_none_or(|h| h.denied.is_none())
+                && !matches!(c.tool.as_str(), "spawn_agent" | "send_message" | "list_agents")
+        })
+        .map(|c| c.call_id.as_str())
+        .collect();
+    open.iter().any(
+        |e| matches!(&e.event, Event::ToolResult { call_id, .. } if ledgered.contains(&call_id.as_str())),
+    )
+}
+
+/// The other root's seed and the op its system was installed at.
+const FOREIGN_SEED: u64 = 0x0f07_e167;
+const FOREIGN_STEP: u64 = 1_000;
+
 /// What the boot must have refused with for `loss` of `path`.
 fn wanted(loss: Loss, path: &Path) -> Refusal {
     let path = path.to_path_buf();
     match loss {
         Loss::Store => Refusal::StoreMissing(path),
+        Loss::StoreReplaced => Refusal::StoreReplaced(path),
+        Loss::StoreOlder => Refusal::StoreBehind(path),
         Loss::Entries { expected, found } => Refusal::LostEntries {
             path,
             expected,
@@ -447,6 +583,8 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
     }
     let (kind, line) = match loss {
         Loss::Store => (FindingKind::StoreMissing, None),
+        Loss::StoreReplaced => (FindingKind::StoreReplaced, None),
+        Loss::StoreOlder => (FindingKind::StoreBehind, None),
         Loss::Entries { found, .. } => (FindingKind::LostEntries, Some(found + 1)),
         Loss::Record => (FindingKind::MissingRecord, None),
         Loss::Parent { .. } => return Vec::new(), // answered above

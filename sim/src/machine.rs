@@ -204,7 +204,9 @@ fn work_retry(state: &RefState) -> Option<BoxedStrategy<Op>> {
 /// and the ack), then that fire; after a fire ran with a crash armed, a
 /// turn of its agent (so its turn count moves on) and its re-fire; with a
 /// claim held, a restart; with zombie claims around (a restart reclaimed
-/// leases), a fresh claim and a stale ack.
+/// leases), a fresh claim and a stale ack; with a row not yet due, an emit
+/// due at once, and with two due rows the later emitted due first, a claim
+/// (the claim's order among due rows).
 fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
     let model = &state.model;
     let due = model
@@ -294,6 +296,32 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
                 })
                 .boxed(),
         );
+    }
+    let pending = || {
+        model
+            .state
+            .triggers
+            .iter()
+            .filter(|t| t.status == TriggerStatus::Pending)
+    };
+    if pending().any(|t| t.fire_at > model.now) {
+        // A row not yet due: a later emit due at once puts the emit order
+        // and the `fire_at` order apart (the claim's `ORDER BY fire_at`).
+        arms.push(
+            any::<u8>()
+                .prop_map(|key| Op::EmitTrigger { key, due_in: 0 })
+                .boxed(),
+        );
+    }
+    let due: Vec<u64> = pending()
+        .filter(|t| t.not_before <= model.now && t.fire_at <= model.now)
+        .map(|t| t.fire_at)
+        .collect();
+    if due.windows(2).any(|w| w[1] < w[0]) {
+        // Two due rows, the later emitted due first: a claim tells a store
+        // that orders by `fire_at` from one that orders by emit order.
+        arms.push(Just(Op::ClaimTrigger).boxed());
+        arms.push(Just(Op::ClaimTrigger).boxed());
     }
     if !model.stale_claims.is_empty() {
         arms.push(Just(Op::ClaimTrigger).boxed());

@@ -123,10 +123,16 @@
 //!   any is ([`RotVerdict::ReadOlder`]). And it loses at rest what no
 //!   crash loses ([`crate::loss`]): `store.db` (gone or emptied while
 //!   `root.json` names a store), lines off a log's end before the `seq`
-//!   its `events.pending` holds, or a `session.json` beside a log holding
-//!   `agent.created` — each must be refused with the typed damage error
+//!   its `events.pending` holds, a `session.json` beside a log holding
+//!   `agent.created`, `store.db` replaced by another root's store, or by
+//!   an older copy of this root's own (the install's) while an open
+//!   turn's log holds the result of an irreversible call its ledger has
+//!   no row for — each must be refused with the typed damage error
 //!   naming that file (`StoreMissing`; `LostEntries` with the expected
-//!   and found counts; `MissingRecord`), never booted over; and a
+//!   and found counts; `MissingRecord`; `StoreReplaced`; `StoreBehind`
+//!   naming `store.db`), never booted over (an older copy the logs do
+//!   not contradict is never struck: the product does not promise to
+//!   detect it); and a
 //!   parent's whole directory, lost while a live session names it: the
 //!   boot terminates every session so cut off (GUARANTEES 9), its
 //!   `agent.terminated` past every tick of the logs it read. The whole

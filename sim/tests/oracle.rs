@@ -440,3 +440,65 @@ fn a_loss_at_rest_is_refused_with_its_typed_damage_and_verify_says_so() {
     );
     assert_eq!(verify_agrees(&verified(Vec::new()), &rot).len(), 1);
 }
+
+/// R6 and I7 for a store replaced by another root's: the boot must refuse
+/// with `StoreReplaced` naming `store.db` (not as a missing store, never
+/// booted over), and `verify` must report `StoreReplaced` on that file.
+#[test]
+fn a_store_replaced_by_another_roots_is_refused_as_replaced_and_verify_says_so() {
+    use durable_agent::recovery::verify::{Finding, FindingKind, Remedy, Verification};
+    use durable_agent_sim::loss::{judge, verify_agrees, Loss, Refusal};
+    use durable_agent_sim::rot::{Damage, Rot};
+    let store: std::path::PathBuf = durable_agent_sim::driver::STORE_DB.into();
+    let rot = Rot {
+        damage: Damage::Lost(Loss::StoreReplaced),
+        path: store.clone(),
+        line: 0,
+        line_offset: 0,
+        bytes: Vec::new(),
+        at_point: 40,
+        replaceable: false,
+        backup: None,
+        cut_off: Vec::new(),
+    };
+    let failed = Err("boot: damaged".to_string());
+    let fs = durable_agent::fs::SimFs::new(durable_agent::fs::SimConfig::new(1));
+    let loss = Loss::StoreReplaced;
+    assert!(judge(
+        &rot,
+        loss,
+        &failed,
+        Some(&Refusal::StoreReplaced(store.clone())),
+        &fs
+    )
+    .is_ok());
+    assert!(
+        judge(
+            &rot,
+            loss,
+            &failed,
+            Some(&Refusal::StoreMissing(store.clone())),
+            &fs
+        )
+        .is_err(),
+        "refused as missing"
+    );
+    assert!(
+        judge(&rot, loss, &Ok(()), None, &fs).is_err(),
+        "booted over another root's store"
+    );
+    let verified = |kind| Verification {
+        damaged: vec![Finding {
+            kind,
+            path: store.clone(),
+            line: None,
+            offset: None,
+            session: None,
+            message: String::new(),
+            remedy: Remedy::AcceptStoreLoss,
+        }],
+        ..Verification::default()
+    };
+    assert!(verify_agrees(&verified(FindingKind::StoreReplaced), &rot).is_empty());
+    assert_eq!(verify_agrees(&verified(FindingKind::StoreMissing), &rot).len(), 1);
+}

@@ -12,7 +12,18 @@
 //!   before any child's): a damaged log, not a crash orphan;
 //! - a root whose manifest says it has a store, without `store.db` (or
 //!   with an emptied one) — and, after the store is opened, a store whose
-//!   identity is not the manifest's (checked by the boot).
+//!   identity is not the manifest's (checked by the boot);
+//! - a store **older than the logs** (an older copy of this root's own
+//!   `store.db` put back): an open turn's log holds the result of an
+//!   irreversible call ([`SettledCall`]) whose tool-call ledger row the
+//!   store lacks. The row is committed before that result is appended, and
+//!   GC keeps an open turn's rows, so no crash leaves the result without
+//!   it; a boot over such a store would resume the turn and send the
+//!   settled effect again (checked by the boot once the store is open:
+//!   [`store_behind`]). An older copy that no open turn's log contradicts
+//!   is not detected (a stated limit, docs/OPERATING.md), nor checked once
+//!   the manifest records a store given up (`--accept-store-loss`: the
+//!   new store lacks every row by the operator's choice).
 //!
 //! A crash orphan — a session whose log never held `agent.created`, with
 //! no mark and no child saying the agent existed — is not damage: the
@@ -30,6 +41,7 @@ use std::path::{Path, PathBuf};
 use crate::fs::Fs;
 use crate::log::repair::LogInspection;
 use crate::log::{self, Event, LogError, EVENTS_FILE, PENDING_FILE};
+use crate::runtime::orchestration::OrchestrationTool;
 use crate::runtime::SessionId;
 use crate::store::manifest::{self, Manifest, ManifestError, MANIFEST_FILE};
 use crate::store::session::SESSION_FILE;
@@ -88,6 +100,21 @@ pub enum DamageError {
         expected: u32,
         found: u32,
     },
+    #[error(
+        "{}: older than the logs: {} holds the result of irreversible call {call_id} (key \
+         {idempotency_key}) of an open turn, but the store has no ledger row for it (written before \
+         the result): an older copy of this root's store was put back, and a resumed turn would send \
+         the effect again. Nothing was changed. Restore the store.db the logs were written with (or the \
+         whole root from one backup), or give it up with `durable-agent repair --quarantine \
+         --accept-store-loss` (see docs/OPERATING.md)",
+        path.display(), log.display()
+    )]
+    StoreBehind {
+        path: PathBuf,
+        log: PathBuf,
+        call_id: String,
+        idempotency_key: String,
+    },
     #[error("{0}")]
     Manifest(#[from] ManifestError),
     #[error("{step} on {}: {source}", path.display())]
@@ -108,6 +135,7 @@ impl DamageError {
             | DamageError::MissingRecord { path }
             | DamageError::StoreMissing { path, .. }
             | DamageError::StoreReplaced { path, .. }
+            | DamageError::StoreBehind { path, .. }
             | DamageError::Io { path, .. } => Some(path),
             DamageError::Manifest(ManifestError::Io { path, .. } | ManifestError::Invalid { path, .. }) => {
                 Some(path)
@@ -166,10 +194,20 @@ impl SessionScan {
     }
 }
 
+/// What [`preflight`] found that the boot checks once the store is open.
+#[derive(Debug, Default)]
+pub struct Preflight {
+    /// The root's manifest, if any (the opened store's identity must be
+    /// the one it names).
+    pub manifest: Option<Manifest>,
+    /// The settled irreversible calls of open turns (the store must hold
+    /// their ledger rows: [`store_behind`]).
+    pub settled: Vec<SettledCall>,
+}
+
 /// Every damage this module knows, in `root`, before anything changes;
-/// `db_path` is the store's file. Returns the manifest, if any (the boot
-/// checks the opened store's identity against it).
-pub fn preflight(fs: &dyn Fs, root: &Path, db_path: &Path) -> Result<Option<Manifest>, DamageError> {
+/// `db_path` is the store's file.
+pub fn preflight(fs: &dyn Fs, root: &Path, db_path: &Path) -> Result<Preflight, DamageError> {
     let found = manifest::read(fs, root)?;
     if let Some(m) = &found {
         if store_is_missing(fs, db_path)? {
@@ -184,7 +222,100 @@ pub fn preflight(fs: &dyn Fs, root: &Path, db_path: &Path) -> Result<Option<Mani
     if let Some(first) = session_damage(&scans).into_iter().next() {
         return Err(first);
     }
-    Ok(found)
+    let mut settled = settled_calls(&scans);
+    // A store given up (`repair --accept-store-loss`, recorded in the
+    // manifest) is new and empty by the operator's choice: its ledger
+    // lacks every row the logs prove, and is not older than them.
+    if !settled.is_empty() && !manifest::read_lost(fs, root)?.is_empty() {
+        settled.clear();
+    }
+    Ok(Preflight {
+        manifest: found,
+        settled,
+    })
+}
+
+/// An irreversible call of a session's open turn (its last `turn.start`,
+/// no `turn.complete` after it, the agent not terminated) whose
+/// `tool.result` the log holds. `SystemTools::execute` commits the call's
+/// tool-call ledger row before it returns the result the runtime then
+/// appends, and GC never collects an open turn's rows (GUARANTEES 29): a
+/// store without the row is older than the log. Denied calls and the
+/// runtime's own orchestration tools never reach the ledger and are not
+/// listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettledCall {
+    pub log: PathBuf,
+    pub call_id: String,
+    pub idempotency_key: String,
+}
+
+/// The [`SettledCall`]s of `scans`' readable logs.
+pub fn settled_calls(scans: &[SessionScan]) -> Vec<SettledCall> {
+    let mut out = Vec::new();
+    for s in scans {
+        if s.terminated() {
+            continue;
+        }
+        let entries = s.entries();
+        let Some(start) = entries
+            .iter()
+            .rposition(|e| matches!(e.event, Event::TurnStart { .. }))
+        else {
+            continue;
+        };
+        let open = &entries[start..];
+        if open.iter().any(|e| matches!(e.event, Event::TurnComplete { .. })) {
+            continue;
+        }
+        let decided: Vec<&log::DecidedCall> = open
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::RoundDecided { calls, .. } => Some(calls),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        for e in open {
+            let Event::ToolResult { call_id, .. } = &e.event else {
+                continue;
+            };
+            let call = decided.iter().rev().find(|c| &c.call_id == call_id);
+            if let Some(c) = call.filter(|c| {
+                c.irreversible
+                    && c.hook.as_ref().is_none_or(|h| h.denied.is_none())
+                    && OrchestrationTool::from_name(&c.tool).is_none()
+            }) {
+                out.push(SettledCall {
+                    log: s.dir.join(EVENTS_FILE),
+                    call_id: c.call_id.clone(),
+                    idempotency_key: c.idempotency_key.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The first of `settled` whose ledger row `known` (by call id or
+/// idempotency key: a re-run of a rolled-back turn answers from the row
+/// of the same key) does not hold, as [`DamageError::StoreBehind`].
+pub fn store_behind(
+    db_path: &Path,
+    settled: &[SettledCall],
+    mut known: impl FnMut(&SettledCall) -> Result<bool, DamageError>,
+) -> Result<(), DamageError> {
+    for call in settled {
+        if !known(call)? {
+            return Err(DamageError::StoreBehind {
+                path: db_path.to_path_buf(),
+                log: call.log.clone(),
+                call_id: call.call_id.clone(),
+                idempotency_key: call.idempotency_key.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Every session directory under `{root}/agents/` (sorted by name; names

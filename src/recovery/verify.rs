@@ -38,7 +38,9 @@ use serde::Serialize;
 mod store_read;
 use store_read::{StoreCopy, StoreRead};
 
-use super::damage::{beside, scan_sessions, session_damage, store_is_missing, DamageError, SessionScan};
+use super::damage::{
+    beside, scan_sessions, session_damage, settled_calls, store_is_missing, DamageError, SessionScan,
+};
 use crate::canary::Canaries;
 use crate::fs::Fs;
 use crate::fs::{FsLock, OpenMode};
@@ -142,6 +144,10 @@ pub enum FindingKind {
     StoreMissing,
     /// `store.db`'s identity is not the one `root.json` names.
     StoreReplaced,
+    /// `store.db` is older than the logs: an open turn's log holds the
+    /// result of an irreversible call the tool-call ledger has no row for
+    /// (an older copy of this root's store put back).
+    StoreBehind,
     /// `store.db` does not open, or fails `PRAGMA integrity_check`.
     StoreCorrupt,
     /// `root.json` does not parse.
@@ -265,9 +271,47 @@ pub fn verify_with(fs: Arc<dyn Fs>, root: &Path, db_path: &Path, writers: Writer
         root: root.to_path_buf(),
         ..Verification::default()
     };
-    check_store(ro.as_ref(), root, db_path, &mut v);
-    check_sessions(&ro, root, writers, &mut v);
+    let ledger = check_store(ro.as_ref(), root, db_path, &mut v);
+    let scans = check_sessions(&ro, root, writers, &mut v);
+    if let (Some(ledger), Some(scans)) = (ledger, scans) {
+        check_store_behind(db_path, &ledger, &scans, &mut v);
+    }
     v
+}
+
+/// The store holds the ledger row of every settled irreversible call of
+/// an open turn ([`super::damage::SettledCall`]): what the boot checks
+/// ([`super::damage::store_behind`]), every such call reported.
+fn check_store_behind(
+    db_path: &Path,
+    ledger: &store_read::Ledger,
+    scans: &[SessionScan],
+    v: &mut Verification,
+) {
+    for call in settled_calls(scans) {
+        if ledger.contains(&call.call_id) || ledger.contains(&call.idempotency_key) {
+            continue;
+        }
+        let session = scans
+            .iter()
+            .find(|s| call.log.parent() == Some(s.dir.as_path()))
+            .map(|s| s.id.clone());
+        let mut found = finding(
+            FindingKind::StoreBehind,
+            db_path,
+            format!(
+                "older than the logs: {} holds the result of irreversible call {} (key {}) of an open \
+                 turn, but the store has no ledger row for it: an older copy of this root's store; the \
+                 boot refuses the root (a resumed turn would send the effect again)",
+                call.log.display(),
+                call.call_id,
+                call.idempotency_key
+            ),
+            Remedy::AcceptStoreLoss,
+        );
+        found.session = session;
+        v.damaged.push(found);
+    }
 }
 
 fn finding(kind: FindingKind, path: &Path, message: impl Into<String>, remedy: Remedy) -> Finding {
@@ -305,7 +349,9 @@ fn unreadable(path: &Path, e: impl std::fmt::Display) -> Finding {
     )
 }
 
-fn check_store(fs: &dyn Fs, root: &Path, db_path: &Path, v: &mut Verification) {
+/// The store's checks; its [`store_read::Ledger`] when it is healthy and
+/// the one `root.json` names (or no manifest names one yet).
+fn check_store(fs: &dyn Fs, root: &Path, db_path: &Path, v: &mut Verification) -> Option<store_read::Ledger> {
     let manifest_path = root.join(MANIFEST_FILE);
     let manifest = match manifest::read(fs, root) {
         Ok(m) => m,
@@ -324,7 +370,11 @@ fn check_store(fs: &dyn Fs, root: &Path, db_path: &Path, v: &mut Verification) {
         }
     };
     v.manifest_store_id = manifest.map(|m| m.store_id);
+    // A store given up is empty by the operator's choice: not older than
+    // the logs (no ledger handed back, so nothing is checked against it).
+    let mut given_up = false;
     if let Ok(lost) = manifest::read_lost(fs, root) {
+        given_up = !lost.is_empty();
         for l in lost {
             healthy(
                 v,
@@ -338,24 +388,30 @@ fn check_store(fs: &dyn Fs, root: &Path, db_path: &Path, v: &mut Verification) {
         }
     }
     match store_is_missing(fs, db_path) {
-        Err(e) => v.damaged.push(unreadable(db_path, e)),
-        Ok(true) => match manifest {
-            Some(m) => v.damaged.push(finding(
-                FindingKind::StoreMissing,
-                db_path,
-                format!(
-                    "missing or empty, but {} says this root has a store (store id {:08x}): triggers, \
+        Err(e) => {
+            v.damaged.push(unreadable(db_path, e));
+            None
+        }
+        Ok(true) => {
+            match manifest {
+                Some(m) => v.damaged.push(finding(
+                    FindingKind::StoreMissing,
+                    db_path,
+                    format!(
+                        "missing or empty, but {} says this root has a store (store id {:08x}): triggers, \
                      runs and the side-effect ledger are gone; the boot refuses the root",
-                    manifest_path.display(),
-                    m.store_id
-                ),
-                Remedy::AcceptStoreLoss,
-            )),
-            None => healthy(v, db_path, "no store yet (the first boot creates it)"),
-        },
+                        manifest_path.display(),
+                        m.store_id
+                    ),
+                    Remedy::AcceptStoreLoss,
+                )),
+                None => healthy(v, db_path, "no store yet (the first boot creates it)"),
+            }
+            None
+        }
         Ok(false) => {
             v.store_present = true;
-            check_store_copy(fs, db_path, manifest, &manifest_path, v);
+            check_store_copy(fs, db_path, manifest, &manifest_path, v).filter(|_| !given_up)
         }
     }
 }
@@ -420,15 +476,16 @@ fn check_store_copy(
     manifest: Option<Manifest>,
     manifest_path: &Path,
     v: &mut Verification,
-) {
+) -> Option<store_read::Ledger> {
     let copy = match copy_store(fs, db_path) {
         Ok(copy) => copy,
         Err((path, e)) => {
             v.damaged.push(unreadable(&path, e));
-            return;
+            return None;
         }
     };
-    let found = match store_read::read(copy) {
+    let (read, ledger) = store_read::read_with_ledger(copy);
+    let found = match read {
         StoreRead::Healthy { store_id } => store_id,
         StoreRead::Corrupt(message) => {
             v.damaged.push(finding(
@@ -437,35 +494,46 @@ fn check_store_copy(
                 message,
                 Remedy::AcceptStoreLoss,
             ));
-            return;
+            return None;
         }
         StoreRead::CopyFailed(message) => {
             v.damaged.push(unreadable(db_path, message));
-            return;
+            return None;
         }
     };
     match manifest {
-        Some(m) if m.store_id == found => healthy(
-            v,
-            db_path,
-            format!("integrity_check ok; store id {found:08x}, the one root.json names"),
-        ),
-        Some(m) => v.damaged.push(finding(
-            FindingKind::StoreReplaced,
-            db_path,
-            format!(
+        Some(m) if m.store_id == found => {
+            healthy(
+                v,
+                db_path,
+                format!("integrity_check ok; store id {found:08x}, the one root.json names"),
+            );
+            Some(ledger)
+        }
+        Some(m) => {
+            v.damaged.push(finding(
+                FindingKind::StoreReplaced,
+                db_path,
+                format!(
                 "store id {found:08x}, but {} names {:08x}: the store was emptied or replaced by another \
                  root's; the boot refuses the root",
                 manifest_path.display(),
                 m.store_id
             ),
-            Remedy::AcceptStoreLoss,
-        )),
-        None => healthy(
-            v,
-            db_path,
-            format!("integrity_check ok; store id {found:08x} (no root.json yet: the next boot writes it)"),
-        ),
+                Remedy::AcceptStoreLoss,
+            ));
+            None
+        }
+        None => {
+            healthy(
+                v,
+                db_path,
+                format!(
+                    "integrity_check ok; store id {found:08x} (no root.json yet: the next boot writes it)"
+                ),
+            );
+            Some(ledger)
+        }
     }
 }
 
@@ -485,7 +553,14 @@ fn logs_look_damaged(scans: &[SessionScan]) -> bool {
 const RESCANS: u32 = 3;
 const RESCAN_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
-fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, writers: Writers, v: &mut Verification) {
+/// The sessions' checks; the scans they judged (`None` if the sessions
+/// could not be listed).
+fn check_sessions(
+    fs: &Arc<dyn Fs>,
+    root: &Path,
+    writers: Writers,
+    v: &mut Verification,
+) -> Option<Vec<SessionScan>> {
     let rescans = match writers {
         Writers::MaybeLive => RESCANS,
         Writers::None => 0,
@@ -497,7 +572,7 @@ fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, writers: Writers, v: &mut Verif
             Err(e) => {
                 let path = e.path().map_or_else(|| root.join("agents"), Path::to_path_buf);
                 v.damaged.push(unreadable(&path, e));
-                return;
+                return None;
             }
         };
         if attempt >= rescans || !logs_look_damaged(&scans) {
@@ -557,6 +632,7 @@ fn check_sessions(fs: &Arc<dyn Fs>, root: &Path, writers: Writers, v: &mut Verif
             remedy: Remedy::QuarantineSession,
         });
     }
+    Some(scans)
 }
 
 /// The live sessions whose parent never resolves (its directory is gone,

@@ -47,7 +47,7 @@ use serde::Serialize;
 use crate::canary::Canaries;
 use crate::fs::{Fs, FsLock};
 use crate::recovery::{
-    preflight, recover_stores, DamageError, RecoveryReport, StoreRecovery, StoreRecoveryError,
+    preflight, recover_stores, store_behind, DamageError, RecoveryReport, StoreRecovery, StoreRecoveryError,
 };
 use crate::runtime::context::ContextBudget;
 use crate::runtime::{
@@ -290,7 +290,7 @@ impl System {
         let root = config.root.clone();
         let lock = durable_root_locked(&*fs, &root)?;
         // Before anything changes: damage outside the crash model.
-        let manifest = preflight(&*fs, &root, &config.db_path())?;
+        let found = preflight(&*fs, &root, &config.db_path())?;
         let now = deps.clock.now_ms();
         let opts = SqliteOptions {
             seed: config.seed,
@@ -298,7 +298,21 @@ impl System {
             ..SqliteOptions::default()
         };
         let db = open_store(fs.clone(), &config.db_path(), &opts)?;
-        store_identity(&*fs, &root, &config, &db, manifest, now)?;
+        store_identity(&*fs, &root, &config, &db, found.manifest, now)?;
+        // An older copy of this root's own store: the logs' settled calls
+        // must have their ledger rows, or a resumed turn sends them again.
+        let calls = ToolCallStore::default();
+        store_behind(&config.db_path(), &found.settled, |call| {
+            let known = |row: Result<Option<_>, StoreError>| {
+                row.map(|r| r.is_some()).map_err(|e| DamageError::Io {
+                    path: config.db_path(),
+                    step: "tool-call ledger read",
+                    source: io::Error::other(e.to_string()),
+                })
+            };
+            Ok(known(calls.get(db.conn(), &call.call_id))?
+                || known(calls.by_key(db.conn(), &call.idempotency_key))?)
+        })?;
         let db = Arc::new(Mutex::new(db));
         let gate = ActivityGate::shared(
             db.clone(),

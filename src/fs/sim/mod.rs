@@ -479,6 +479,46 @@ impl SimFs {
         Ok(())
     }
 
+    /// Files copied in at rest from another disk (an operator copies
+    /// `store.db` back from an older backup, or from another root): every
+    /// file `wanted` accepts leaves this disk, and each file `wanted`
+    /// accepts in `from` takes its place with the bytes the process saw
+    /// there, durable. Not an I/O point; as [`SimFs::lose`], only on a disk
+    /// at rest, and the files' directories must exist here. Returns the
+    /// paths copied in.
+    pub fn copy_in(&self, from: &DiskBackup, wanted: impl Fn(&Path) -> bool) -> io::Result<Vec<PathBuf>> {
+        let mut s = self.lock();
+        debug_assert!(s.image.dir_log.is_empty(), "copy_in: only on a disk at rest");
+        let copies: Vec<(PathBuf, pages::Pages)> = from
+            .0
+            .ns
+            .iter()
+            .filter_map(|(k, n)| match n {
+                state::Node::File(ino) => Some((k.to_path_buf(), *ino)),
+                state::Node::Dir => None,
+            })
+            .filter(|(p, _)| wanted(p))
+            .filter_map(|(p, ino)| from.0.inodes.get(&ino).map(|i| (p, i.visible.clone())))
+            .collect();
+        for (path, _) in &copies {
+            let parent = path.parent().map(key::Key::new);
+            if !parent.is_some_and(|d| matches!(s.image.ns.get(&d), Some(state::Node::Dir))) {
+                return Err(state::not_found(path));
+            }
+        }
+        s.image
+            .ns
+            .retain(|k, n| !(matches!(n, state::Node::File(_)) && wanted(&k.to_path_buf())));
+        s.image
+            .ns_base
+            .retain(|k, n| !(matches!(n, state::Node::File(_)) && wanted(&k.to_path_buf())));
+        for (path, bytes) in &copies {
+            s.image.adopt_file(key::Key::new(path), bytes.clone());
+        }
+        s.image.collect_garbage();
+        Ok(copies.into_iter().map(|(p, _)| p).collect())
+    }
+
     /// A file cut short at rest to `len` bytes (emptied, or lines lost off
     /// its end by a hand edit or a bad restore), on the disk and in the
     /// process's view. Not an I/O point; as [`SimFs::lose`].

@@ -199,6 +199,22 @@ impl Image {
         });
     }
 
+    /// A file put in place at rest with `bytes`, durable (name and data
+    /// alike): a copy an operator made while nothing ran. Replaces any
+    /// file of that name.
+    pub(super) fn adopt_file(&mut self, path: Key, bytes: Pages) {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        let inode = super::inode::Inode {
+            visible: bytes.clone(),
+            base: bytes,
+            log: Vec::new(),
+        };
+        self.inodes.insert(ino, Arc::new(inode));
+        self.ns.insert(path.clone(), Node::File(ino));
+        self.ns_base.insert(path, Node::File(ino));
+    }
+
     pub(super) fn create_file(&mut self, path: Key) -> Ino {
         let ino = self.next_ino;
         self.next_ino += 1;

@@ -1,5 +1,7 @@
-//! What SQLite makes of a copy of the store: its identity, or why it is
-//! not a healthy store — remembered per thread for the copies read lately.
+//! What SQLite makes of a copy of the store: its identity and the tool-call
+//! ledger's call ids and idempotency keys ([`Ledger`]: an older copy of the
+//! store lacks rows the logs' settled calls prove), or why it is not a
+//! healthy store — remembered per thread for the copies read lately.
 //!
 //! Why remembered: opening a store is SQLite's whole fixed cost (parse the
 //! schema, rebuild the WAL index, roll back a hot journal, walk every
@@ -19,6 +21,7 @@
 //! memory is never remembered.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -72,35 +75,89 @@ const MEMO_COPIES: usize = 8;
 const MEMO_MAX_BYTES: usize = 16 << 20;
 
 thread_local! {
-    static READ: RefCell<Vec<(StoreCopy, StoreRead)>> = const { RefCell::new(Vec::new()) };
+    static READ: RefCell<Vec<(StoreCopy, StoreRead, Ledger)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// What SQLite makes of `copy`: remembered if this thread read an equal
-/// copy lately, else read afresh.
+/// Every call id and idempotency key of a healthy copy's `tool_calls`
+/// (empty for any other read, and for a store without the table).
+pub(super) type Ledger = Arc<BTreeSet<String>>;
+
+/// What SQLite makes of `copy`.
+#[cfg(test)]
 pub(super) fn read(copy: StoreCopy) -> StoreRead {
+    read_with_ledger(copy).0
+}
+
+/// What SQLite makes of `copy`, with its [`Ledger`]: remembered if this
+/// thread read an equal copy lately, else read afresh.
+pub(super) fn read_with_ledger(copy: StoreCopy) -> (StoreRead, Ledger) {
     let known = READ.with_borrow(|memo| {
         memo.iter()
-            .find(|(seen, _)| seen.same_as(&copy))
-            .map(|(_, read)| read.clone())
+            .find(|(seen, _, _)| seen.same_as(&copy))
+            .map(|(_, read, ledger)| (read.clone(), ledger.clone()))
     });
-    if let Some(read) = known {
-        return read;
+    if let Some(known) = known {
+        return known;
     }
-    let read = fresh(&copy);
+    let (read, ledger) = fresh(&copy);
     if !matches!(read, StoreRead::CopyFailed(_)) && copy.len() <= MEMO_MAX_BYTES {
         READ.with_borrow_mut(|memo| {
             if memo.len() >= MEMO_COPIES {
                 memo.remove(0);
             }
-            memo.push((copy, read.clone()));
+            memo.push((copy, read.clone(), ledger.clone()));
         });
     }
-    read
+    (read, ledger)
 }
 
-/// Open `copy` on a fault-free in-memory disk, read its identity and run
-/// `integrity_check`.
-fn fresh(copy: &StoreCopy) -> StoreRead {
+/// The call ids and idempotency keys of `db`'s `tool_calls`, if it has the
+/// table.
+fn ledger_of(db: &crate::sqlite::Db) -> Result<Ledger, String> {
+    let conn = db.conn();
+    let has_table = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'tool_calls'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(|e| e.to_string())?
+        > 0;
+    let mut out = BTreeSet::new();
+    if has_table {
+        let mut stmt = conn
+            .prepare("SELECT id, idempotency_key FROM tool_calls")
+            .map_err(|e| e.to_string())?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(|e| e.to_string())?;
+        for row in rows {
+            let (id, key) = row.map_err(|e| e.to_string())?;
+            out.insert(id);
+            out.insert(key);
+        }
+    }
+    Ok(Arc::new(out))
+}
+
+/// Open `copy` on a fault-free in-memory disk, read its identity, run
+/// `integrity_check` and, when healthy, read its [`Ledger`].
+fn fresh(copy: &StoreCopy) -> (StoreRead, Ledger) {
+    let (read, db) = fresh_read(copy);
+    match (&read, db) {
+        (StoreRead::Healthy { .. }, Some(db)) => match ledger_of(&db) {
+            Ok(ledger) => (read, ledger),
+            Err(e) => (
+                StoreRead::Corrupt(format!("cannot read the tool-call ledger: {e}")),
+                Ledger::default(),
+            ),
+        },
+        _ => (read, Ledger::default()),
+    }
+}
+
+/// [`fresh`] without the ledger: the read, and the opened copy.
+fn fresh_read(copy: &StoreCopy) -> (StoreRead, Option<crate::sqlite::Db>) {
     let mem = SimFs::new(SimConfig::new(0));
     let path = Path::new("/verify/store.db");
     let put = |path: &Path, bytes: &[u8]| -> io::Result<()> {
@@ -119,12 +176,20 @@ fn fresh(copy: &StoreCopy) -> StoreRead {
             None => Ok(()),
         });
     if let Err(e) = copied {
-        return StoreRead::CopyFailed(format!("copying it into memory: {e}"));
+        return (
+            StoreRead::CopyFailed(format!("copying it into memory: {e}")),
+            None,
+        );
     }
     let opts = crate::sqlite::SqliteOptions::default();
     let db = match crate::sqlite::open(Arc::new(mem), path, &opts) {
         Ok(db) => db,
-        Err(e) => return StoreRead::Corrupt(format!("does not open as a SQLite database: {e}")),
+        Err(e) => {
+            return (
+                StoreRead::Corrupt(format!("does not open as a SQLite database: {e}")),
+                None,
+            )
+        }
     };
     let found = match db
         .conn()
@@ -132,9 +197,9 @@ fn fresh(copy: &StoreCopy) -> StoreRead {
     {
         // The id is stored as SQLite's signed 32-bit header field.
         Ok(id) => id as u32,
-        Err(e) => return StoreRead::Corrupt(format!("cannot read its identity: {e}")),
+        Err(e) => return (StoreRead::Corrupt(format!("cannot read its identity: {e}")), None),
     };
-    match db.integrity_check() {
+    let read = match db.integrity_check() {
         Ok(problems) if problems.is_empty() => StoreRead::Healthy { store_id: found },
         Ok(problems) => {
             let shown: Vec<&str> = problems.iter().take(5).map(String::as_str).collect();
@@ -145,7 +210,8 @@ fn fresh(copy: &StoreCopy) -> StoreRead {
             ))
         }
         Err(e) => StoreRead::Corrupt(format!("PRAGMA integrity_check failed: {e}")),
-    }
+    };
+    (read, Some(db))
 }
 
 #[cfg(test)]
