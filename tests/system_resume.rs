@@ -715,7 +715,7 @@ fn email_in_open_turn(fs: &SimFs, dir: &std::path::Path) -> (bool, bool) {
 /// written with back, and the turn resumes and the email went out once.
 /// An older store the logs do not contradict boots — a stated limit, and a
 /// known product bug (docs/OPERATING.md): when the crash fell between the
-/// email's send and its logged result (12 of this turn's points), the
+/// email's send and its logged result (13 of this turn's 164 points, crashed by power loss), the
 /// older ledger has no INTENT, the resumed call looks never started, and
 /// the email goes out a second time. Asserted here as it is, so that a fix
 /// (the ledger row durable before `tool.call`) shows up as a change.
@@ -751,7 +751,10 @@ fn an_older_store_under_a_settled_irreversible_call_is_refused_not_sent_again() 
         let crashed = system.runtime_mut().run_turn(&agent, PROMPT);
         assert!(crashed.is_err() && fs.crashed(), "{repro}: not reached");
         drop(system);
-        fs.restart(CrashMode::ProcessCrash);
+        // A power loss, so the disk is at rest (every directory operation
+        // resolved) when the operator copies a store in: `copy_in`'s
+        // precondition. The process saw the same turn either way.
+        fs.restart(CrashMode::PowerLoss(DirModel::Strict));
         let newer = fs.backup();
         let (called, settled) = email_in_open_turn(&fs, &dir);
         fs.copy_in(&older, store).expect("put the older store back");
@@ -770,6 +773,10 @@ fn an_older_store_under_a_settled_irreversible_call_is_refused_not_sent_again() 
                 assert_eq!(fs.image_hash(), before, "{repro}: the refusal changed the disk");
                 refused += 1;
                 // The store the logs were written with: the turn resumes.
+                // (The refused boot's lock and store opens left directory
+                // operations pending: a restart brings the disk to rest for
+                // the copy, as the first one did.)
+                fs.restart(CrashMode::PowerLoss(DirModel::Strict));
                 fs.copy_in(&newer, store).expect("put the newer store back");
                 let mut system = boot(&fs, &provider, &world);
                 let (outcome, _) =
