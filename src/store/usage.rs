@@ -252,15 +252,25 @@ mod tests {
     use super::*;
     use crate::store::schema::migrate;
 
-    #[test]
-    fn a_sessions_usage_rows_read_back_in_order_with_their_turn_and_model() {
+    /// An in-memory store at the current schema.
+    fn store() -> Connection {
         let conn = Connection::open_in_memory().expect("in-memory db");
         migrate(&conn, "test").expect("migrate");
-        let at = |s: &str, turn| TurnRef {
+        conn
+    }
+
+    /// Turn `turn` of session `s` (its agent `agent-{s}`).
+    fn at(s: &str, turn: u64) -> TurnRef {
+        TurnRef {
             session_id: s.into(),
             agent_id: format!("agent-{s}"),
             turn,
-        };
+        }
+    }
+
+    #[test]
+    fn a_sessions_usage_rows_read_back_in_order_with_their_turn_and_model() {
+        let conn = store();
         let usage = UsageStore;
         usage
             .persist_token_usage(&conn, &at("s", 0), "m1", 5, 2, 10)
@@ -285,13 +295,7 @@ mod tests {
 
     #[test]
     fn a_failed_call_is_numbered_by_the_rows_of_the_same_call_so_numbering_survives_a_restart() {
-        let conn = Connection::open_in_memory().expect("in-memory db");
-        migrate(&conn, "test").expect("migrate");
-        let at = |s: &str, turn| TurnRef {
-            session_id: s.into(),
-            agent_id: format!("agent-{s}"),
-            turn,
-        };
+        let conn = store();
         let usage = UsageStore;
         let fail = |s: &str, turn, context: &str| {
             usage
@@ -328,20 +332,14 @@ mod tests {
 
     #[test]
     fn usage_gc_deletes_old_rows_of_sessions_not_kept_in_one_pass() {
-        let conn = Connection::open_in_memory().expect("in-memory db");
-        migrate(&conn, "test").expect("migrate");
-        let at = |s: &str| TurnRef {
-            session_id: s.into(),
-            agent_id: format!("agent-{s}"),
-            turn: 0,
-        };
+        let conn = store();
         let usage = UsageStore;
         for (session, time) in [("old", 1), ("kept", 1), ("young", 60)] {
             usage
-                .persist_token_usage(&conn, &at(session), "m", 1, 1, time)
+                .persist_token_usage(&conn, &at(session, 0), "m", 1, 1, time)
                 .expect("usage");
             usage
-                .persist_error(&conn, &at(session), "llm", "boom", 0, time)
+                .persist_error(&conn, &at(session, 0), "llm", "boom", 0, time)
                 .expect("error");
         }
         let report = usage

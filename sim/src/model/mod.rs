@@ -607,6 +607,15 @@ impl Model {
     }
 
     /// A completed turn of `agent` and its irreversible effects.
+    /// A completed call's effect reaches the world's outbox: an irreversible
+    /// call that succeeded. A resumed turn reuses its keys: the ledger never
+    /// sends a key twice, and one of unknown fate stays unknown.
+    fn sent_by_turn(&mut self, key: String, t: &ToolStep) {
+        if t.irreversible && t.ok && !self.maybe_effects.contains(&key) && !self.state.outbox.contains(&key) {
+            self.state.outbox.push(key);
+        }
+    }
+
     fn add_turn(&mut self, agent: &str, prompt: &str, tools: &[ToolStep], response: &str) {
         self.touch(agent);
         if let Some(a) = self.state.agents.get_mut(agent) {
@@ -627,16 +636,7 @@ impl Model {
             });
         }
         for (i, t) in tools.iter().enumerate() {
-            let key = effect_key(agent, prompt, i);
-            // A resumed turn reuses its keys: the ledger never sends a
-            // key twice, and one of unknown fate stays unknown.
-            if t.irreversible
-                && t.ok
-                && !self.maybe_effects.contains(&key)
-                && !self.state.outbox.contains(&key)
-            {
-                self.state.outbox.push(key);
-            }
+            self.sent_by_turn(effect_key(agent, prompt, i), t);
         }
         self.orchestrate(agent, prompt);
     }
@@ -722,14 +722,7 @@ impl Model {
         for (i, t, call) in done {
             match call {
                 None => {
-                    let key = effect_key(agent, prompt, i);
-                    if t.irreversible
-                        && t.ok
-                        && !self.maybe_effects.contains(&key)
-                        && !self.state.outbox.contains(&key)
-                    {
-                        self.state.outbox.push(key);
-                    }
+                    self.sent_by_turn(effect_key(agent, prompt, i), &t);
                 }
                 Some(OrchCall::Send { to, payload }) => {
                     let msg = Msg {
