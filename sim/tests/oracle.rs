@@ -138,6 +138,32 @@ fn lost_turn_may_leave_its_side_effect_once_but_no_other() {
     assert!(judge(&before, None, None, &recovered, false).is_err());
 }
 
+/// A turn may stop for a human only with the identity of one a crash
+/// rolled back (its INTENT may be in the ledger): the immediate re-run, or
+/// a turn with its prompt run after other turns of its agent (the runtime
+/// keys it the same, `turn_identity`) — but not once a turn with that
+/// prompt completed (the identity moved on), and never a fresh prompt.
+#[test]
+fn only_a_turn_with_a_rolled_back_identity_may_stop_for_a_human() {
+    let lost = turn("a", "p1:I", vec![IRREV]);
+    let mut m = model(&[root("a")]);
+    // What the executor notes when a crash's verdict is Before.
+    m.lost_turns.insert("a".into(), lost.clone());
+    let identity = m.turn_identity("a", "p1:I");
+    m.rolled_back.insert(identity);
+    assert!(m.blocked(&lost).is_some(), "the immediate re-run");
+    m.apply(&turn("a", "p2", vec![]));
+    assert!(m.lost_turns.is_empty());
+    let stopped = m.blocked(&lost).expect("the same prompt after another turn");
+    assert_eq!(stopped.lost_turns.get("a"), Some(&lost), "it stays resumable");
+    assert!(
+        m.blocked(&turn("a", "p3:I", vec![IRREV])).is_none(),
+        "a fresh prompt"
+    );
+    m.apply(&lost);
+    assert!(m.blocked(&lost).is_none(), "the identity moved on");
+}
+
 /// Session records are compared exactly: after a restart every live
 /// agent's record is SUSPENDED (R1), of this build's version and the
 /// system's provider; one left ACTIVE, or missing, is a failure.

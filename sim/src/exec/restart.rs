@@ -240,8 +240,10 @@ impl Exec {
                 if accepted.side == oracle::Side::Before {
                     // The turn was rolled back: remember it for resume_turn,
                     // and its effects the world did not show as unknown.
-                    if let Some(turn @ Action::RunTurn { agent, .. }) = action {
+                    if let Some(turn @ Action::RunTurn { agent, prompt, .. }) = action {
                         self.model.lost_turns.insert(agent.clone(), turn.clone());
+                        let identity = self.model.turn_identity(agent, prompt);
+                        self.model.rolled_back.insert(identity);
                     }
                     for key in oracle::effects_of(action) {
                         if !self.model.state.outbox.contains(&key) {

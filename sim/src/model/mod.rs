@@ -549,6 +549,17 @@ pub struct Model {
     /// Bookkeeping.
     #[serde(default)]
     pub provider_failed: BTreeMap<String, u8>,
+    /// Plain turns a crash rolled back, by [`Model::turn_identity`]: their
+    /// irreversible calls' INTENT rows may be in the ledger, of unknown
+    /// fate, for as long as the identity can recur — the runtime keys a
+    /// turn's calls by its prompt and how many completed turns of its
+    /// agent had that prompt (`turn_identity`), so a turn with the same
+    /// prompt run after other turns meets the same keys and may stop for
+    /// a human ([`Model::blocked`]). Never pruned: a completed turn with
+    /// that prompt moves the identity on, and a dead entry permits
+    /// nothing. Bookkeeping.
+    #[serde(default)]
+    pub rolled_back: BTreeSet<String>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -1249,18 +1260,41 @@ impl Model {
         });
     }
 
+    /// The identity the runtime gives `agent`'s next turn with `prompt`
+    /// (`runtime::tools::turn_identity`): the prompt and how many of the
+    /// agent's completed turns had it.
+    pub fn turn_identity(&self, agent: &str, prompt: &str) -> String {
+        let done = self
+            .state
+            .agents
+            .get(agent)
+            .map_or(0, |a| a.turns.iter().filter(|t| t.prompt == prompt).count());
+        format!("{agent}/{prompt}#{done}")
+    }
+
     /// The state after `action`'s turn stopped at an irreversible call that
     /// needs a human's confirmation (seed 001: blocked, not skipped and not
-    /// re-sent), or `None` when it cannot need one: only the re-run of a
-    /// turn a crash rolled back can (its INTENT may be in the ledger, of
-    /// unknown fate). Nothing of the turn is kept: a plain turn stays lost
+    /// re-sent), or `None` when it cannot need one: only a turn with the
+    /// identity of one a crash rolled back can ([`Model::rolled_back`]:
+    /// its INTENT may be in the ledger, of unknown fate), or a work or
+    /// fire a crash cut. Nothing of the turn is kept: a plain turn stays lost
     /// and its messages pending; a fire's trigger is acked FAILED, one
     /// attempt more.
     pub fn blocked(&self, action: &Action) -> Option<Model> {
         let mut m = self.clone();
         match action {
-            // The turn took its agent's slot before it stopped.
-            Action::RunTurn { agent, .. } if self.lost_turns.get(agent) == Some(action) => m.touch(agent),
+            // The turn took its agent's slot before it stopped. It stays
+            // lost (resumable) whether it is the rolled-back turn itself or
+            // a later turn with its identity.
+            Action::RunTurn { agent, prompt, .. }
+                if self.lost_turns.get(agent) == Some(action)
+                    || self.rolled_back.contains(&self.turn_identity(agent, prompt)) =>
+            {
+                m.touch(agent);
+                m.lost_turns
+                    .entry(agent.clone())
+                    .or_insert_with(|| action.clone());
+            }
             Action::WorkTurn { agent, work, .. } if self.works.contains_key(&work_key(agent, work)) => {
                 m.touch(agent)
             }
