@@ -55,6 +55,14 @@ pub struct ToolStep {
     /// turns have 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub provider_fails: u8,
+    /// The provider's arguments for the call are nonsense (truncated JSON,
+    /// as a model cut off mid-answer writes them): the runtime must log the
+    /// call and answer it as a failed result the model can correct, never
+    /// run it — an irreversible one never reaches the world. A plain tool
+    /// only; `ok` is then false. Like `joins_round`, how the turn was
+    /// asked: recorded turns have it false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub garbled: bool,
 }
 
 /// Most asks of one round the provider fails ([`ToolStep::provider_fails`]).
@@ -75,6 +83,11 @@ impl ToolStep {
             ..self
         };
         match step.orch {
+            Orch::None if step.garbled => ToolStep {
+                ok: false,
+                lost: Lost::None,
+                ..step
+            },
             Orch::None => ToolStep {
                 lost: if step.irreversible && step.ok {
                     step.lost
@@ -87,6 +100,7 @@ impl ToolStep {
                 irreversible: false,
                 ok: true,
                 lost: Lost::None,
+                garbled: false,
                 ..step
             },
         }
@@ -332,18 +346,22 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         prop_oneof![22 => Just(Lost::None), 2 => Just(Lost::Reply), 1 => Just(Lost::Request)],
         prop_oneof![20 => Just(Orch::None), 1 => Just(Orch::Spawn), 2 => agent_ref().prop_map(Orch::Send)],
         prop_oneof![24 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8)],
+        prop::bool::weighted(0.04),
     )
-        .prop_map(|(irreversible, ok, joins_round, lost, orch, provider_fails)| {
-            ToolStep {
-                irreversible,
-                ok,
-                joins_round,
-                lost,
-                orch,
-                provider_fails,
-            }
-            .normalized()
-        })
+        .prop_map(
+            |(irreversible, ok, joins_round, lost, orch, provider_fails, garbled)| {
+                ToolStep {
+                    irreversible,
+                    ok,
+                    joins_round,
+                    lost,
+                    orch,
+                    provider_fails,
+                    garbled,
+                }
+                .normalized()
+            },
+        )
 }
 
 /// The generator. Weights favour ops that build state (so sequences reach
@@ -406,7 +424,9 @@ fn render_tools(tools: &[ToolStep]) -> String {
         if !t.orch.is_none() {
             continue;
         }
-        if !t.ok {
+        if t.garbled {
+            out.push_str("!garbled");
+        } else if !t.ok {
             out.push_str("!fail");
         }
         match t.lost {

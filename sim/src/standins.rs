@@ -280,6 +280,21 @@ impl Provider for ScriptedProvider {
                         irreversible: false,
                         invalid_args: None,
                     },
+                    // Nonsense arguments: the raw text, as a provider
+                    // adapter hands them on when they do not parse.
+                    None if step.garbled => {
+                        let raw = format!("{{\"key\": \"{}\", \"ok\": tr", call_key(prompt, *index));
+                        let why = match serde_json::from_str::<serde_json::Value>(&raw) {
+                            Ok(_) => "not a JSON object".to_string(),
+                            Err(e) => format!("not JSON ({e})"),
+                        };
+                        ToolRequest {
+                            tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                            args: serde_json::Value::String(raw),
+                            irreversible: step.irreversible,
+                            invalid_args: Some(why),
+                        }
+                    }
                     None => {
                         let mut args = json!({ "key": call_key(prompt, *index), "ok": step.ok });
                         let lost = match step.lost {

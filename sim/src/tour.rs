@@ -14,6 +14,7 @@ const REV: ToolStep = ToolStep {
     lost: Lost::None,
     orch: Orch::None,
     provider_fails: 0,
+    garbled: false,
 };
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
@@ -22,6 +23,7 @@ const IRREV: ToolStep = ToolStep {
     lost: Lost::None,
     orch: Orch::None,
     provider_fails: 0,
+    garbled: false,
 };
 const FAILING: ToolStep = ToolStep {
     irreversible: true,
@@ -30,6 +32,7 @@ const FAILING: ToolStep = ToolStep {
     lost: Lost::None,
     orch: Orch::None,
     provider_fails: 0,
+    garbled: false,
 };
 
 /// The tour: a tree of four agents, turns with every tool kind, messages

@@ -44,6 +44,7 @@ const IRREV: ToolStep = ToolStep {
     lost: durable_agent_sim::op::Lost::None,
     orch: durable_agent_sim::op::Orch::None,
     provider_fails: 0,
+    garbled: false,
 };
 
 #[test]

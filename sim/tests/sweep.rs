@@ -198,6 +198,7 @@ fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once()
         lost: Default::default(),
         orch: Default::default(),
         provider_fails: 0,
+        garbled: false,
     };
     let ops = vec![
         Op::CreateRoot,

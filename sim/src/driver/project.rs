@@ -497,6 +497,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                         lost: Lost::None,
                         orch: Orch::None,
                         provider_fails: 0,
+                        garbled: false,
                     });
                 }
             }

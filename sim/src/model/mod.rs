@@ -280,7 +280,9 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
 /// tool that succeeds, then (next round) a reversible one that fails;
 /// `p7:I+r` asks for both in one round; `p7:I~~r` has the provider fail
 /// the first two asks of the second round ([`ToolStep::provider_fails`]); `L` and `N` are irreversible ones
-/// whose answer the world loses, having acted or not ([`Lost`]); `C`
+/// whose answer the world loses, having acted or not ([`Lost`]); `X` and
+/// `x` an irreversible and a reversible one with nonsense arguments
+/// ([`ToolStep::garbled`]); `C`
 /// spawns a child ([`spawn_name`]) and `M(a003)` sends agent `a003` a
 /// message ([`Orch`]). `agents` are the live agents, in name order, that
 /// a send's [`crate::op::AgentRef`] picks from.
@@ -300,6 +302,7 @@ pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String]) -> String {
                 // No agent to send to: a lookup instead.
                 None => script.push('R'),
             },
+            Orch::None if t.garbled => script.push(if t.irreversible { 'X' } else { 'x' }),
             Orch::None => script.push(match (t.irreversible, t.ok) {
                 (true, true) if t.lost == Lost::Reply => 'L',
                 (true, true) if t.lost == Lost::Request => 'N',
@@ -360,8 +363,8 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
         }
         let index = out.len();
         let mut step = ToolStep {
-            irreversible: matches!(c, 'I' | 'i' | 'L' | 'N'),
-            ok: c.is_ascii_uppercase(),
+            irreversible: matches!(c, 'I' | 'i' | 'L' | 'N' | 'X'),
+            ok: c.is_ascii_uppercase() && c != 'X',
             joins_round: joins,
             lost: match c {
                 'L' => Lost::Reply,
@@ -370,6 +373,7 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
             },
             orch: Orch::None,
             provider_fails: std::mem::take(&mut fails),
+            garbled: matches!(c, 'X' | 'x'),
         };
         let call = match c {
             'C' => {
@@ -640,6 +644,7 @@ impl Model {
                         lost: Lost::None,
                         orch: Orch::None,
                         provider_fails: 0,
+                        garbled: false,
                         ..*t
                     })
                     .collect(),
