@@ -60,6 +60,13 @@ pub struct Totals {
     #[serde(default)]
     pub rechecked: u64,
     pub sweep_secs: f64,
+    /// The operator's `verify` before each boot (search and sweeps): the
+    /// reports an equal disk's memoized one answered, and those computed
+    /// ([`crate::driver::verified`]).
+    #[serde(default)]
+    pub verify_hits: u64,
+    #[serde(default)]
+    pub verify_misses: u64,
 }
 
 impl Totals {
@@ -75,6 +82,8 @@ impl Totals {
         self.reused += o.reused;
         self.rechecked += o.rechecked;
         self.sweep_secs += o.sweep_secs;
+        self.verify_hits += o.verify_hits;
+        self.verify_misses += o.verify_misses;
     }
 }
 
@@ -150,6 +159,12 @@ pub fn run(plan: &Plan, progress: &(dyn Fn(Progress) + Sync)) -> Outcome {
     let started = Instant::now();
     let mut t = Totals::default();
     let persist = plan.canaries == Canaries::none();
+    let memo = crate::driver::verified::stats();
+    let stamp = |t: &mut Totals| {
+        let (hits, misses) = crate::driver::verified::stats();
+        t.verify_hits = hits - memo.0;
+        t.verify_misses = misses - memo.1;
+    };
     loop {
         t.rounds += 1;
         let round = t.rounds;
@@ -178,6 +193,7 @@ pub fn run(plan: &Plan, progress: &(dyn Fn(Progress) + Sync)) -> Outcome {
                 out.runs,
                 started.elapsed()
             );
+            stamp(&mut t);
             return Outcome {
                 totals: t,
                 found: Some(found(plan, round, "search", &f, report)),
@@ -188,12 +204,14 @@ pub fn run(plan: &Plan, progress: &(dyn Fn(Progress) + Sync)) -> Outcome {
         t.sweep_secs += swept.elapsed().as_secs_f64();
         if let Some(f) = failure {
             let report = f.report();
+            stamp(&mut t);
             return Outcome {
                 totals: t,
                 found: Some(found(plan, round, "sweep", &f, report)),
             };
         }
         if plan.budget.is_none_or(|b| started.elapsed() >= b) {
+            stamp(&mut t);
             return Outcome {
                 totals: t,
                 found: None,

@@ -316,6 +316,12 @@ fn print_summary(s: &Summary, p: &Profile) {
         t.reused,
         t.rechecked
     );
+    println!(
+        "verify     {} reports computed, {} answered by an equal disk's (1 in {} of those re-verified: all equal)",
+        t.verify_misses,
+        t.verify_hits,
+        crate::driver::verified::RECHECK_EVERY
+    );
     println!("modes      ProcessCrash, PowerLoss(Strict), PowerLoss(Eager), PowerLoss+BitRot (the last sampled per the profile's rot_every)");
     println!("rates      per second of wall time, all jobs together");
     println!("failures   {}", s.failures.len());

@@ -34,6 +34,7 @@ use std::path::PathBuf;
 mod errors;
 mod project;
 mod usage;
+pub mod verified;
 
 use project::checkpoint;
 
@@ -337,7 +338,9 @@ impl Driver {
         let step_ms = self.now();
         self.clock.set(step_ms + BOOT_MS);
         let logs_before = self.fs.disk_image_where(project::is_log_file);
-        let verified = self.verify();
+        // A memoized report that differs from a fresh one fails the run
+        // before the boot (no refusal can excuse it).
+        let verified = verified::verified(&self.fs, || self.verify())?;
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
         self.verified = Some(verified);

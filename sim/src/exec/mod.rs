@@ -19,6 +19,7 @@ use crate::oracle;
 use crate::report::Failure;
 
 mod fork;
+pub(crate) use fork::content_key;
 mod restart;
 
 pub use fork::{Fork, Judging, Observed};
