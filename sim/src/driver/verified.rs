@@ -82,3 +82,49 @@ pub fn verified(fs: &SimFs, verify: impl Fn() -> Verification) -> Result<Verific
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::path::PathBuf;
+
+    use durable_agent::fs::{SimConfig, SimFs};
+    use durable_agent::recovery::verify::Verification;
+
+    use super::*;
+
+    fn report(root: &str) -> Verification {
+        Verification {
+            root: PathBuf::from(root),
+            ..Verification::default()
+        }
+    }
+
+    #[test]
+    fn an_equal_disk_is_answered_from_the_memo_and_a_sampled_hit_is_checked() {
+        let runs = Cell::new(0);
+        let verify = |root: &'static str| {
+            let runs = &runs;
+            move || {
+                runs.set(runs.get() + 1);
+                report(root)
+            }
+        };
+        // Two disks with equal content (both empty, other seeds).
+        let a = SimFs::new(SimConfig::new(1));
+        let b = SimFs::new(SimConfig::new(2));
+        assert_eq!(verified(&a, verify("/r")), Ok(report("/r")));
+        assert_eq!(runs.get(), 1);
+        let (hits, misses) = stats();
+        assert_eq!((hits, misses), (0, 1));
+        // Hits answer from the memo, without verifying, until the sampled
+        // one: verified afresh, and a different report is a harness bug.
+        for _ in 1..RECHECK_EVERY {
+            assert_eq!(verified(&b, verify("/other")), Ok(report("/r")));
+        }
+        assert_eq!(runs.get(), 1);
+        let bug = verified(&b, verify("/other")).expect_err("the sampled hit differs");
+        assert!(bug.starts_with("HARNESS BUG"), "{bug}");
+        assert_eq!(runs.get(), 2);
+    }
+}
