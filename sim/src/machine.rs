@@ -237,6 +237,7 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
         let i = u8::try_from(index_of(agent) % agents).unwrap_or(0);
         arms.push(
             Just(Op::RunTurn {
+                final_fails: 0,
                 agent: AgentRef(i),
                 tools: Vec::new(),
             })

@@ -225,10 +225,25 @@ pub enum Op {
     SpawnChild { parent: AgentRef },
     /// One turn of the agent: the provider asks for `tools` in order, then
     /// answers.
-    RunTurn { agent: AgentRef, tools: Vec<ToolStep> },
+    RunTurn {
+        agent: AgentRef,
+        tools: Vec<ToolStep>,
+        /// The provider fails the first `final_fails` asks for the turn's
+        /// final answer (the ask after its last tool round; at most
+        /// [`MAX_PROVIDER_FAILS`]), as [`ToolStep::provider_fails`] does a
+        /// round's: each fails the turn with every round done.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        final_fails: u8,
+    },
     /// A turn of the agent that reads its pending messages: they count as
     /// delivered only with the turn (both in its `turn.complete`).
-    ReadTurn { agent: AgentRef, tools: Vec<ToolStep> },
+    ReadTurn {
+        agent: AgentRef,
+        tools: Vec<ToolStep>,
+        /// As [`Op::RunTurn`]'s.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        final_fails: u8,
+    },
     /// An API turn with a work id (`POST /agents/{a}/turn` with `work_id`):
     /// it reads the agent's pending messages, and a crash that leaves its
     /// `turn.start` durable makes boot emit its RESUME trigger. `work`
@@ -364,6 +379,12 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         )
 }
 
+/// Failing asks for a turn's final answer ([`Op::RunTurn::final_fails`]):
+/// about one turn in 14.
+fn final_fails() -> impl Strategy<Value = u8> {
+    prop_oneof![13 => Just(0u8), 1 => 1u8..=MAX_PROVIDER_FAILS]
+}
+
 /// The generator. Weights favour ops that build state (so sequences reach
 /// interesting trees) and keep crashes frequent enough that most cases crash
 /// at least once. Earlier arms are simpler: proptest shrinks `prop_oneof!`
@@ -372,11 +393,11 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
     prop_oneof![
         3 => Just(Op::CreateRoot),
         4 => agent_ref().prop_map(|parent| Op::SpawnChild { parent }),
-        4 => (agent_ref(), prop::collection::vec(tool_step(), 0..3))
-            .prop_map(|(agent, tools)| Op::RunTurn { agent, tools }),
+        4 => (agent_ref(), prop::collection::vec(tool_step(), 0..3), final_fails())
+            .prop_map(|(agent, tools, final_fails)| Op::RunTurn { agent, tools, final_fails }),
         4 => (agent_ref(), agent_ref()).prop_map(|(from, to)| Op::SendMessage { from, to }),
-        3 => (agent_ref(), prop::collection::vec(tool_step(), 0..3))
-            .prop_map(|(agent, tools)| Op::ReadTurn { agent, tools }),
+        3 => (agent_ref(), prop::collection::vec(tool_step(), 0..3), final_fails())
+            .prop_map(|(agent, tools, final_fails)| Op::ReadTurn { agent, tools, final_fails }),
         3 => agent_ref().prop_map(|agent| Op::Deliver { agent }),
         2 => agent_ref().prop_map(|agent| Op::Evict { agent }),
         2 => agent_ref().prop_map(|agent| Op::Restore { agent }),
@@ -443,8 +464,26 @@ pub fn render(op: &Op) -> String {
     match op {
         Op::CreateRoot => "create_root".into(),
         Op::SpawnChild { parent } => format!("spawn_child(parent=#{})", parent.0),
-        Op::RunTurn { agent, tools } => format!("run_turn(#{}, tools={})", agent.0, render_tools(tools)),
-        Op::ReadTurn { agent, tools } => format!("read_turn(#{}, tools={})", agent.0, render_tools(tools)),
+        Op::RunTurn {
+            agent,
+            tools,
+            final_fails,
+        } => format!(
+            "run_turn(#{}, tools={}{})",
+            agent.0,
+            render_tools(tools),
+            "~".repeat(usize::from(*final_fails))
+        ),
+        Op::ReadTurn {
+            agent,
+            tools,
+            final_fails,
+        } => format!(
+            "read_turn(#{}, tools={}{})",
+            agent.0,
+            render_tools(tools),
+            "~".repeat(usize::from(*final_fails))
+        ),
         Op::WorkTurn { agent, work, tools } => match work {
             128.. => format!(
                 "work_turn(retry a started work #{}, tools={})",

@@ -22,7 +22,7 @@ use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
-use crate::model::{call_key, script_rounds, OrchCall};
+use crate::model::{call_key, final_fails, script_rounds, OrchCall};
 use crate::op::Lost;
 use crate::oracle_context::Asks;
 use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
@@ -256,8 +256,14 @@ impl Provider for ScriptedProvider {
             .rewording
             .as_ref()
             .and_then(|r| r.ask(request.agent_name, prompt, request.round));
-        if let (Some(faults), Some(round)) = (&self.faults, rounds.get(request.round as usize)) {
-            let fails = round.first().map_or(0, |(_, step, _)| step.provider_fails);
+        // The round's failing asks, or past the last round the final
+        // answer's.
+        let fails = match rounds.get(request.round as usize) {
+            Some(round) => round.first().map_or(0, |(_, step, _)| step.provider_fails),
+            None if request.round as usize == rounds.len() => final_fails(prompt),
+            None => 0,
+        };
+        if let Some(faults) = &self.faults {
             if let Some(message) = faults.fail(request.agent_name, prompt, request.round, fails) {
                 return Err(ProviderError(message));
             }

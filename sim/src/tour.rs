@@ -46,12 +46,14 @@ pub fn tour() -> Vec<Op> {
         Op::CreateRoot,
         Op::SpawnChild { parent: A(0) },
         Op::RunTurn {
+            final_fails: 0,
             agent: A(0),
             tools: vec![],
         },
         Op::SendMessage { from: A(0), to: A(1) },
         Op::SpawnChild { parent: A(1) },
         Op::RunTurn {
+            final_fails: 0,
             agent: A(1),
             tools: vec![REV],
         },
@@ -59,6 +61,7 @@ pub fn tour() -> Vec<Op> {
         Op::Deliver { agent: A(0) },
         Op::CreateRoot,
         Op::RunTurn {
+            final_fails: 0,
             agent: A(2),
             tools: vec![IRREV, REV],
         },
@@ -66,6 +69,7 @@ pub fn tour() -> Vec<Op> {
         Op::SendMessage { from: A(2), to: A(0) },
         Op::Restore { agent: A(0) },
         Op::RunTurn {
+            final_fails: 0,
             agent: A(0),
             tools: vec![FAILING],
         },
@@ -74,6 +78,7 @@ pub fn tour() -> Vec<Op> {
         Op::SendMessage { from: A(3), to: A(2) },
         Op::Terminate { agent: A(0) },
         Op::RunTurn {
+            final_fails: 0,
             agent: A(1),
             tools: vec![IRREV],
         },
@@ -82,6 +87,7 @@ pub fn tour() -> Vec<Op> {
         Op::Evict { agent: A(1) },
         Op::Deliver { agent: A(0) },
         Op::RunTurn {
+            final_fails: 0,
             agent: A(3),
             tools: vec![REV, IRREV, REV],
         },
@@ -90,12 +96,14 @@ pub fn tour() -> Vec<Op> {
         Op::Restore { agent: A(0) },
         Op::Deliver { agent: A(0) },
         Op::RunTurn {
+            final_fails: 0,
             agent: A(1),
             tools: vec![],
         },
         Op::CreateRoot,
         Op::SendMessage { from: A(0), to: A(1) },
         Op::ReadTurn {
+            final_fails: 0,
             agent: A(1),
             tools: vec![REV],
         },

@@ -80,6 +80,7 @@ fn injected_io_errors_are_judged_like_crashes_at_every_offset() {
                 Op::CreateRoot,
                 Op::Fault { offset, kind },
                 Op::RunTurn {
+                    final_fails: 0,
                     agent: AgentRef(0),
                     tools: vec![ToolStep {
                         irreversible: true,
@@ -94,6 +95,7 @@ fn injected_io_errors_are_judged_like_crashes_at_every_offset() {
                 Op::Fault { offset, kind },
                 Op::EmitTrigger { key: 1, due_in: 0 },
                 Op::RunTurn {
+                    final_fails: 0,
                     agent: AgentRef(0),
                     tools: vec![],
                 },
@@ -140,6 +142,7 @@ fn an_io_fault_armed_into_a_recovery_never_fails_the_harness_own_reads() {
             let ops = vec![
                 Op::CreateRoot,
                 Op::RunTurn {
+                    final_fails: 0,
                     agent: AgentRef(0),
                     tools: vec![ToolStep {
                         irreversible: true,
@@ -154,6 +157,7 @@ fn an_io_fault_armed_into_a_recovery_never_fails_the_harness_own_reads() {
                 Op::Fault { offset, kind },
                 Op::Recover,
                 Op::RunTurn {
+                    final_fails: 0,
                     agent: AgentRef(0),
                     tools: vec![],
                 },

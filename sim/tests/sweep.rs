@@ -203,11 +203,13 @@ fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once()
     let ops = vec![
         Op::CreateRoot,
         Op::RunTurn {
+            final_fails: 0,
             agent: A(0),
             tools: vec![step(true, false), step(true, true), step(false, true)],
         },
         Op::ResumeTurn { agent: A(0) },
         Op::RunTurn {
+            final_fails: 0,
             agent: A(0),
             tools: vec![step(false, false), step(true, true)],
         },

@@ -279,14 +279,15 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
 /// stateless scripted provider can follow it: `p7:Ir` = an irreversible
 /// tool that succeeds, then (next round) a reversible one that fails;
 /// `p7:I+r` asks for both in one round; `p7:I~~r` has the provider fail
-/// the first two asks of the second round ([`ToolStep::provider_fails`]); `L` and `N` are irreversible ones
+/// the first two asks of the second round ([`ToolStep::provider_fails`]),
+/// and `p7:I~` the first ask for the final answer; `L` and `N` are irreversible ones
 /// whose answer the world loses, having acted or not ([`Lost`]); `X` and
 /// `x` an irreversible and a reversible one with nonsense arguments
 /// ([`ToolStep::garbled`]); `C`
 /// spawns a child ([`spawn_name`]) and `M(a003)` sends agent `a003` a
 /// message ([`Orch`]). `agents` are the live agents, in name order, that
 /// a send's [`crate::op::AgentRef`] picks from.
-pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String]) -> String {
+pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String], final_fails: u8) -> String {
     let mut script = String::new();
     for (i, t) in tools.iter().enumerate() {
         if i > 0 && t.joins_round {
@@ -313,7 +314,18 @@ pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String]) -> String {
             }),
         }
     }
+    // Failing asks for the final answer trail the script.
+    script.push_str(&"~".repeat(usize::from(final_fails.min(crate::op::MAX_PROVIDER_FAILS))));
     format!("p{n}:{script}")
+}
+
+/// How many asks for the final answer of the turn with `prompt` the
+/// provider fails ([`crate::op::Op::RunTurn`]'s `final_fails`): the `~`
+/// trailing its script (a `~` before a step is that step's round's).
+pub fn final_fails(prompt: &str) -> u8 {
+    let script = prompt.split_once(':').map(|(_, s)| s).unwrap_or("");
+    let trailing = script.len() - script.trim_end_matches('~').len();
+    u8::try_from(trailing).unwrap_or(u8::MAX)
 }
 
 /// An orchestration call of a turn's script, as its prompt names it.
@@ -695,8 +707,13 @@ impl Model {
     /// resumed after a crash or a failure, a twin's — meets the rounds'
     /// failures in order.
     pub fn failing_round(&self, agent: &str, prompt: &str) -> Option<u32> {
-        script_rounds(prompt).iter().enumerate().find_map(|(r, steps)| {
-            let fails = steps.first().map_or(0, |(_, t, _)| t.provider_fails);
+        let rounds = script_rounds(prompt);
+        // Each tool round's failing asks, then the final answer's.
+        let asks = rounds
+            .iter()
+            .map(|steps| steps.first().map_or(0, |(_, t, _)| t.provider_fails))
+            .chain(std::iter::once(final_fails(prompt)));
+        asks.enumerate().find_map(|(r, fails)| {
             let round = u32::try_from(r).unwrap_or(u32::MAX);
             let failed = self
                 .provider_failed
@@ -842,11 +859,20 @@ impl Model {
                 parent: pick(&all, parent.0)?.clone(),
                 name: format!("a{n:03}"),
             },
-            Op::RunTurn { agent, tools } | Op::ReadTurn { agent, tools } => {
+            Op::RunTurn {
+                agent,
+                tools,
+                final_fails,
+            }
+            | Op::ReadTurn {
+                agent,
+                tools,
+                final_fails,
+            } => {
                 let tools: &[ToolStep] = &normalized_failing(tools);
                 Action::RunTurn {
                     agent: pick(&all, agent.0)?.clone(),
-                    prompt: script_prompt(n, tools, &all),
+                    prompt: script_prompt(n, tools, &all, *final_fails),
                     tools: tools.to_vec(),
                     response: format!("r{n}"),
                     reads: matches!(op, Op::ReadTurn { .. }),
@@ -854,7 +880,7 @@ impl Model {
             }
             Op::WorkTurn { agent, work, tools } => {
                 let tools: &[ToolStep] = &normalized(tools);
-                let asked = script_prompt(n, tools, &all);
+                let asked = script_prompt(n, tools, &all, 0);
                 // (agent, work) of a started work of a live agent.
                 let started: Vec<(&String, &String)> = self
                     .works
