@@ -772,6 +772,31 @@ fn an_older_store_under_a_settled_irreversible_call_is_refused_not_sent_again() 
                 assert_eq!(log, dir.join("events.jsonl"), "{repro}");
                 assert_eq!(fs.image_hash(), before, "{repro}: the refusal changed the disk");
                 refused += 1;
+                // Once the operator gives the store up (`repair
+                // --accept-store-loss` records it in root.json), the logs'
+                // settled calls no longer prove it behind: on a detached
+                // copy, the preflight that listed them lists none.
+                let root = std::path::Path::new("/r");
+                let db = root.join("store.db");
+                let probe = fs.detached(SimConfig::new(3));
+                let found = durable_agent::recovery::preflight(&probe, root, &db).expect(&repro);
+                assert!(
+                    !found.settled.is_empty(),
+                    "{repro}: refused, but nothing settled listed"
+                );
+                let manifest = found.manifest.expect("an installed root has its manifest");
+                let lost = durable_agent::store::manifest::LostStore {
+                    store_id: manifest.store_id,
+                    accepted_at_ms: 0,
+                    quarantined_to: None,
+                };
+                durable_agent::store::manifest::write_with_history(&probe, root, &manifest, &[lost])
+                    .expect(&repro);
+                let given_up = durable_agent::recovery::preflight(&probe, root, &db).expect(&repro);
+                assert!(
+                    given_up.settled.is_empty(),
+                    "{repro}: a store given up still proven behind"
+                );
                 // The store the logs were written with: the turn resumes.
                 // (The refused boot's lock and store opens left directory
                 // operations pending: a restart brings the disk to rest for
