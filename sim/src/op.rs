@@ -468,18 +468,18 @@ pub fn render(op: &Op) -> String {
             agent,
             tools,
             final_fails,
-        } => format!(
-            "run_turn(#{}, tools={}{})",
-            agent.0,
-            render_tools(tools),
-            "~".repeat(usize::from(*final_fails))
-        ),
-        Op::ReadTurn {
+        }
+        | Op::ReadTurn {
             agent,
             tools,
             final_fails,
         } => format!(
-            "read_turn(#{}, tools={}{})",
+            "{}(#{}, tools={}{})",
+            if matches!(op, Op::ReadTurn { .. }) {
+                "read_turn"
+            } else {
+                "run_turn"
+            },
             agent.0,
             render_tools(tools),
             "~".repeat(usize::from(*final_fails))

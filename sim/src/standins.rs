@@ -22,7 +22,7 @@ use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::json;
 
-use crate::model::{call_key, final_fails, script_rounds, OrchCall};
+use crate::model::{call_key, failing_asks, script_rounds, OrchCall};
 use crate::op::Lost;
 use crate::oracle_context::Asks;
 use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
@@ -256,14 +256,11 @@ impl Provider for ScriptedProvider {
             .rewording
             .as_ref()
             .and_then(|r| r.ask(request.agent_name, prompt, request.round));
-        // The round's failing asks, or past the last round the final
-        // answer's.
-        let fails = match rounds.get(request.round as usize) {
-            Some(round) => round.first().map_or(0, |(_, step, _)| step.provider_fails),
-            None if request.round as usize == rounds.len() => final_fails(prompt),
-            None => 0,
-        };
         if let Some(faults) = &self.faults {
+            let fails = failing_asks(prompt)
+                .get(request.round as usize)
+                .copied()
+                .unwrap_or(0);
             if let Some(message) = faults.fail(request.agent_name, prompt, request.round, fails) {
                 return Err(ProviderError(message));
             }

@@ -219,9 +219,10 @@ fn disk_key(disk: &SimFs) -> u64 {
     content_key(disk, true)
 }
 
-/// [`disk_key`], or with `wal_tail` false every file whole, a WAL's
-/// uncommitted tail included: the key of a pure function of the disk's
-/// bytes (the driver's memo of `verify`, [`crate::driver`]).
+/// [`disk_key`] with `wal_tail_ignored`; without it every file whole, a
+/// WAL's uncommitted tail included: the key of a pure function of the
+/// disk's bytes (the driver's memo of `verify`,
+/// [`crate::driver::verified`]).
 pub(crate) fn content_key(disk: &SimFs, wal_tail_ignored: bool) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     use std::os::unix::ffi::OsStrExt;

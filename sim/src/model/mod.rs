@@ -328,6 +328,19 @@ pub fn final_fails(prompt: &str) -> u8 {
     u8::try_from(trailing).unwrap_or(u8::MAX)
 }
 
+/// How many times the provider fails each ask of the turn with `prompt`,
+/// by ask (the provider's `round`): each tool round's failing asks
+/// ([`ToolStep::provider_fails`], on the step that opens it), then the
+/// final answer's ([`final_fails`]). The one reading of a script's
+/// failures, for the scripted provider and the model.
+pub fn failing_asks(prompt: &str) -> Vec<u8> {
+    script_rounds(prompt)
+        .iter()
+        .map(|steps| steps.first().map_or(0, |(_, t, _)| t.provider_fails))
+        .chain(std::iter::once(final_fails(prompt)))
+        .collect()
+}
+
 /// An orchestration call of a turn's script, as its prompt names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OrchCall {
@@ -707,21 +720,18 @@ impl Model {
     /// resumed after a crash or a failure, a twin's — meets the rounds'
     /// failures in order.
     pub fn failing_round(&self, agent: &str, prompt: &str) -> Option<u32> {
-        let rounds = script_rounds(prompt);
-        // Each tool round's failing asks, then the final answer's.
-        let asks = rounds
-            .iter()
-            .map(|steps| steps.first().map_or(0, |(_, t, _)| t.provider_fails))
-            .chain(std::iter::once(final_fails(prompt)));
-        asks.enumerate().find_map(|(r, fails)| {
-            let round = u32::try_from(r).unwrap_or(u32::MAX);
-            let failed = self
-                .provider_failed
-                .get(&ask_key(agent, prompt, round))
-                .copied()
-                .unwrap_or(0);
-            (failed < fails).then_some(round)
-        })
+        failing_asks(prompt)
+            .into_iter()
+            .enumerate()
+            .find_map(|(r, fails)| {
+                let round = u32::try_from(r).unwrap_or(u32::MAX);
+                let failed = self
+                    .provider_failed
+                    .get(&ask_key(agent, prompt, round))
+                    .copied()
+                    .unwrap_or(0);
+                (failed < fails).then_some(round)
+            })
     }
 
     /// The round at which the provider fails `action` now, if it is a
