@@ -36,7 +36,13 @@
 //!   must do what GUARANTEES 9 says: boot, and terminate each live session
 //!   cut off that way, durably (its log ends with `agent.terminated`,
 //!   logged past every tick of every log the boot read: the one clock;
-//!   its record TERMINATED).
+//!   its record TERMINATED);
+//! - **created**: such a parent's log lost with its `events.pending` (its
+//!   `session.json` kept), so no high-water mark says entries were lost —
+//!   refused as `MissingCreated` naming the log: a child's `agent.created`
+//!   names it, and a parent's creation is durable before any child's, so
+//!   no crash leaves a parent without it (the boot must not clean the
+//!   parent up as a crash orphan and cut its children off).
 //!
 //! `verify` (I7) must report the same: a finding of the same kind on the
 //! same file (for lost entries, at the first missing line); for a lost
@@ -90,6 +96,9 @@ pub enum Loss {
     /// parent; `ts_floor`: the highest `ts` of every log the boot reads.
     /// The sessions cut off are [`Rot::cut_off`].
     Parent { ts_floor: u64 },
+    /// The `events.jsonl` and `events.pending` of a session a live session
+    /// names as parent gone, its `session.json` kept.
+    Created,
 }
 
 /// The damage a boot refused with, as the harness compares it.
@@ -104,6 +113,7 @@ pub enum Refusal {
         found: u64,
     },
     MissingRecord(PathBuf),
+    MissingCreated(PathBuf),
     /// Any other damage, with its message.
     Other(String),
 }
@@ -126,6 +136,7 @@ pub fn refusal(e: &SystemError) -> Option<Refusal> {
             found: *found,
         },
         DamageError::MissingRecord { path } => Refusal::MissingRecord(path.clone()),
+        DamageError::MissingCreated { path, .. } => Refusal::MissingCreated(path.clone()),
         other => Refusal::Other(other.to_string()),
     })
 }
@@ -345,6 +356,12 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
                     cut_at: None,
                     cut_off: cut_off(&scanned, parent.dir),
                 });
+                by_kind[3].push(Candidate {
+                    loss: Loss::Created,
+                    path: parent.dir.join(EVENTS_FILE),
+                    cut_at: None,
+                    cut_off: Vec::new(),
+                });
             }
         }
     }
@@ -380,6 +397,12 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         }
         (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
         (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
+        (Loss::Created, _) => {
+            fs.lose(&chosen.path).ok()?;
+            if let Some(dir) = chosen.path.parent() {
+                let _ = fs.lose(&dir.join(PENDING_FILE));
+            }
+        }
     }
     let (line, line_offset) = match (chosen.loss, chosen.cut_at) {
         (Loss::Entries { found, .. }, Some(at)) => (found + 1, at.unwrap_or(0)),
@@ -484,6 +507,7 @@ fn wanted(loss: Loss, path: &Path) -> Refusal {
             found,
         },
         Loss::Record => Refusal::MissingRecord(path),
+        Loss::Created => Refusal::MissingCreated(path),
         Loss::Parent { .. } => Refusal::Other("none: the boot terminates the sessions cut off".into()),
     }
 }
@@ -587,6 +611,7 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
         Loss::StoreOlder => (FindingKind::StoreBehind, None),
         Loss::Entries { found, .. } => (FindingKind::LostEntries, Some(found + 1)),
         Loss::Record => (FindingKind::MissingRecord, None),
+        Loss::Created => (FindingKind::MissingCreated, None),
         Loss::Parent { .. } => return Vec::new(), // answered above
     };
     let agrees = verified
