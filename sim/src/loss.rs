@@ -583,7 +583,8 @@ fn judge_cut_off(rot: &Rot, ts_floor: u64, fs: &SimFs) -> Result<(), String> {
 }
 
 /// I7 for a loss the boot refused: `verify` reports a finding of the same
-/// kind on the same file (for lost entries, at the first missing line).
+/// kind on the same file (for lost entries, at the first missing line and
+/// the byte where the log's readable part ends).
 pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
     let Damage::Lost(loss) = rot.damage else {
         return Vec::new();
@@ -614,17 +615,23 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
         Loss::Created => (FindingKind::MissingCreated, None),
         Loss::Parent { .. } => return Vec::new(), // answered above
     };
-    let agrees = verified
-        .damaged
-        .iter()
-        .any(|f| f.path == rot.path && f.kind == kind && (line.is_none() || f.line == line));
+    // Lost entries: the finding also says where the log's readable part
+    // ends (the cut, or 0 for a log emptied or deleted).
+    let offset = matches!(loss, Loss::Entries { .. }).then_some(rot.line_offset);
+    let agrees = verified.damaged.iter().any(|f| {
+        f.path == rot.path
+            && f.kind == kind
+            && (line.is_none() || f.line == line)
+            && (offset.is_none() || f.offset == offset)
+    });
     if agrees {
         Vec::new()
     } else {
         vec![format!(
-            "I7: the boot refused {} ({loss:?}), but `verify` did not report it as {kind:?}{}: {:?}",
+            "I7: the boot refused {} ({loss:?}), but `verify` did not report it as {kind:?}{}{}: {:?}",
             rot.path.display(),
             line.map(|l| format!(" at line {l}")).unwrap_or_default(),
+            offset.map(|o| format!(" (byte {o})")).unwrap_or_default(),
             verified.damaged
         )]
     }

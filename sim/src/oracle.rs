@@ -185,7 +185,9 @@
 //!   line, it does not call that file damaged; when the boot refuses a
 //!   loss it reports a finding of that kind on that file
 //!   ([`crate::loss::verify_agrees`]); and every log the boot cuts
-//!   a torn tail from, it lists as repaired at boot ([`verify_saw_cuts`]).
+//!   a torn tail from, it lists as repaired at boot, and every log it
+//!   lists as repaired at boot the boot's report repaired
+//!   ([`verify_saw_cuts`]).
 //!   (A rotted file the boot
 //!   never reads is not asked about: `verify` reads every file, the boot
 //!   only what it needs.)
@@ -319,6 +321,42 @@ pub fn verify_saw_cuts(
                 "I7: the boot cut a torn tail from {}, which `verify` did not list as repaired at boot: {:?}",
                 log.display(),
                 verified.repaired_at_boot
+            )
+        })
+        .chain(verify_listed_no_repair(verified, report, root))
+        .collect()
+}
+
+/// I7's converse for logs: a log `verify` lists as repaired at boot (a
+/// torn tail, a damaged last line `events.pending` replaces) is one the
+/// boot's report says it repaired — an operator told "the next boot cuts
+/// this" must see that boot cut it.
+fn verify_listed_no_repair(
+    verified: &durable_agent::recovery::verify::Verification,
+    report: &durable_agent::recovery::RecoveryReport,
+    root: &std::path::Path,
+) -> Vec<String> {
+    let repaired: Vec<std::path::PathBuf> = report
+        .logs_repaired
+        .iter()
+        .filter(|(_, repair)| **repair != durable_agent::log::repair::LogRepair::default())
+        .map(|(session, _)| {
+            root.join("agents")
+                .join(session.as_str())
+                .join(durable_agent::log::EVENTS_FILE)
+        })
+        .collect();
+    verified
+        .repaired_at_boot
+        .iter()
+        .filter(|c| c.path.file_name().and_then(|n| n.to_str()) == Some(durable_agent::log::EVENTS_FILE))
+        .filter(|c| !repaired.contains(&c.path))
+        .map(|c| {
+            format!(
+                "I7: `verify` listed {} as repaired at boot ({}), but the boot's report repaired nothing there: {:?}",
+                c.path.display(),
+                c.what,
+                report.logs_repaired
             )
         })
         .collect()
