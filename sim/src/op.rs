@@ -63,6 +63,14 @@ pub struct ToolStep {
     /// asked: recorded turns have it false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub garbled: bool,
+    /// A `PreToolUse` hook denies the call (the harness's hooks deny the
+    /// calls the scripted provider marks): the runtime must log the call
+    /// with its denial and answer it failed, never run it — no ledger row,
+    /// no INTENT, nothing sent — and go on with the turn. A plain tool
+    /// only; `ok` is then false (and `garbled` false: the hook's verdict
+    /// comes first). Like `joins_round`, how the turn was asked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub denied: bool,
 }
 
 /// Most asks of one round the provider fails ([`ToolStep::provider_fails`]).
@@ -83,6 +91,12 @@ impl ToolStep {
             ..self
         };
         match step.orch {
+            Orch::None if step.denied => ToolStep {
+                ok: false,
+                lost: Lost::None,
+                garbled: false,
+                ..step
+            },
             Orch::None if step.garbled => ToolStep {
                 ok: false,
                 lost: Lost::None,
@@ -101,6 +115,7 @@ impl ToolStep {
                 ok: true,
                 lost: Lost::None,
                 garbled: false,
+                denied: false,
                 ..step
             },
         }
@@ -362,9 +377,10 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         prop_oneof![20 => Just(Orch::None), 1 => Just(Orch::Spawn), 2 => agent_ref().prop_map(Orch::Send)],
         prop_oneof![24 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8)],
         prop::bool::weighted(0.04),
+        prop::bool::weighted(0.03),
     )
         .prop_map(
-            |(irreversible, ok, joins_round, lost, orch, provider_fails, garbled)| {
+            |(irreversible, ok, joins_round, lost, orch, provider_fails, garbled, denied)| {
                 ToolStep {
                     irreversible,
                     ok,
@@ -373,6 +389,7 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
                     orch,
                     provider_fails,
                     garbled,
+                    denied,
                 }
                 .normalized()
             },
@@ -445,7 +462,9 @@ fn render_tools(tools: &[ToolStep]) -> String {
         if !t.orch.is_none() {
             continue;
         }
-        if t.garbled {
+        if t.denied {
+            out.push_str("!denied");
+        } else if t.garbled {
             out.push_str("!garbled");
         } else if !t.ok {
             out.push_str("!fail");

@@ -1,5 +1,5 @@
 //! Stand-ins for the world outside the system: the scripted LLM provider,
-//! the reversible tool, the outbox of the simulated external world (where
+//! the operator's `PreToolUse` hooks ([`ScriptedHooks`]), the reversible tool, the outbox of the simulated external world (where
 //! the system's activity ledger sends irreversible effects) and the clock.
 //!
 //! Invariant: both are pure functions of their inputs (the prompt carries
@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use durable_agent::fs::SimFs;
 use durable_agent::runtime::{
-    ConversationItem, Provider, ProviderError, ProviderReply, ProviderRequest, ToolContext, ToolError,
-    ToolExecutor, ToolOutput, ToolRequest, Usage,
+    ConversationItem, HookDecision, Hooks, PreToolUse, Provider, ProviderError, ProviderReply,
+    ProviderRequest, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest, Usage,
 };
 use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
@@ -298,6 +298,14 @@ impl Provider for ScriptedProvider {
                             invalid_args: Some(why),
                         }
                     }
+                    // A call the operator's hooks deny (they deny what
+                    // carries `deny`): never run, whatever its kind.
+                    None if step.denied => ToolRequest {
+                        tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                        args: json!({ "key": call_key(prompt, *index), "ok": true, "deny": true }),
+                        irreversible: step.irreversible,
+                        invalid_args: None,
+                    },
                     None => {
                         let mut args = json!({ "key": call_key(prompt, *index), "ok": step.ok });
                         let lost = match step.lost {
@@ -338,6 +346,24 @@ impl Provider for ScriptedProvider {
                 output_tokens: 1,
             }),
         })
+    }
+}
+
+/// The operator's `PreToolUse` hooks, as the system is configured with
+/// them (`SystemConfig::hooks`): a call whose arguments carry `"deny":
+/// true` ([`crate::op::ToolStep::denied`]) is denied; every other call is
+/// left to the model's asking.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScriptedHooks;
+
+impl Hooks for ScriptedHooks {
+    fn pre_tool_use(&self, call: &PreToolUse<'_>) -> Vec<HookDecision> {
+        match call.tool_input.get("deny").and_then(|v| v.as_bool()) {
+            Some(true) => vec![HookDecision::Deny {
+                reason: format!("{} is not allowed here", call.tool_name),
+            }],
+            _ => Vec::new(),
+        }
     }
 }
 

@@ -15,6 +15,7 @@ const REV: ToolStep = ToolStep {
     orch: Orch::None,
     provider_fails: 0,
     garbled: false,
+    denied: false,
 };
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
@@ -24,6 +25,7 @@ const IRREV: ToolStep = ToolStep {
     orch: Orch::None,
     provider_fails: 0,
     garbled: false,
+    denied: false,
 };
 const FAILING: ToolStep = ToolStep {
     irreversible: true,
@@ -33,6 +35,7 @@ const FAILING: ToolStep = ToolStep {
     orch: Orch::None,
     provider_fails: 0,
     garbled: false,
+    denied: false,
 };
 
 /// The tour: a tree of four agents, turns with every tool kind, messages

@@ -45,6 +45,7 @@ const IRREV: ToolStep = ToolStep {
     orch: durable_agent_sim::op::Orch::None,
     provider_fails: 0,
     garbled: false,
+    denied: false,
 };
 
 #[test]

@@ -199,6 +199,7 @@ fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once()
         orch: Default::default(),
         provider_fails: 0,
         garbled: false,
+        denied: false,
     };
     let ops = vec![
         Op::CreateRoot,

@@ -318,6 +318,7 @@ impl Driver {
         orchestration.max_agents = u32::MAX;
         config.orchestration = Some(orchestration);
         config.context_budget = self.context.budget();
+        config.hooks = Arc::new(crate::standins::ScriptedHooks);
         let deps = Deps {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),

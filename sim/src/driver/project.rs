@@ -245,7 +245,7 @@ impl Driver {
         tools: &[ToolStep],
     ) -> Vec<String> {
         let expected = ledger_calls(tools);
-        if expected.is_empty() {
+        if expected.iter().all(Option::is_none) {
             // No call of this turn is in the ledger; the SQL is the cost.
             return Vec::new();
         }
@@ -297,6 +297,16 @@ impl Driver {
                 rows.iter()
                     .find(|r| r.input == req.args && r.raw_tool_name == req.tool)
             });
+            let Some(want) = want else {
+                // Denied by a hook: never handed to the executor.
+                if let Some(row) = row {
+                    out.push(format!(
+                        "ledger of {agent}: call {call_id} ({} {}) was denied by a hook, yet the ledger has a row for it ({:?})",
+                        req.tool, req.args, row.status
+                    ));
+                }
+                continue;
+            };
             let Some(row) = row else {
                 out.push(format!(
                     "ledger of {agent}: no row for call {call_id} ({} {})",
@@ -498,6 +508,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                         orch: Orch::None,
                         provider_fails: 0,
                         garbled: false,
+                        denied: false,
                     });
                 }
             }

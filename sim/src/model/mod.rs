@@ -246,15 +246,19 @@ pub struct LedgerCall {
 /// system's tool-call ledger is built with the default limit, 3).
 pub const MAX_REPLAYS: u32 = 3;
 
-/// The ledger's calls of a turn asked with `tools`, in order: its tool
-/// steps (orchestration calls are the runtime's own, not in the ledger).
-pub fn ledger_calls(tools: &[ToolStep]) -> Vec<LedgerCall> {
+/// The ledger's calls of a turn asked with `tools`, one per plain tool
+/// step in order (orchestration calls are the runtime's own, not in the
+/// ledger): `None` for a call a hook denied, which never reaches the
+/// executor, so must have no row.
+pub fn ledger_calls(tools: &[ToolStep]) -> Vec<Option<LedgerCall>> {
     tools
         .iter()
         .filter(|t| t.orch.is_none())
-        .map(|t| LedgerCall {
-            irreversible: t.irreversible,
-            succeeded: t.ok,
+        .map(|t| {
+            (!t.denied).then_some(LedgerCall {
+                irreversible: t.irreversible,
+                succeeded: t.ok,
+            })
         })
         .collect()
 }
@@ -283,7 +287,8 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
 /// and `p7:I~` the first ask for the final answer; `L` and `N` are irreversible ones
 /// whose answer the world loses, having acted or not ([`Lost`]); `X` and
 /// `x` an irreversible and a reversible one with nonsense arguments
-/// ([`ToolStep::garbled`]); `C`
+/// ([`ToolStep::garbled`]); `D` and `d` an irreversible and a reversible
+/// one a hook denies ([`ToolStep::denied`]); `C`
 /// spawns a child ([`spawn_name`]) and `M(a003)` sends agent `a003` a
 /// message ([`Orch`]). `agents` are the live agents, in name order, that
 /// a send's [`crate::op::AgentRef`] picks from.
@@ -303,6 +308,7 @@ pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String], final_fails
                 // No agent to send to: a lookup instead.
                 None => script.push('R'),
             },
+            Orch::None if t.denied => script.push(if t.irreversible { 'D' } else { 'd' }),
             Orch::None if t.garbled => script.push(if t.irreversible { 'X' } else { 'x' }),
             Orch::None => script.push(match (t.irreversible, t.ok) {
                 (true, true) if t.lost == Lost::Reply => 'L',
@@ -388,8 +394,8 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
         }
         let index = out.len();
         let mut step = ToolStep {
-            irreversible: matches!(c, 'I' | 'i' | 'L' | 'N' | 'X'),
-            ok: c.is_ascii_uppercase() && c != 'X',
+            irreversible: matches!(c, 'I' | 'i' | 'L' | 'N' | 'X' | 'D'),
+            ok: c.is_ascii_uppercase() && !matches!(c, 'X' | 'D'),
             joins_round: joins,
             lost: match c {
                 'L' => Lost::Reply,
@@ -399,6 +405,7 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
             orch: Orch::None,
             provider_fails: std::mem::take(&mut fails),
             garbled: matches!(c, 'X' | 'x'),
+            denied: matches!(c, 'D' | 'd'),
         };
         let call = match c {
             'C' => {
@@ -670,6 +677,7 @@ impl Model {
                         orch: Orch::None,
                         provider_fails: 0,
                         garbled: false,
+                        denied: false,
                         ..*t
                     })
                     .collect(),
