@@ -444,7 +444,7 @@ fn a_loss_at_rest_is_refused_with_its_typed_damage_and_verify_says_so() {
         kind,
         path: log.clone(),
         line,
-        offset: None,
+        offset: Some(180),
         session: None,
         message: String::new(),
         remedy: Remedy::QuarantineSession,
@@ -467,6 +467,12 @@ fn a_loss_at_rest_is_refused_with_its_typed_damage_and_verify_says_so() {
         1
     );
     assert_eq!(verify_agrees(&verified(Vec::new()), &rot).len(), 1);
+    // The right line, but not where the log's readable part ends.
+    let elsewhere = Finding {
+        offset: Some(179),
+        ..finding(FindingKind::LostEntries, Some(3))
+    };
+    assert_eq!(verify_agrees(&verified(vec![elsewhere]), &rot).len(), 1);
 }
 
 /// R6 and I7 for a store replaced by another root's: the boot must refuse
