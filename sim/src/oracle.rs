@@ -79,8 +79,8 @@
 //! - **R9 A failing call replayed after crashes.** The tool-call ledger
 //!   of a turn answered live is checked call by call against the rule the
 //!   model states ([`crate::model::ledger_calls`]: settled as its result
-//!   says, its side-effect class, no failed replay; the session's run
-//!   `running`) — except that a failing reversible call of a re-run turn,
+//!   says, its side-effect class, no failed replay; no row at all for a
+//!   call a hook denied; the session's run `running`) — except that a failing reversible call of a re-run turn,
 //!   caught in flight by n crashes, is replayed after each and each
 //!   failed replay is counted on its row, which stays `running` with
 //!   n ≥ 1 replays (`ToolCallStore::record_replay`); the run then waits
