@@ -80,8 +80,9 @@
 //!   of a turn answered live is checked call by call against the rule the
 //!   model states ([`crate::model::ledger_calls`]: settled as its result
 //!   says, its side-effect class, no failed replay; no row at all for a
-//!   call a hook denied; the session's run `running`) — except that a failing reversible call of a re-run turn,
-//!   caught in flight by n crashes, is replayed after each and each
+//!   call a hook denied; the session's run `running`) — except that a
+//!   failing reversible call of a re-run turn, caught in flight by n
+//!   crashes, is replayed after each and each
 //!   failed replay is counted on its row, which stays `running` with
 //!   n ≥ 1 replays (`ToolCallStore::record_replay`); the run then waits
 //!   for a human exactly when a call of it reached the limit
@@ -310,11 +311,7 @@ pub fn verify_saw_cuts(
         .logs_repaired
         .iter()
         .filter(|(_, repair)| repair.truncated_bytes > 0)
-        .map(|(session, _)| {
-            root.join("agents")
-                .join(session.as_str())
-                .join(durable_agent::log::EVENTS_FILE)
-        })
+        .map(|(session, _)| session_log(root, session))
         .filter(|log| !verified.repaired_at_boot.iter().any(|c| &c.path == log))
         .map(|log| {
             format!(
@@ -325,6 +322,14 @@ pub fn verify_saw_cuts(
         })
         .chain(verify_listed_no_repair(verified, report, root))
         .collect()
+}
+
+/// The log of `session` under `root`, as the recovery report's sessions
+/// and `verify`'s paths name it.
+fn session_log(root: &std::path::Path, session: &durable_agent::runtime::SessionId) -> std::path::PathBuf {
+    root.join("agents")
+        .join(session.as_str())
+        .join(durable_agent::log::EVENTS_FILE)
 }
 
 /// I7's converse for logs: a log `verify` lists as repaired at boot (a
@@ -340,11 +345,7 @@ fn verify_listed_no_repair(
         .logs_repaired
         .iter()
         .filter(|(_, repair)| **repair != durable_agent::log::repair::LogRepair::default())
-        .map(|(session, _)| {
-            root.join("agents")
-                .join(session.as_str())
-                .join(durable_agent::log::EVENTS_FILE)
-        })
+        .map(|(session, _)| session_log(root, session))
         .collect();
     verified
         .repaired_at_boot

@@ -1,6 +1,7 @@
 //! Stand-ins for the world outside the system: the scripted LLM provider,
-//! the operator's `PreToolUse` hooks ([`ScriptedHooks`]), the reversible tool, the outbox of the simulated external world (where
-//! the system's activity ledger sends irreversible effects) and the clock.
+//! the operator's `PreToolUse` hooks ([`ScriptedHooks`]), the reversible
+//! tool, the outbox of the simulated external world (where the system's
+//! activity ledger sends irreversible effects) and the clock.
 //!
 //! Invariant: both are pure functions of their inputs (the prompt carries
 //! the tool script) and of what the world remembers — the provider's asks
@@ -292,7 +293,7 @@ impl Provider for ScriptedProvider {
                             Err(e) => format!("not JSON ({e})"),
                         };
                         ToolRequest {
-                            tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                            tool: tool_name(step.irreversible).into(),
                             args: serde_json::Value::String(raw),
                             irreversible: step.irreversible,
                             invalid_args: Some(why),
@@ -301,7 +302,7 @@ impl Provider for ScriptedProvider {
                     // A call the operator's hooks deny (they deny what
                     // carries `deny`): never run, whatever its kind.
                     None if step.denied => ToolRequest {
-                        tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                        tool: tool_name(step.irreversible).into(),
                         args: json!({ "key": call_key(prompt, *index), "ok": true, "deny": true }),
                         irreversible: step.irreversible,
                         invalid_args: None,
@@ -320,7 +321,7 @@ impl Provider for ScriptedProvider {
                             map.insert("wording".into(), json!(w));
                         }
                         ToolRequest {
-                            tool: if step.irreversible { "effect" } else { "lookup" }.into(),
+                            tool: tool_name(step.irreversible).into(),
                             args,
                             irreversible: step.irreversible,
                             invalid_args: None,
@@ -346,6 +347,16 @@ impl Provider for ScriptedProvider {
                 output_tokens: 1,
             }),
         })
+    }
+}
+
+/// The tool a plain step calls: the irreversible `effect` (through the
+/// activity ledger to [`ScriptedOutbox`]) or the reversible `lookup`.
+fn tool_name(irreversible: bool) -> &'static str {
+    if irreversible {
+        "effect"
+    } else {
+        "lookup"
     }
 }
 
