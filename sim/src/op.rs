@@ -71,6 +71,17 @@ pub struct ToolStep {
     /// comes first). Like `joins_round`, how the turn was asked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub denied: bool,
+    /// A `PreToolUse` hook asks for a human's confirmation before the
+    /// call runs (the harness's hooks ask it for the calls the scripted
+    /// provider marks `confirm`): the runtime must log the verdict with
+    /// the decision, park the call (its key NEEDS_CONFIRMATION) and stop
+    /// the turn there, open, until a human answers; a re-run after the
+    /// answer runs it once. A plain tool that succeeds, only as a plain
+    /// turn's first step (the model clears it elsewhere: what runs before
+    /// a parked call is then nothing). Like `joins_round`, how the turn
+    /// was asked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub confirm: bool,
 }
 
 /// Most asks of one round the provider fails ([`ToolStep::provider_fails`]).
@@ -95,10 +106,17 @@ impl ToolStep {
                 ok: false,
                 lost: Lost::None,
                 garbled: false,
+                confirm: false,
                 ..step
             },
             Orch::None if step.garbled => ToolStep {
                 ok: false,
+                lost: Lost::None,
+                confirm: false,
+                ..step
+            },
+            Orch::None if step.confirm => ToolStep {
+                ok: true,
                 lost: Lost::None,
                 ..step
             },
@@ -116,6 +134,7 @@ impl ToolStep {
                 lost: Lost::None,
                 garbled: false,
                 denied: false,
+                confirm: false,
                 ..step
             },
         }
@@ -378,9 +397,10 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         prop_oneof![24 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8)],
         prop::bool::weighted(0.04),
         prop::bool::weighted(0.03),
+        prop::bool::weighted(0.06),
     )
         .prop_map(
-            |(irreversible, ok, joins_round, lost, orch, provider_fails, garbled, denied)| {
+            |(irreversible, ok, joins_round, lost, orch, provider_fails, garbled, denied, confirm)| {
                 ToolStep {
                     irreversible,
                     ok,
@@ -390,6 +410,7 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
                     provider_fails,
                     garbled,
                     denied,
+                    confirm,
                 }
                 .normalized()
             },
@@ -464,6 +485,8 @@ fn render_tools(tools: &[ToolStep]) -> String {
         }
         if t.denied {
             out.push_str("!denied");
+        } else if t.confirm {
+            out.push_str("!confirm");
         } else if t.garbled {
             out.push_str("!garbled");
         } else if !t.ok {

@@ -192,6 +192,18 @@
 //!   (A rotted file the boot
 //!   never reads is not asked about: `verify` reads every file, the boot
 //!   only what it needs.)
+//! - **I8 A decision logs the operator's verdict** (after every restart;
+//!   `driver::project::hook_violations`): every call of every durable
+//!   `round.decided` carries the verdict the `PreToolUse` hooks gave
+//!   ([`crate::standins::ScriptedHooks`]: deny, wait for a human, or
+//!   rewrite the arguments — then the model's are kept and the call's
+//!   are the rewritten ones), and no verdict when they allowed it as
+//!   asked. A resumed round applies the logged verdict, so the log is
+//!   what runs. With it, **a call a hook parks for a human never runs
+//!   until a human releases it** (`exec`, after every op: a plain turn
+//!   whose first call a hook parks must stop there, open, until a
+//!   `confirm` releases the key — [`crate::model::Model::must_block`] —
+//!   and then runs it once).
 //!
 //! And after every step and every restart, each live agent's bookkeeping
 //! rows an operator reads: its token usage (U1–U3, `driver/usage.rs`)

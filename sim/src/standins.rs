@@ -309,6 +309,9 @@ impl Provider for ScriptedProvider {
                     },
                     None => {
                         let mut args = json!({ "key": call_key(prompt, *index), "ok": step.ok });
+                        if let (true, Some(map)) = (step.confirm, args.as_object_mut()) {
+                            map.insert("confirm".into(), json!(true));
+                        }
                         let lost = match step.lost {
                             Lost::None => None,
                             Lost::Reply => Some("reply"),
@@ -362,20 +365,40 @@ fn tool_name(irreversible: bool) -> &'static str {
 
 /// The operator's `PreToolUse` hooks, as the system is configured with
 /// them (`SystemConfig::hooks`): a call whose arguments carry `"deny":
-/// true` ([`crate::op::ToolStep::denied`]) is denied; every other call is
-/// left to the model's asking.
+/// true` ([`crate::op::ToolStep::denied`]) is denied; one that carries
+/// `"confirm": true` ([`crate::op::ToolStep::confirm`]) waits for a
+/// human; one the model expects to fail (`"ok": false`) has its
+/// arguments rewritten by [`audit_patch`] (so its idempotency key is the
+/// rewritten arguments'); every other call is left to the model's
+/// asking. The oracle reads the logged verdicts against this policy
+/// (`driver::project::hook_violations`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ScriptedHooks;
 
 impl Hooks for ScriptedHooks {
     fn pre_tool_use(&self, call: &PreToolUse<'_>) -> Vec<HookDecision> {
-        match call.tool_input.get("deny").and_then(|v| v.as_bool()) {
-            Some(true) => vec![HookDecision::Deny {
+        let marked = |name: &str| call.tool_input.get(name).and_then(|v| v.as_bool());
+        if marked("deny") == Some(true) {
+            return vec![HookDecision::Deny {
                 reason: format!("{} is not allowed here", call.tool_name),
-            }],
-            _ => Vec::new(),
+            }];
         }
+        if marked("confirm") == Some(true) {
+            return vec![HookDecision::RequireConfirmation {
+                reason: format!("{} needs a human's approval", call.tool_name),
+            }];
+        }
+        if marked("ok") == Some(false) {
+            // An auditing policy: a call expected to fail is tagged.
+            return vec![HookDecision::ModifyArgs { patch: audit_patch() }];
+        }
+        Vec::new()
     }
+}
+
+/// The merge patch [`ScriptedHooks`] applies to a call expected to fail.
+pub fn audit_patch() -> serde_json::Value {
+    json!({ "audited": true })
 }
 
 /// The reversible tool `lookup`: a pure function of its arguments. The

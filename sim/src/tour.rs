@@ -16,6 +16,7 @@ const REV: ToolStep = ToolStep {
     provider_fails: 0,
     garbled: false,
     denied: false,
+    confirm: false,
 };
 const IRREV: ToolStep = ToolStep {
     irreversible: true,
@@ -26,6 +27,7 @@ const IRREV: ToolStep = ToolStep {
     provider_fails: 0,
     garbled: false,
     denied: false,
+    confirm: false,
 };
 const FAILING: ToolStep = ToolStep {
     irreversible: true,
@@ -36,6 +38,7 @@ const FAILING: ToolStep = ToolStep {
     provider_fails: 0,
     garbled: false,
     denied: false,
+    confirm: false,
 };
 
 /// The tour: a tree of four agents, turns with every tool kind, messages

@@ -46,6 +46,7 @@ const IRREV: ToolStep = ToolStep {
     provider_fails: 0,
     garbled: false,
     denied: false,
+    confirm: false,
 };
 
 #[test]

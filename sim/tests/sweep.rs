@@ -200,6 +200,7 @@ fn a_crash_between_two_calls_of_one_round_reruns_the_round_and_sends_each_once()
         provider_fails: 0,
         garbled: false,
         denied: false,
+        confirm: false,
     };
     let ops = vec![
         Op::CreateRoot,

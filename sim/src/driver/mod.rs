@@ -368,7 +368,9 @@ impl Driver {
                     std::path::Path::new(ROOT),
                 ));
             }
-            v.extend(project::undecided_effects(&logs_after, &self.world.deliveries()));
+            let decided = project::decided_calls(&logs_after);
+            v.extend(project::undecided_effects(&decided, &self.world.deliveries()));
+            v.extend(project::hook_violations(&decided));
             // Nothing after this writes a log before the next op or crash.
             self.boot_logs = Some(logs_after);
             // The boot settles every INTENT a crash left (re-sent to a

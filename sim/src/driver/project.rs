@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use durable_agent::fs::Fault;
-use durable_agent::log::{Event, LogEntry};
+use durable_agent::log::entry::HookOutcome;
+use durable_agent::log::{DecidedCall, Event, LogEntry};
 use durable_agent::world::Delivery;
 
 use durable_agent::recovery::RecoveryReport;
@@ -509,6 +510,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                         provider_fails: 0,
                         garbled: false,
                         denied: false,
+                        confirm: false,
                     });
                 }
             }
@@ -535,14 +537,12 @@ pub(super) fn is_log_file(path: &Path) -> bool {
     )
 }
 
-/// I6: every irreversible effect the world received carries the
-/// idempotency key of a durable decision (`round.decided`) in one of the
-/// event logs `logs` (the disk after a boot): a call starts only after
-/// its round's decision is durable, so no effect can outlive the record
-/// of the decision that made it. Only the lines that name the event are
-/// parsed.
-pub(super) fn undecided_effects(logs: &BTreeMap<PathBuf, Vec<u8>>, deliveries: &[Delivery]) -> Vec<String> {
-    let mut decided = BTreeSet::new();
+/// Every call of every durable decision (`round.decided`) in the event
+/// logs `logs` (the disk after a boot), for the checks that read the
+/// decisions ([`undecided_effects`], [`hook_violations`]). Only the lines
+/// that name the event are parsed.
+pub(super) fn decided_calls(logs: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<DecidedCall> {
+    let mut out = Vec::new();
     for (path, bytes) in logs {
         if path.file_name().and_then(|n| n.to_str()) != Some("events.jsonl") {
             continue;
@@ -554,13 +554,22 @@ pub(super) fn undecided_effects(logs: &BTreeMap<PathBuf, Vec<u8>>, deliveries: &
                 ..
             }) = LogEntry::parse(line)
             {
-                decided.extend(calls.into_iter().map(|c| c.idempotency_key));
+                out.extend(calls);
             }
         }
     }
+    out
+}
+
+/// I6: every irreversible effect the world received carries the
+/// idempotency key of a durable decision (`decided`, every log's): a call
+/// starts only after its round's decision is durable, so no effect can
+/// outlive the record of the decision that made it.
+pub(super) fn undecided_effects(decided: &[DecidedCall], deliveries: &[Delivery]) -> Vec<String> {
+    let decided: BTreeSet<&str> = decided.iter().map(|c| c.idempotency_key.as_str()).collect();
     deliveries
         .iter()
-        .filter(|d| !decided.contains(&d.idem_key))
+        .filter(|d| !decided.contains(d.idem_key.as_str()))
         .map(|d| {
             format!(
                 "I6 an effect with no durable decision: {:?} reached the world under key {}, which no round.decided in any log carries",
@@ -569,6 +578,60 @@ pub(super) fn undecided_effects(logs: &BTreeMap<PathBuf, Vec<u8>>, deliveries: &
             )
         })
         .collect()
+}
+
+/// I8: every durable decision logs the verdict the operator's hooks gave
+/// its call ([`crate::standins::ScriptedHooks`]' policy, read here from
+/// the arguments the model gave): a denial for a call marked `deny`; a
+/// wait for a human for one marked `confirm`; for one expected to fail,
+/// the model's arguments kept as `original_args` and the call's `args`
+/// those patched by [`crate::standins::audit_patch`]; no verdict for any
+/// other call (nor for the runtime's own orchestration tools, nor for
+/// arguments that were not JSON: never shown to the hooks). A resumed
+/// round applies the logged verdict, so a wrong one is what runs.
+pub(super) fn hook_violations(decided: &[DecidedCall]) -> Vec<String> {
+    let mut out = Vec::new();
+    for call in decided {
+        let hook = call.hook.clone().unwrap_or_default();
+        let asked = hook.original_args.as_ref().unwrap_or(&call.args);
+        let marked = |name: &str| asked.get(name).and_then(|v| v.as_bool());
+        let shown = call.invalid_args.is_none() && call.tool != SPAWN_AGENT && call.tool != SEND_MESSAGE;
+        let mut patched = asked.clone();
+        let expected = if !shown {
+            HookOutcome::default()
+        } else if marked("deny") == Some(true) {
+            HookOutcome {
+                denied: hook.denied.clone().or(Some("(a denial)".into())),
+                ..HookOutcome::default()
+            }
+        } else if marked("confirm") == Some(true) {
+            HookOutcome {
+                needs_confirmation: hook.needs_confirmation.clone().or(Some("(a wait)".into())),
+                ..HookOutcome::default()
+            }
+        } else if marked("ok") == Some(false) {
+            if let (Some(map), Some(patch)) = (
+                patched.as_object_mut(),
+                crate::standins::audit_patch().as_object(),
+            ) {
+                map.extend(patch.clone());
+            }
+            HookOutcome {
+                original_args: Some(asked.clone()),
+                ..HookOutcome::default()
+            }
+        } else {
+            HookOutcome::default()
+        };
+        let logged = call.hook.clone().unwrap_or_default();
+        if logged != expected || call.args != patched {
+            out.push(format!(
+                "I8 a decision logged another verdict than the hooks gave: call {} ({} asked with {}) was decided with args {} and hook verdict {:?}; the hooks' verdict is {:?} with args {}",
+                call.call_id, call.tool, asked, call.args, call.hook, expected, patched
+            ));
+        }
+    }
+    out
 }
 
 /// What the boot's recovery report says it did to each event log must be

@@ -290,6 +290,11 @@ impl Exec {
         let before = self.model.clone();
         let mut after = before.clone();
         after.apply(&action);
+        // A turn a hook parks for a human does, at most, stop there.
+        let must_block = before.must_block(&action);
+        if let (true, Some(blocked)) = (must_block, before.blocked(&action)) {
+            after = blocked;
+        }
         let armed = self.armed.take();
         let fault = if armed.is_some() {
             None
@@ -373,6 +378,13 @@ impl Exec {
             return self.restart(kind, &before, Some(&after), Some(&action));
         }
         let after = match (result, blocked) {
+            (Ok(()), _) if must_block => return Err(self.fail(
+                "a call a hook parked for a human ran unconfirmed",
+                format!(
+                    "the turn's first call needs a human's confirmation, yet the turn completed: {action:?}"
+                ),
+                None,
+            )),
             (Ok(()), _) => after,
             // The turn stopped at a key needing confirmation: a definite
             // answer, judged against the model's blocked state.

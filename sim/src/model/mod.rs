@@ -263,6 +263,18 @@ pub fn ledger_calls(tools: &[ToolStep]) -> Vec<Option<LedgerCall>> {
         .collect()
 }
 
+/// Whether `effect` ([`effect_key`]) is a call a hook parks for a human
+/// ([`ToolStep::confirm`]), by its turn's script.
+pub fn parked_by_hook(effect: &str) -> bool {
+    let Some((prompt, index)) = effect.split_once('/').and_then(|(_, call)| call.rsplit_once('#')) else {
+        return false;
+    };
+    let Ok(index) = index.parse::<usize>() else {
+        return false;
+    };
+    parse_script(prompt).get(index).is_some_and(|(_, t, _)| t.confirm)
+}
+
 /// The logical action the `index`-th tool of the turn with `prompt` asks
 /// for (the call's `key` argument, what the world counts an effect by).
 /// Every agent that runs the prompt asks for it with the same arguments:
@@ -288,7 +300,8 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
 /// whose answer the world loses, having acted or not ([`Lost`]); `X` and
 /// `x` an irreversible and a reversible one with nonsense arguments
 /// ([`ToolStep::garbled`]); `D` and `d` an irreversible and a reversible
-/// one a hook denies ([`ToolStep::denied`]); `C`
+/// one a hook denies ([`ToolStep::denied`]); `Q` and `q` one a hook
+/// parks for a human ([`ToolStep::confirm`]); `C`
 /// spawns a child ([`spawn_name`]) and `M(a003)` sends agent `a003` a
 /// message ([`Orch`]). `agents` are the live agents, in name order, that
 /// a send's [`crate::op::AgentRef`] picks from.
@@ -309,6 +322,7 @@ pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String], final_fails
                 None => script.push('R'),
             },
             Orch::None if t.denied => script.push(if t.irreversible { 'D' } else { 'd' }),
+            Orch::None if t.confirm => script.push(if t.irreversible { 'Q' } else { 'q' }),
             Orch::None if t.garbled => script.push(if t.irreversible { 'X' } else { 'x' }),
             Orch::None => script.push(match (t.irreversible, t.ok) {
                 (true, true) if t.lost == Lost::Reply => 'L',
@@ -394,8 +408,8 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
         }
         let index = out.len();
         let mut step = ToolStep {
-            irreversible: matches!(c, 'I' | 'i' | 'L' | 'N' | 'X' | 'D'),
-            ok: c.is_ascii_uppercase() && !matches!(c, 'X' | 'D'),
+            irreversible: matches!(c, 'I' | 'i' | 'L' | 'N' | 'X' | 'D' | 'Q'),
+            ok: (c.is_ascii_uppercase() && !matches!(c, 'X' | 'D')) || c == 'q',
             joins_round: joins,
             lost: match c {
                 'L' => Lost::Reply,
@@ -406,6 +420,7 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
             provider_fails: std::mem::take(&mut fails),
             garbled: matches!(c, 'X' | 'x'),
             denied: matches!(c, 'D' | 'd'),
+            confirm: matches!(c, 'Q' | 'q'),
         };
         let call = match c {
             'C' => {
@@ -466,6 +481,9 @@ pub fn normalized(tools: &[ToolStep]) -> Vec<ToolStep> {
         .into_iter()
         .map(|t| ToolStep {
             provider_fails: 0,
+            // A work's or a fire's stop at a parked call is the caller's
+            // retry, which the model does not state (as a failing ask).
+            confirm: false,
             ..t
         })
         .collect()
@@ -481,6 +499,11 @@ pub fn normalized_failing(tools: &[ToolStep]) -> Vec<ToolStep> {
         .enumerate()
         .map(|(i, t)| {
             let t = t.normalized();
+            // A parked call opens its turn ([`ToolStep::confirm`]).
+            let t = ToolStep {
+                confirm: t.confirm && i == 0,
+                ..t
+            };
             match i > 0 && t.joins_round {
                 true => ToolStep {
                     provider_fails: 0,
@@ -596,6 +619,13 @@ pub struct Model {
     /// nothing. Bookkeeping.
     #[serde(default)]
     pub rolled_back: BTreeSet<String>,
+    /// Effects of calls a hook parked for a human ([`ToolStep::confirm`])
+    /// that a human released ("not delivered": run it). The answer is one
+    /// autocommitted statement, durable once acknowledged, so a crash
+    /// never takes it back: until then a turn with the call must stop at
+    /// it ([`Model::must_block`]). Bookkeeping.
+    #[serde(default)]
+    pub hook_released: BTreeSet<String>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -678,6 +708,7 @@ impl Model {
                         provider_fails: 0,
                         garbled: false,
                         denied: false,
+                        confirm: false,
                         ..*t
                     })
                     .collect(),
@@ -1196,6 +1227,9 @@ impl Model {
             } => {
                 self.needs_human.remove(idem);
                 self.confirmed.insert(idem.clone());
+                if parked_by_hook(effect) {
+                    self.hook_released.insert(effect.clone());
+                }
                 if !*delivered {
                     // Released: the turn's re-run sends it, once.
                     self.maybe_effects.remove(effect);
@@ -1332,6 +1366,13 @@ impl Model {
     pub fn blocked(&self, action: &Action) -> Option<Model> {
         let mut m = self.clone();
         match action {
+            // Parked by a hook: the turn holds its agent's slot and stays
+            // open (resumable), in place of any turn lost before it, as a
+            // failing ask leaves it ([`Model::provider_fails`]).
+            Action::RunTurn { agent, .. } if self.must_block(action) => {
+                m.touch(agent);
+                m.lost_turns.insert(agent.clone(), action.clone());
+            }
             // The turn took its agent's slot before it stopped. It stays
             // lost (resumable) whether it is the rolled-back turn itself or
             // a later turn with its identity.
@@ -1362,6 +1403,24 @@ impl Model {
         }
         m.counter += 1;
         Some(m)
+    }
+
+    /// Whether the plain turn `action` must stop at its first call, parked
+    /// by a hook for a human ([`ToolStep::confirm`]), because no human has
+    /// released it: the runtime may not run it, complete the turn, or
+    /// skip it.
+    pub fn must_block(&self, action: &Action) -> bool {
+        match action {
+            Action::RunTurn {
+                agent, prompt, tools, ..
+            } => {
+                tools.first().is_some_and(|t| t.confirm)
+                    && !self.hook_released.contains(&effect_key(agent, prompt, 0))
+                    // A failing first ask fails the turn before the call.
+                    && self.failing_round(agent, prompt) != Some(0)
+            }
+            _ => false,
+        }
     }
 
     /// Every live agent's session record as the runtime must have
