@@ -130,7 +130,7 @@ impl ToolStep {
             },
             _ => ToolStep {
                 irreversible: false,
-                ok: true,
+                ok: step.orch != Orch::RefusedSpawn,
                 lost: Lost::None,
                 garbled: false,
                 denied: false,
@@ -156,6 +156,12 @@ pub enum Orch {
     Spawn,
     /// `send_message` to a live agent (by index, as ops name agents).
     Send(AgentRef),
+    /// `spawn_agent` with a name the runtime must refuse
+    /// ([`crate::model::refused_spawn_name`]: empty, too long, a character
+    /// names may not hold, a reserved word or id, or the name of a child
+    /// the turn spawned before it): answered as a failed call the model
+    /// can correct, no child created, and the turn goes on.
+    RefusedSpawn,
 }
 
 impl Orch {
@@ -393,7 +399,7 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         prop::bool::weighted(0.85),
         prop::bool::weighted(0.4),
         prop_oneof![22 => Just(Lost::None), 2 => Just(Lost::Reply), 1 => Just(Lost::Request)],
-        prop_oneof![20 => Just(Orch::None), 1 => Just(Orch::Spawn), 2 => agent_ref().prop_map(Orch::Send)],
+        prop_oneof![20 => Just(Orch::None), 1 => Just(Orch::Spawn), 2 => agent_ref().prop_map(Orch::Send), 1 => Just(Orch::RefusedSpawn)],
         prop_oneof![24 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8)],
         prop::bool::weighted(0.04),
         prop::bool::weighted(0.03),
@@ -478,6 +484,7 @@ fn render_tools(tools: &[ToolStep]) -> String {
         match t.orch {
             Orch::None => out.push_str(if t.irreversible { "irrev" } else { "rev" }),
             Orch::Spawn => out.push_str("spawn"),
+            Orch::RefusedSpawn => out.push_str("spawn!refused"),
             Orch::Send(to) => out.push_str(&format!("send->#{}", to.0)),
         }
         if !t.orch.is_none() {

@@ -656,7 +656,7 @@ pub fn messages_of(action: Option<&Action>) -> BTreeSet<(String, Msg)> {
                         payload,
                     },
                 )),
-                crate::model::OrchCall::Spawn { .. } => None,
+                crate::model::OrchCall::Spawn { .. } | crate::model::OrchCall::RefusedSpawn { .. } => None,
             })
             .collect(),
         _ => BTreeSet::new(),

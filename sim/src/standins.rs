@@ -272,7 +272,7 @@ impl Provider for ScriptedProvider {
                 .map(|(index, step, call)| match call {
                     // The runtime performs these itself; never reworded, so
                     // a re-asked round names the same child and payload.
-                    Some(OrchCall::Spawn { name }) => ToolRequest {
+                    Some(OrchCall::Spawn { name } | OrchCall::RefusedSpawn { name }) => ToolRequest {
                         tool: SPAWN_AGENT.into(),
                         args: json!({ "name": name, "instructions": "a spawned worker" }),
                         irreversible: false,

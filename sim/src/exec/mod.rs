@@ -378,13 +378,15 @@ impl Exec {
             return self.restart(kind, &before, Some(&after), Some(&action));
         }
         let after = match (result, blocked) {
-            (Ok(()), _) if must_block => return Err(self.fail(
-                "a call a hook parked for a human ran unconfirmed",
-                format!(
+            (Ok(()), _) if must_block => {
+                return Err(self.fail(
+                    "a call a hook parked for a human ran unconfirmed",
+                    format!(
                     "the turn's first call needs a human's confirmation, yet the turn completed: {action:?}"
                 ),
-                None,
-            )),
+                    None,
+                ))
+            }
             (Ok(()), _) => after,
             // The turn stopped at a key needing confirmation: a definite
             // answer, judged against the model's blocked state.

@@ -303,9 +303,20 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
 /// one a hook denies ([`ToolStep::denied`]); `Q` and `q` one a hook
 /// parks for a human ([`ToolStep::confirm`]); `C`
 /// spawns a child ([`spawn_name`]) and `M(a003)` sends agent `a003` a
-/// message ([`Orch`]). `agents` are the live agents, in name order, that
-/// a send's [`crate::op::AgentRef`] picks from.
-pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String], final_fails: u8) -> String {
+/// message ([`Orch`]); `B` asks for a spawn the runtime must refuse
+/// ([`refused_spawn_name`]), `K` for one named as the turn's last spawn
+/// before it, and `K(a003)` for one named as the caller's child `a003`
+/// ([`Orch::RefusedSpawn`]). `agents` are the live agents, in name order,
+/// that a send's [`crate::op::AgentRef`] picks from; `children` the
+/// caller's live children, in name order (none: a work's or a fire's,
+/// whose caller is not known yet).
+pub fn script_prompt(
+    n: u64,
+    tools: &[ToolStep],
+    agents: &[&String],
+    children: &[&String],
+    final_fails: u8,
+) -> String {
     let mut script = String::new();
     for (i, t) in tools.iter().enumerate() {
         if i > 0 && t.joins_round {
@@ -316,6 +327,21 @@ pub fn script_prompt(n: u64, tools: &[ToolStep], agents: &[&String], final_fails
         script.push_str(&"~".repeat(usize::from(t.provider_fails)));
         match t.orch {
             Orch::Spawn => script.push('C'),
+            // A refused spawn: the name of an earlier spawn of the turn
+            // (one in two, when there is one), else a name no agent may
+            // take.
+            Orch::RefusedSpawn
+                if (n + i as u64).is_multiple_of(2) && tools[..i].iter().any(|t| t.orch == Orch::Spawn) =>
+            {
+                script.push('K')
+            }
+            // Else the name of a child the caller has (two in three, when
+            // it has one), else a name no agent may take.
+            Orch::RefusedSpawn if !children.is_empty() && !(n + i as u64).is_multiple_of(3) => {
+                let child = children[(n as usize + i) % children.len()];
+                script.push_str(&format!("K({child})"));
+            }
+            Orch::RefusedSpawn => script.push('B'),
             Orch::Send(to) => match pick(agents, to.0) {
                 Some(name) => script.push_str(&format!("M({name})")),
                 // No agent to send to: a lookup instead.
@@ -364,8 +390,17 @@ pub fn failing_asks(prompt: &str) -> Vec<u8> {
 /// An orchestration call of a turn's script, as its prompt names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OrchCall {
-    Spawn { name: String },
-    Send { to: String, payload: String },
+    Spawn {
+        name: String,
+    },
+    /// A spawn the runtime must refuse ([`Orch::RefusedSpawn`]).
+    RefusedSpawn {
+        name: String,
+    },
+    Send {
+        to: String,
+        payload: String,
+    },
 }
 
 /// One step of a prompt's script: its index in the turn, the step, and
@@ -376,6 +411,23 @@ pub type ScriptStep = (usize, ToolStep, Option<OrchCall>);
 /// spawns (`a007s1`: never a name `create_root` or `spawn_child` gives).
 pub fn spawn_name(prompt: &str, index: usize) -> String {
     format!("a{:03}s{index}", prompt_number(prompt))
+}
+
+/// The name the `index`-th call of the turn with `prompt` asks a spawn
+/// for that the runtime must refuse (`B` in the script): empty, one over
+/// the length limit, with a space, the reserved `parent`, or a 16-digit
+/// hex id (names may not look like the ids that also address agents),
+/// by the prompt's number and the call's place. (`K` asks for the name
+/// of the turn's last spawn before it: a child it already has, pending.)
+pub fn refused_spawn_name(prompt: &str, index: usize) -> String {
+    let n = prompt_number(prompt);
+    match (n + index as u64) % 5 {
+        0 => String::new(),
+        1 => "x".repeat(durable_agent::runtime::orchestration::MAX_NAME_LEN + 1),
+        2 => format!("a{n} s{index}"),
+        3 => "parent".into(),
+        _ => format!("{:016x}", n * 16 + index as u64),
+    }
 }
 
 /// The payload of the message the `index`-th call of the turn with
@@ -446,6 +498,32 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
                 Some(OrchCall::Send {
                     to,
                     payload: sent_payload(prompt, index),
+                })
+            }
+            'B' | 'K' => {
+                step.orch = Orch::RefusedSpawn;
+                step.ok = false;
+                let mut named = String::new();
+                if c == 'K' && chars.peek() == Some(&'(') {
+                    chars.next();
+                    for c in chars.by_ref() {
+                        if c == ')' {
+                            break;
+                        }
+                        named.push(c);
+                    }
+                }
+                let earlier = out
+                    .iter()
+                    .rev()
+                    .find(|(_, t, _): &&ScriptStep| t.orch == Orch::Spawn)
+                    .map(|(j, _, _)| spawn_name(prompt, *j));
+                Some(OrchCall::RefusedSpawn {
+                    name: match (c, earlier) {
+                        ('K', _) if !named.is_empty() => named,
+                        ('K', Some(name)) => name,
+                        _ => refused_spawn_name(prompt, index),
+                    },
                 })
             }
             _ => None,
@@ -748,6 +826,8 @@ impl Model {
                         }
                     }
                 }
+                // Refused: nothing is created.
+                OrchCall::RefusedSpawn { .. } => {}
             }
         }
     }
@@ -817,14 +897,15 @@ impl Model {
                         }
                     }
                 }
-                Some(OrchCall::Spawn { .. }) => {}
+                Some(OrchCall::Spawn { .. } | OrchCall::RefusedSpawn { .. }) => {}
             }
         }
     }
 
     /// Whether a turn that may still run (rolled back, a started work, a
-    /// fire not done) sends to `name`: terminating it would make the
-    /// re-run's send fail, which the model does not predict.
+    /// fire not done) sends to `name`, or asks to spawn a child of that
+    /// name it must be refused: terminating it would make the re-run's
+    /// send fail (or its spawn succeed), which the model does not predict.
     fn awaited_by_a_send(&self, name: &str) -> bool {
         let prompts = self
             .lost_turns
@@ -843,9 +924,11 @@ impl Model {
                 _ => None,
             });
         for prompt in prompts {
-            if orch_calls(prompt)
-                .iter()
-                .any(|c| matches!(c, OrchCall::Send { to, .. } if to == name))
+            // (A refused spawn named after a child counts too: gone, the
+            // name would be free and the spawn taken.)
+            if orch_calls(prompt).iter().any(|c| {
+                matches!(c, OrchCall::Send { to, .. } | OrchCall::RefusedSpawn { name: to } if to == name)
+            })
             {
                 return true;
             }
@@ -919,9 +1002,11 @@ impl Model {
                 final_fails,
             } => {
                 let tools: &[ToolStep] = &normalized_failing(tools);
+                let caller = pick(&all, agent.0)?;
+                let children = self.names(|a| a.parent.as_deref() == Some(caller.as_str()));
                 Action::RunTurn {
-                    agent: pick(&all, agent.0)?.clone(),
-                    prompt: script_prompt(n, tools, &all, *final_fails),
+                    agent: caller.clone(),
+                    prompt: script_prompt(n, tools, &all, &children, *final_fails),
                     tools: tools.to_vec(),
                     response: format!("r{n}"),
                     reads: matches!(op, Op::ReadTurn { .. }),
@@ -929,7 +1014,7 @@ impl Model {
             }
             Op::WorkTurn { agent, work, tools } => {
                 let tools: &[ToolStep] = &normalized(tools);
-                let asked = script_prompt(n, tools, &all, 0);
+                let asked = script_prompt(n, tools, &all, &[], 0);
                 // (agent, work) of a started work of a live agent.
                 let started: Vec<(&String, &String)> = self
                     .works

@@ -166,7 +166,7 @@ impl Model {
                 Some(Action::Fire {
                     key: key.clone(),
                     agent: names[agent.0 as usize % names.len()].clone(),
-                    prompt: super::script_prompt(n, tools, &names, 0),
+                    prompt: super::script_prompt(n, tools, &names, &[], 0),
                     tools: tools.to_vec(),
                     response: format!("r{n}"),
                 })
