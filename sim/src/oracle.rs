@@ -227,7 +227,10 @@
 //!
 //! And after an op that failed under an injected I/O fault: a runtime
 //! that says it is poisoned refuses the next change with `Poisoned` and
-//! no I/O until reopened (`Driver::poisoned_probe`). And after every
+//! no I/O until reopened (`Driver::poisoned_probe`); and when the fault
+//! failed a write, sync, truncate or rename of an event log, its pending
+//! copy or a session record (data of unknown fate), the runtime must say
+//! so (`Driver::failed_session_write`). And after every
 //! completed turn: its answer (response and every call, those before a
 //! crash it resumed from included: what the API returns) is what the turn
 //! did (`Driver::check_answer`); and the id an emit answers for a dedup

@@ -507,10 +507,17 @@ impl Driver {
     /// reopened (a failed fsync leaves its data unknown: writing on could
     /// make later entries durable past a hole). Probed with a root
     /// creation; `Some` says how the runtime went on instead.
-    pub fn poisoned_probe(&mut self) -> Option<String> {
+    ///
+    /// `failed_write`: the write, sync, truncate or rename of an event log,
+    /// its pending copy or a session record that the injected fault failed
+    /// (its data now unknown), if it was one: then the runtime must have
+    /// poisoned itself (a runtime that went on could append past a hole).
+    pub fn poisoned_probe(&mut self, failed_write: Option<&str>) -> Option<String> {
         let rt = self.system.as_mut()?.runtime_mut();
         if !rt.is_poisoned() {
-            return None;
+            return failed_write.map(|what| {
+                format!("the op failed at {what} (its outcome unknown), yet the runtime is not poisoned: it would go on writing after data of unknown fate")
+            });
         }
         let points = self.fs.points();
         let answer = rt.create_root("poison-probe", "");
@@ -521,6 +528,28 @@ impl Driver {
                 "after an I/O error of unknown outcome poisoned the runtime, a root creation answered {other:?} after {io} I/O points"
             )),
         }
+    }
+
+    /// The session-file write the injected fault at `point` failed, if it
+    /// fired there on one ([`Driver::poisoned_probe`]): an append, write,
+    /// sync, truncate or rename of `events.jsonl`, `events.pending` or a
+    /// session record (or its temporary file).
+    pub fn failed_session_write(&self, point: u64) -> Option<String> {
+        use durable_agent::fs::sim::{IoOp, Outcome};
+        let entry = self.fs.trace_from(point).into_iter().next()?;
+        let failed = matches!(entry.outcome, Outcome::Failed(_) | Outcome::LostReply);
+        let write = matches!(
+            entry.op,
+            IoOp::Append | IoOp::WriteAt | IoOp::Sync | IoOp::Truncate | IoOp::Rename
+        );
+        let name = std::path::Path::new(&entry.path)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        let session_file =
+            name.starts_with("events.") || name.starts_with(durable_agent::store::session::SESSION_FILE);
+        (entry.point == point && failed && write && session_file)
+            .then(|| format!("point {point} ({:?} of {})", entry.op, entry.path))
     }
 
     /// A completed turn's answer (what the API returns to its caller: the

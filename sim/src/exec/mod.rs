@@ -332,7 +332,7 @@ impl Exec {
         let world_lost = self.driver.lost_replies() > lost_before;
         if world_lost && result.is_err() && !self.driver.fs.crashed() && blocked.is_none() {
             self.disarm();
-            if let Some(why) = self.driver.poisoned_probe() {
+            if let Some(why) = self.driver.poisoned_probe(None) {
                 return Err(self.fail("a poisoned runtime went on", why, None));
             }
             return match armed {
@@ -351,7 +351,9 @@ impl Exec {
         if fault.is_some() && !self.driver.fs.crashed() {
             self.disarm();
             if result.is_err() {
-                if let Some(why) = self.driver.poisoned_probe() {
+                let failed_write =
+                    fault.and_then(|(offset, _)| self.driver.failed_session_write(next + u64::from(offset)));
+                if let Some(why) = self.driver.poisoned_probe(failed_write.as_deref()) {
                     return Err(self.fail("a poisoned runtime went on", why, None));
                 }
                 // Unknown outcome: the daemon reopens everything in place
