@@ -874,14 +874,15 @@ impl Driver {
                 }
             }
             Action::Retry { key } => {
-                // The operator's path (`durable-agent retry`, the API's
-                // `POST /triggers/{id}/retry`): by id, as listed.
+                // The operator's path: the id as the dead-letter and
+                // failed listings show it (`durable-agent triggers`), then
+                // `durable-agent retry` (the API's `POST
+                // /triggers/{id}/retry`). The model retries only a DEAD or
+                // FAILED row, so a listing that hides one refuses the op.
                 let system = self.system()?;
-                let all = system
-                    .triggers()
-                    .all(system.db().conn(), now)
-                    .map_err(|e| e.to_string())?;
-                let id = all
+                let mut listed = system.dead_triggers().map_err(|e| e.to_string())?;
+                listed.extend(system.failed_triggers().map_err(|e| e.to_string())?);
+                let id = listed
                     .iter()
                     .find(|t| &self.model_key(t.dedup_key.as_deref(), &t.id) == key)
                     .map(|t| t.id.clone())
