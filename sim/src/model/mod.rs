@@ -1403,10 +1403,16 @@ impl Model {
     /// been applied (the ledger row, then each blocked trigger, each in its
     /// own transaction), so the model forgets the key — never answered
     /// again, its effect of unknown fate as before — and a trigger still
-    /// FAILED on it waits for an operator's retry.
+    /// FAILED on it waits for an operator's retry. A call a hook parked
+    /// may then run or stop again: it no longer must stop
+    /// ([`Model::must_block`]), and a stop stays allowed (its turn is
+    /// lost, [`Model::blocked`]), answerable once it is reported again.
     pub fn forget_answer(&mut self, idem: &str, effect: &str) {
         self.needs_human.remove(idem);
         self.confirmed.remove(idem);
+        if parked_by_hook(effect) {
+            self.hook_released.insert(effect.to_string());
+        }
         if !self.state.outbox.iter().any(|k| k == effect) {
             self.maybe_effects.insert(effect.to_string());
         }
