@@ -116,19 +116,22 @@ impl ReferenceStateMachine for RefMachine {
                     return state;
                 }
             }
-            if let (true, Some(blocked)) = (state.model.must_block(&action), state.model.blocked(&action)) {
+            let blocked = state
+                .model
+                .must_block(&action)
+                .then(|| state.model.blocked(&action))
+                .flatten();
+            if let (Some(blocked), Action::RunTurn { agent, prompt, .. }) = (blocked, &action) {
                 // A hook parks its first call: steer towards a human's
                 // answer (that releases it) and the re-run.
-                if let Action::RunTurn { agent, prompt, .. } = &action {
-                    let n = blocked.counter;
-                    state.model = blocked;
-                    state
-                        .model
-                        .needs_human
-                        .insert(format!("steer{n}"), crate::model::effect_key(agent, prompt, 0));
-                    state.crash_armed = false;
-                    return state;
-                }
+                let n = blocked.counter;
+                state.model = blocked;
+                state
+                    .model
+                    .needs_human
+                    .insert(format!("steer{n}"), crate::model::effect_key(agent, prompt, 0));
+                state.crash_armed = false;
+                return state;
             }
             if let Action::RunTurn { agent, tools, .. } = &action {
                 if tools.iter().any(|t| !t.lost.is_none() && t.irreversible && t.ok) {

@@ -368,37 +368,42 @@ fn tool_name(irreversible: bool) -> &'static str {
 /// true` ([`crate::op::ToolStep::denied`]) is denied; one that carries
 /// `"confirm": true` ([`crate::op::ToolStep::confirm`]) waits for a
 /// human; one the model expects to fail (`"ok": false`) has its
-/// arguments rewritten by [`audit_patch`] (so its idempotency key is the
+/// arguments rewritten (an `audited` tag, so its idempotency key is the
 /// rewritten arguments'); every other call is left to the model's
 /// asking. The oracle reads the logged verdicts against this policy
 /// (`driver::project::hook_violations`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ScriptedHooks;
 
-impl Hooks for ScriptedHooks {
-    fn pre_tool_use(&self, call: &PreToolUse<'_>) -> Vec<HookDecision> {
-        let marked = |name: &str| call.tool_input.get(name).and_then(|v| v.as_bool());
+impl ScriptedHooks {
+    /// The policy: what the hooks answer for a call of `tool` asked with
+    /// `input` (the one statement of it, for the system and the oracle).
+    pub fn decide(tool: &str, input: &serde_json::Value) -> Vec<HookDecision> {
+        let marked = |name: &str| input.get(name).and_then(|v| v.as_bool());
         if marked("deny") == Some(true) {
             return vec![HookDecision::Deny {
-                reason: format!("{} is not allowed here", call.tool_name),
+                reason: format!("{tool} is not allowed here"),
             }];
         }
         if marked("confirm") == Some(true) {
             return vec![HookDecision::RequireConfirmation {
-                reason: format!("{} needs a human's approval", call.tool_name),
+                reason: format!("{tool} needs a human's approval"),
             }];
         }
         if marked("ok") == Some(false) {
             // An auditing policy: a call expected to fail is tagged.
-            return vec![HookDecision::ModifyArgs { patch: audit_patch() }];
+            return vec![HookDecision::ModifyArgs {
+                patch: json!({ "audited": true }),
+            }];
         }
         Vec::new()
     }
 }
 
-/// The merge patch [`ScriptedHooks`] applies to a call expected to fail.
-pub fn audit_patch() -> serde_json::Value {
-    json!({ "audited": true })
+impl Hooks for ScriptedHooks {
+    fn pre_tool_use(&self, call: &PreToolUse<'_>) -> Vec<HookDecision> {
+        Self::decide(call.tool_name, call.tool_input)
+    }
 }
 
 /// The reversible tool `lookup`: a pure function of its arguments. The

@@ -581,49 +581,57 @@ pub(super) fn undecided_effects(decided: &[DecidedCall], deliveries: &[Delivery]
 }
 
 /// I8: every durable decision logs the verdict the operator's hooks gave
-/// its call ([`crate::standins::ScriptedHooks`]' policy, read here from
-/// the arguments the model gave): a denial for a call marked `deny`; a
-/// wait for a human for one marked `confirm`; for one expected to fail,
-/// the model's arguments kept as `original_args` and the call's `args`
-/// those patched by [`crate::standins::audit_patch`]; no verdict for any
-/// other call (nor for the runtime's own orchestration tools, nor for
-/// arguments that were not JSON: never shown to the hooks). A resumed
-/// round applies the logged verdict, so a wrong one is what runs.
+/// its call ([`crate::standins::ScriptedHooks::decide`], asked with the
+/// arguments the model gave): a denial; else a wait for a human, with
+/// the arguments every rewrite left — then the model's kept as
+/// `original_args` — and no verdict for a call allowed as asked (nor for
+/// the runtime's own orchestration tools, nor for arguments that were
+/// not JSON: never shown to the hooks). The decisions are resolved here
+/// in the order the runtime promises (deny, then every patch, then the
+/// wait), not by its `resolve`. A resumed round applies the logged
+/// verdict, so a wrong one is what runs.
 pub(super) fn hook_violations(decided: &[DecidedCall]) -> Vec<String> {
+    use durable_agent::runtime::HookDecision;
     let mut out = Vec::new();
     for call in decided {
-        let hook = call.hook.clone().unwrap_or_default();
-        let asked = hook.original_args.as_ref().unwrap_or(&call.args);
-        let marked = |name: &str| asked.get(name).and_then(|v| v.as_bool());
-        let shown = call.invalid_args.is_none() && call.tool != SPAWN_AGENT && call.tool != SEND_MESSAGE;
-        let mut patched = asked.clone();
-        let expected = if !shown {
-            HookOutcome::default()
-        } else if marked("deny") == Some(true) {
-            HookOutcome {
-                denied: hook.denied.clone().or(Some("(a denial)".into())),
-                ..HookOutcome::default()
-            }
-        } else if marked("confirm") == Some(true) {
-            HookOutcome {
-                needs_confirmation: hook.needs_confirmation.clone().or(Some("(a wait)".into())),
-                ..HookOutcome::default()
-            }
-        } else if marked("ok") == Some(false) {
-            if let (Some(map), Some(patch)) = (
-                patched.as_object_mut(),
-                crate::standins::audit_patch().as_object(),
-            ) {
-                map.extend(patch.clone());
-            }
-            HookOutcome {
-                original_args: Some(asked.clone()),
-                ..HookOutcome::default()
-            }
-        } else {
-            HookOutcome::default()
-        };
         let logged = call.hook.clone().unwrap_or_default();
+        let asked = logged.original_args.as_ref().unwrap_or(&call.args);
+        let shown = call.invalid_args.is_none() && call.tool != SPAWN_AGENT && call.tool != SEND_MESSAGE;
+        let decisions = match shown {
+            true => crate::standins::ScriptedHooks::decide(&call.tool, asked),
+            false => Vec::new(),
+        };
+        let mut patched = asked.clone();
+        let mut expected = HookOutcome::default();
+        if let Some(reason) = decisions.iter().find_map(|d| match d {
+            HookDecision::Deny { reason } => Some(reason.clone()),
+            _ => None,
+        }) {
+            expected.denied = Some(reason);
+        } else {
+            for d in &decisions {
+                match d {
+                    // The policy's patches are flat objects of non-null
+                    // members: RFC 7386's merge is a member-wise insert.
+                    HookDecision::ModifyArgs { patch } => {
+                        if let (Some(map), Some(patch)) = (patched.as_object_mut(), patch.as_object()) {
+                            map.extend(patch.clone());
+                        }
+                    }
+                    HookDecision::RequireConfirmation { reason } => {
+                        expected.needs_confirmation.get_or_insert_with(|| reason.clone());
+                    }
+                    _ => {}
+                }
+            }
+            // The policy's patch adds what the model never sends, so a
+            // patched call always keeps the model's arguments (read from
+            // the log: a verdict that lost them shows patched args here).
+            let rewritten = decisions
+                .iter()
+                .any(|d| matches!(d, HookDecision::ModifyArgs { .. }));
+            expected.original_args = rewritten.then(|| asked.clone());
+        }
         if logged != expected || call.args != patched {
             out.push(format!(
                 "I8 a decision logged another verdict than the hooks gave: call {} ({} asked with {}) was decided with args {} and hook verdict {:?}; the hooks' verdict is {:?} with args {}",

@@ -292,7 +292,7 @@ impl Exec {
         after.apply(&action);
         // A turn a hook parks for a human does, at most, stop there.
         let must_block = before.must_block(&action);
-        if let (true, Some(blocked)) = (must_block, before.blocked(&action)) {
+        if let Some(blocked) = must_block.then(|| before.blocked(&action)).flatten() {
             after = blocked;
         }
         let armed = self.armed.take();

@@ -482,16 +482,7 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
                 })
             }
             'M' => {
-                let mut to = String::new();
-                if chars.peek() == Some(&'(') {
-                    chars.next();
-                    for c in chars.by_ref() {
-                        if c == ')' {
-                            break;
-                        }
-                        to.push(c);
-                    }
-                }
+                let to = parenthesised(&mut chars);
                 // The recipient's index is not in the prompt; the model
                 // reads the call by name.
                 step.orch = Orch::Send(crate::op::AgentRef(0));
@@ -503,16 +494,10 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
             'B' | 'K' => {
                 step.orch = Orch::RefusedSpawn;
                 step.ok = false;
-                let mut named = String::new();
-                if c == 'K' && chars.peek() == Some(&'(') {
-                    chars.next();
-                    for c in chars.by_ref() {
-                        if c == ')' {
-                            break;
-                        }
-                        named.push(c);
-                    }
-                }
+                let named = match c {
+                    'K' => parenthesised(&mut chars),
+                    _ => String::new(),
+                };
                 let earlier = out
                     .iter()
                     .rev()
@@ -532,6 +517,22 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
         joins = false;
     }
     out
+}
+
+/// The name a script step carries in parentheses right after its letter
+/// (`M(a003)`, `K(a003)`), consumed from `chars`; empty when none.
+fn parenthesised(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> String {
+    let mut name = String::new();
+    if chars.peek() == Some(&'(') {
+        chars.next();
+        for c in chars.by_ref() {
+            if c == ')' {
+                break;
+            }
+            name.push(c);
+        }
+    }
+    name
 }
 
 /// The orchestration calls of the turn with `prompt`, in order.
