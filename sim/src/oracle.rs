@@ -204,6 +204,23 @@
 //!   whose first call a hook parks must stop there, open, until a
 //!   `confirm` releases the key — [`crate::model::Model::must_block`] —
 //!   and then runs it once).
+//! - **V1 Each line carries the version an older build goes by** (after
+//!   every restart, every sealed log line; `driver/stamps.rs`): the
+//!   oldest schema version whose readers understand it — the hook
+//!   version for a decision with a hook's verdict, the decision version
+//!   for any other decision and for a `turn.resume` with its prompt, the
+//!   checksum version for the rest.
+//! - **T1 A failed boot's error is typed** (`driver/typed.rs`): no SQLite
+//!   error in its chain is the generic variant when its code says what
+//!   it was (a full disk, an I/O error, corruption, …), so an operator
+//!   reads "disk full" or "outcome unknown, reopen", not "SQLite failed".
+//!
+//! And after every work turn the driver drives to completion, **M1**
+//! (`driver/misuse.rs`): its task, now stale, is handed a step again and
+//! must be refused with `TurnNotInFlight`, writing nothing and poisoning
+//! nothing. And the model holds spawns to the product's default depth
+//! limit ([`crate::model::MAX_DEPTH`]): a spawn asked from that depth is
+//! a failed call that creates nothing.
 //!
 //! And after every step and every restart, each live agent's bookkeeping
 //! rows an operator reads: its token usage (U1–U3, `driver/usage.rs`)

@@ -32,7 +32,10 @@ use crate::rot::{self, Rot};
 use durable_agent::system::{CorruptLine, LineFault};
 use std::path::PathBuf;
 mod errors;
+mod misuse;
 mod project;
+mod stamps;
+mod typed;
 mod usage;
 pub mod verified;
 
@@ -311,9 +314,11 @@ impl Driver {
         config.trigger_policy.backoff_base_ms = crate::model::BACKOFF_BASE_MS;
         config.trigger_policy.backoff_cap_ms = crate::model::BACKOFF_CAP_MS;
         // The model's tool steps spawn and send through the runtime's own
-        // tools; the model does not count the limits, so none is reached.
+        // tools; the model holds them to the depth limit
+        // (`model::MAX_DEPTH`), but does not count the other two (see
+        // there), so neither is reached.
         let mut orchestration = durable_agent::runtime::orchestration::Orchestration::all();
-        orchestration.max_depth = u32::MAX;
+        orchestration.max_depth = crate::model::MAX_DEPTH;
         orchestration.max_children = u32::MAX;
         orchestration.max_agents = u32::MAX;
         config.orchestration = Some(orchestration);
@@ -348,6 +353,9 @@ impl Driver {
         self.corruption = None;
         self.refusal = None;
         let (system, report) = booted.map_err(|e| {
+            if let Some(v) = typed::generic_sqlite_error(&e) {
+                self.answer_violations.push(v);
+            }
             self.refusal = crate::loss::refusal(&e);
             self.corruption = e
                 .damaged_line()
@@ -371,6 +379,7 @@ impl Driver {
             let decided = project::decided_calls(&logs_after);
             v.extend(project::undecided_effects(&decided, &self.world.deliveries()));
             v.extend(project::hook_violations(&decided));
+            v.extend(stamps::stamp_violations(&logs_after));
             // Nothing after this writes a log before the next op or crash.
             self.boot_logs = Some(logs_after);
             // The boot settles every INTENT a crash left (re-sent to a
@@ -732,13 +741,17 @@ impl Driver {
                 // What the API does: the caller's prompt and the messages
                 // waiting now; the runtime decides what a started work runs.
                 let id = self.id(agent)?;
+                let fs = self.fs.clone();
                 let rt = self.rt()?;
                 let ids: Vec<MessageId> = rt.pending(&id).iter().map(|m| m.id.clone()).collect();
                 let ran = match rt.start_turn(&id, asked, TurnKind::WorkReading(work, &ids)) {
-                    Ok(Started::Running(task, step)) => rt.drive(task, step).map(|outcome| {
-                        self.check_answer(agent, &outcome, tools, response);
-                        true
-                    }),
+                    Ok(Started::Running(task, step)) => {
+                        misuse::drive_keeping(rt, &fs, task, step).map(|(outcome, misuse)| {
+                            self.answer_violations.extend(misuse);
+                            self.check_answer(agent, &outcome, tools, response);
+                            true
+                        })
+                    }
                     Ok(Started::AlreadyDone) => Ok(false),
                     Err(e) => Err(e),
                 };

@@ -246,6 +246,15 @@ pub struct LedgerCall {
 /// system's tool-call ledger is built with the default limit, 3).
 pub const MAX_REPLAYS: u32 = 3;
 
+/// Deepest child a spawn may create (a root is depth 0): the product's
+/// default (`Orchestration::all`), which the driver boots with. A spawn
+/// asked by an agent already at this depth is refused: the call fails,
+/// nothing is created, the turn goes on ([`Model::within_depth`]). The
+/// other two limits (children per agent, agents in the tree) count the
+/// spawns of turns in flight, whose fate a crash leaves open, so the
+/// driver boots without them and the model does not count them.
+pub const MAX_DEPTH: u32 = 2;
+
 /// The ledger's calls of a turn asked with `tools`, one per plain tool
 /// step in order (orchestration calls are the runtime's own, not in the
 /// ledger): `None` for a call a hook denied, which never reaches the
@@ -725,6 +734,36 @@ impl Model {
             .collect()
     }
 
+    /// How deep `agent` sits in the tree (a root is 0).
+    fn depth(&self, agent: &str) -> u32 {
+        let mut depth = 0u32;
+        let mut at = self.state.agents.get(agent).and_then(|a| a.parent.as_deref());
+        while let Some(p) = at {
+            depth += 1;
+            at = self.state.agents.get(p).and_then(|a| a.parent.as_deref());
+        }
+        depth
+    }
+
+    /// Whether a spawn asked by `agent` is refused for its depth
+    /// ([`MAX_DEPTH`]).
+    fn spawn_too_deep(&self, agent: &str) -> bool {
+        self.depth(agent) >= MAX_DEPTH
+    }
+
+    /// `tools` as `caller` runs them: a spawn it asks from [`MAX_DEPTH`]
+    /// fails (the script still says `C`; the runtime refuses the call).
+    fn within_depth(&self, caller: &str, tools: &[ToolStep]) -> Vec<ToolStep> {
+        let deep = self.spawn_too_deep(caller);
+        tools
+            .iter()
+            .map(|t| ToolStep {
+                ok: t.ok && !(deep && t.orch == Orch::Spawn),
+                ..*t
+            })
+            .collect()
+    }
+
     fn has_children(&self, name: &str) -> bool {
         self.state
             .agents
@@ -805,8 +844,11 @@ impl Model {
     /// message it sent — once: a send a rolled-back run of the turn left
     /// (adopted at recovery) is not sent again by its re-run.
     fn orchestrate(&mut self, agent: &str, prompt: &str) {
+        let deep = self.spawn_too_deep(agent);
         for call in orch_calls(prompt) {
             match call {
+                // Refused for the caller's depth: nothing is created.
+                OrchCall::Spawn { .. } if deep => {}
                 OrchCall::Spawn { name } => {
                     self.state.agents.entry(name).or_insert_with(|| Agent {
                         parent: Some(agent.to_string()),
@@ -1008,7 +1050,7 @@ impl Model {
                 Action::RunTurn {
                     agent: caller.clone(),
                     prompt: script_prompt(n, tools, &all, &children, *final_fails),
-                    tools: tools.to_vec(),
+                    tools: self.within_depth(caller, tools),
                     response: format!("r{n}"),
                     reads: matches!(op, Op::ReadTurn { .. }),
                 }
@@ -1046,11 +1088,11 @@ impl Model {
                 }
                 let reads = self.state.agents.get(&agent)?.pending.clone();
                 Action::WorkTurn {
+                    tools: self.within_depth(&agent, tools),
                     agent,
                     work,
                     prompt: asked.clone(),
                     asked,
-                    tools: tools.to_vec(),
                     response: format!("r{n}"),
                     reads,
                 }

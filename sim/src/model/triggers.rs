@@ -163,11 +163,12 @@ impl Model {
                 }
                 let n = self.counter;
                 let tools: &[ToolStep] = &super::normalized(tools);
+                let agent = names[agent.0 as usize % names.len()];
                 Some(Action::Fire {
                     key: key.clone(),
-                    agent: names[agent.0 as usize % names.len()].clone(),
+                    agent: agent.clone(),
                     prompt: super::script_prompt(n, tools, &names, &[], 0),
-                    tools: tools.to_vec(),
+                    tools: self.within_depth(agent, tools),
                     response: format!("r{n}"),
                 })
             }

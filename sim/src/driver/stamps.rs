@@ -1,0 +1,86 @@
+//! The schema version each log line is stamped with, checked after every
+//! boot on every durable log (`src/log/entry.rs` `Event::min_version`):
+//! a line carries the oldest version whose readers understand it, so a
+//! line an older build can read stays readable to it, and one it cannot
+//! is refused by it as newer, never misread. The fuzzer runs one build;
+//! the stamp is what an older one would go by, so it is checked here.
+//!
+//! V1: every sealed line of an `events.jsonl` (one this build wrote; an
+//! older build's unsealed lines are what the rot strike leaves, never
+//! restamped) carries, by what it holds:
+//! - a `round.decided` with a hook's verdict in any call: the hook
+//!   version (5: a version-4 reader would drop the verdict);
+//! - any other `round.decided`, and a `turn.resume` that carries its
+//!   prompt: the decision version (4);
+//! - anything else: the checksum version (3: every sealed line needs it).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use durable_agent::checksum::SEAL_BYTES;
+use durable_agent::log::entry::{CHECKSUM_VERSION, DECISION_VERSION, HOOK_VERSION};
+use durable_agent::log::{Event, LogEntry};
+
+/// What V1 wants of `event`.
+fn wanted(event: &Event) -> u32 {
+    match event {
+        Event::RoundDecided { calls, .. } if calls.iter().any(|c| c.hook.is_some()) => HOOK_VERSION,
+        Event::RoundDecided { .. } | Event::TurnResume { prompt: Some(_), .. } => DECISION_VERSION,
+        _ => CHECKSUM_VERSION,
+    }
+}
+
+/// V1 over `logs` (every log file's bytes, by path).
+pub(super) fn stamp_violations(logs: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<String> {
+    let plain = format!("{{\"schema_version\":{CHECKSUM_VERSION},");
+    let mut out = Vec::new();
+    for (path, bytes) in logs {
+        if path.file_name().and_then(|n| n.to_str()) != Some("events.jsonl") {
+            continue;
+        }
+        let mut offset = 0usize;
+        // Complete lines only: a torn tail is the boot's to cut.
+        for line in bytes
+            .split_inclusive(|b| *b == b'\n')
+            .filter(|l| l.ends_with(b"\n"))
+        {
+            let at = offset;
+            offset += line.len();
+            let line = &line[..line.len() - 1];
+            // The seal: `,"crc":"` and 8 hex digits before the object's
+            // closing brace (SEAL_BYTES, the brace not counted).
+            let sealed = line.len() > SEAL_BYTES + 1
+                && line[line.len() - SEAL_BYTES - 1..].starts_with(b",\"crc\":\"");
+            if !sealed {
+                continue;
+            }
+            // Only these two events may need more than the checksum
+            // version: any other line is checked by its prefix, unparsed.
+            let special = [&b"\"round.decided\""[..], b"\"turn.resume\""]
+                .iter()
+                .any(|name| line.windows(name.len()).any(|w| w == *name));
+            let (found, want) = if special {
+                match LogEntry::parse(line) {
+                    Ok(entry) => (entry.schema_version, wanted(&entry.event)),
+                    // Damage is the readers' to refuse (R6), not V1's.
+                    Err(_) => continue,
+                }
+            } else if line.starts_with(plain.as_bytes()) {
+                continue;
+            } else {
+                match LogEntry::parse(line) {
+                    Ok(entry) => (entry.schema_version, wanted(&entry.event)),
+                    Err(_) => continue,
+                }
+            };
+            if found != want {
+                out.push(format!(
+                    "V1: {} byte {at}: a line stamped schema_version {found}, but what it holds needs exactly {want} (the oldest version whose readers understand it): {}",
+                    path.display(),
+                    String::from_utf8_lossy(&line[..line.len().min(160)])
+                ));
+            }
+        }
+    }
+    out
+}
