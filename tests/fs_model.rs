@@ -93,8 +93,41 @@ fn synced_then_unsynced_tail(files: &Files) -> &'static str {
     }
 }
 
+/// `/d/f` durable, then `/d` moved to `/q/d` (as `repair --quarantine`
+/// moves a session's directory), `/q` durable first.
+fn move_dir(fs: &SimFs) {
+    durable_file(fs, "/d/f", b"data");
+    fs.create_dir_all(p("/q"), "mkdir q").unwrap();
+    fs.sync_dir(p("/"), "sync root").unwrap();
+    fs.rename(p("/d"), p("/q/d"), "rename d").unwrap();
+}
+
+fn where_dir(files: &Files) -> &'static str {
+    match (get(files, "/d/f"), get(files, "/q/d/f")) {
+        (Some(b"data"), None) => "old",
+        (None, Some(b"data")) => "moved",
+        _ => "other",
+    }
+}
+
 fn rows() -> Vec<Row> {
     vec![
+        Row {
+            name: "directory_rename_without_dir_sync_can_revert_whole",
+            run: move_dir,
+            probe: where_dir,
+            expect: [&["moved"], &["moved", "old"], &["moved", "old"]],
+        },
+        Row {
+            name: "directory_rename_with_both_parents_synced_is_durable_whole",
+            run: |fs| {
+                move_dir(fs);
+                fs.sync_dir(p("/q"), "sync q").unwrap();
+                fs.sync_dir(p("/"), "sync root").unwrap();
+            },
+            probe: where_dir,
+            expect: [&["moved"], &["moved"], &["moved"]],
+        },
         Row {
             name: "file_fsynced_without_dir_sync_can_vanish_under_strict",
             run: create_synced_file,

@@ -25,6 +25,7 @@ pub mod op;
 pub mod oracle;
 pub mod oracle_context;
 pub mod profile;
+pub mod repair;
 pub mod replay;
 pub mod report;
 pub mod rot;

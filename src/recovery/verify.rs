@@ -1036,8 +1036,7 @@ pub fn plan_quarantine(
 /// at the same relative paths, after its `NOTE.txt`; then, for a store
 /// loss, create a new store and record the old identity as lost in
 /// `root.json`. The caller holds the root lock. Returns the batch
-/// directory. A session moves as one directory rename (atomic; `SimFs`
-/// renames files only, so this runs on a real filesystem).
+/// directory. A session moves as one directory rename (atomic).
 pub fn quarantine(
     fs: &Arc<dyn Fs>,
     root: &Path,

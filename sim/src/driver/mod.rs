@@ -299,7 +299,13 @@ impl Driver {
         self.clock.set(step * OP_MS);
     }
 
-    fn now(&self) -> u64 {
+    /// The run's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The simulated clock (ms).
+    pub fn now(&self) -> u64 {
         self.clock.get()
     }
 

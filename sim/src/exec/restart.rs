@@ -24,6 +24,10 @@ const R6_FAILED: &str =
 /// boot after it (I7).
 const VERIFY_DISAGREES: &str = "I7: `verify` did not say what the boot then did";
 
+/// The failure title of an operator's repair of a refused disk that did
+/// not do what it promises (Q1–Q6, `crate::repair`).
+const REPAIR_FAILED: &str = "Q: `repair --quarantine` of a refused disk did not do what it promises";
+
 impl Exec {
     /// Kill the process; counts it when an injected crash point was hit.
     pub(super) fn kill(&mut self, kind: CrashKind) {
@@ -173,6 +177,21 @@ impl Exec {
                             oracle::verify_agrees(verified.as_ref(), Some((&rot, verdict)), opened.is_ok());
                         if !disagree.is_empty() {
                             return Err(self.fail(VERIFY_DISAGREES, disagree.join("\n"), None));
+                        }
+                        // The operator's other answer to a refusal: repair
+                        // a copy of the disk, and judge it (the run goes on
+                        // from the restored disk below).
+                        if let (oracle::RotVerdict::Refused, Err(_), Some(v)) =
+                            (verdict, &opened, verified.as_ref())
+                        {
+                            let (seed, now) = (self.driver.seed(), self.driver.now());
+                            if let Err(why) = crate::repair::judge(&self.driver.fs, seed, v, now) {
+                                return Err(self.fail(
+                                    REPAIR_FAILED,
+                                    format!("{}\n{why}", rot.describe()),
+                                    None,
+                                ));
+                            }
                         }
                         if !matches!(
                             verdict,

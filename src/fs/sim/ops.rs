@@ -218,16 +218,30 @@ impl Fs for SimFs {
     fn rename(&self, from: &Path, to: &Path, label: &str) -> io::Result<()> {
         self.point(IoOp::Rename, from, Some(to), label, |image, _| {
             let (from, to) = (Arg::new(from), Arg::new(to));
-            let ino = image.file(&from).map_err(|e| {
-                if e.kind() == io::ErrorKind::IsADirectory {
-                    io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        format!("{}: SimFs renames files only", from.path.display()),
-                    )
-                } else {
-                    e
+            if !from.key.as_ref().is_root() && image.is_dir(from.key.as_ref()) {
+                // A directory moves whole, to a name that does not exist
+                // (rename(2) would also take an empty directory's place;
+                // nothing here asks for that), never into itself.
+                if image.is_dir(to.key.as_ref()) || image.entry(to.key.as_ref()).is_some() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{}: rename target exists", to.path.display()),
+                    ));
                 }
-            })?;
+                if to.key.as_ref().starts_with(from.key.as_ref()) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{}: a directory cannot move into itself", from.path.display()),
+                    ));
+                }
+                image.parent_is_dir(&to)?;
+                image.dir_op(DirOpKind::RenameDir {
+                    from: from.key,
+                    to: to.key,
+                });
+                return Ok(());
+            }
+            let ino = image.file(&from)?;
             if image.is_dir(to.key.as_ref()) {
                 return Err(io::Error::new(
                     io::ErrorKind::IsADirectory,

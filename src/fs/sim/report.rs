@@ -37,6 +37,7 @@ fn dir_line(kind: &DirOpKind, strict: bool, eager: bool) -> String {
         DirOpKind::Mkdir { path } => format!("mkdir {path}"),
         DirOpKind::Create { path, .. } => format!("create {path}"),
         DirOpKind::Rename { from, to, .. } => format!("rename {from} -> {to}"),
+        DirOpKind::RenameDir { from, to } => format!("rename directory {from} -> {to}"),
         DirOpKind::Remove { path, .. } => format!("remove {path}"),
     };
     let state = |durable: bool| if durable { "durable" } else { "undecided" };

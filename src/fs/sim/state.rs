@@ -33,10 +33,28 @@ pub(super) enum Node {
 /// A change to the namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum DirOpKind {
-    Mkdir { path: Key },
-    Create { path: Key, ino: Ino },
-    Rename { from: Key, to: Key, ino: Ino },
-    Remove { path: Key, ino: Ino },
+    Mkdir {
+        path: Key,
+    },
+    Create {
+        path: Key,
+        ino: Ino,
+    },
+    Rename {
+        from: Key,
+        to: Key,
+        ino: Ino,
+    },
+    /// A directory moved with everything under it (one `rename(2)` of a
+    /// directory: atomic, as the file rename).
+    RenameDir {
+        from: Key,
+        to: Key,
+    },
+    Remove {
+        path: Key,
+        ino: Ino,
+    },
 }
 
 impl DirOpKind {
@@ -63,6 +81,27 @@ impl DirOpKind {
                     ns.remove(path);
                 }
             }
+            DirOpKind::RenameDir { from, to } => {
+                // Whatever this image holds under `from` moves (the
+                // directory and its descendants sort contiguously).
+                let under: Vec<Key> = ns
+                    .range::<[u8], _>((
+                        std::ops::Bound::Included(from.as_ref().bytes()),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .map(|(k, _)| k)
+                    .take_while(|k| k.as_ref().starts_with(from.as_ref()))
+                    .cloned()
+                    .collect();
+                let (from_path, to_path) = (from.to_path_buf(), to.to_path_buf());
+                for key in under {
+                    if let Some(node) = ns.remove(&key) {
+                        let path = key.to_path_buf();
+                        let rest = path.strip_prefix(&from_path).unwrap_or(&path);
+                        ns.insert(Key::new(&to_path.join(rest)), node);
+                    }
+                }
+            }
         }
     }
 
@@ -72,7 +111,9 @@ impl DirOpKind {
         match self {
             DirOpKind::Mkdir { path } => in_dir(path),
             DirOpKind::Create { path, .. } | DirOpKind::Remove { path, .. } => in_dir(path),
-            DirOpKind::Rename { from, to, .. } => in_dir(from) || in_dir(to),
+            DirOpKind::Rename { from, to, .. } | DirOpKind::RenameDir { from, to } => {
+                in_dir(from) || in_dir(to)
+            }
         }
     }
 
@@ -92,7 +133,7 @@ impl DirOpKind {
         match self {
             DirOpKind::Mkdir { path: dir } => path.starts_with(dir.as_ref()),
             DirOpKind::Create { ino: i, .. } | DirOpKind::Rename { ino: i, .. } => *i == ino,
-            DirOpKind::Remove { .. } => false,
+            DirOpKind::Remove { .. } | DirOpKind::RenameDir { .. } => false,
         }
     }
 }
@@ -319,7 +360,7 @@ impl Image {
                 | DirOpKind::Remove { ino, .. } => {
                     live.insert(*ino);
                 }
-                DirOpKind::Mkdir { .. } => {}
+                DirOpKind::Mkdir { .. } | DirOpKind::RenameDir { .. } => {}
             }
         }
         live

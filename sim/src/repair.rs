@@ -1,0 +1,240 @@
+//! The operator's `repair --quarantine`, judged on every disk a boot
+//! refused as damaged (`exec/restart.rs`, before the damage is undone):
+//! on a detached copy of that disk (the run's disk, points and draws
+//! untouched), the harness plans the repair from the refused disk's
+//! `verify` and carries it out, as `durable-agent repair` does
+//! (`recovery::verify::{plan_quarantine, quarantine}`), then judges it.
+//! The promise (docs/OPERATING.md, `plan_quarantine`'s doc):
+//!
+//! - **Q1 refusals**: without `--force` and `--accept-store-loss`, the
+//!   plan is refused exactly when a finding needs one of them — a
+//!   damaged session with live descendants, a store given up, a
+//!   manifest lost with no store beside it — or is not quarantine's
+//!   (`Remedy::Manual`); with both, exactly when one is not
+//!   quarantine's;
+//! - **Q2 the plan** moves what each finding names — a damaged session's
+//!   directory and, with `--force`, each live session descending from it;
+//!   the store (with its WAL) when given up; a damaged manifest — and
+//!   nothing else;
+//! - **Q3 moved whole**: every file of every item is in the new batch at
+//!   the same relative path, byte for byte, and gone from the root;
+//! - **Q4 nothing else touched**: every other file keeps its bytes (a
+//!   store given up is replaced by a new one, and `root.json` then names
+//!   it);
+//! - **Q5 the note** (`NOTE.txt` in the batch) names every item and
+//!   every finding's file;
+//! - **Q6 healthy after**: `verify` of the repaired root finds no damage,
+//!   and a store given up is replaced by one of another identity.
+//!
+//! The repaired disk is never booted here (its boot would act on the
+//! run's world); `verify`, which I7 holds to what a boot does, stands
+//! for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use durable_agent::fs::{Fs, SimConfig, SimFs};
+use durable_agent::recovery::verify::{
+    plan_quarantine, quarantine, verify_with, QuarantinePlan, Remedy, Verification, Writers,
+};
+use durable_agent::runtime::SessionId;
+
+use crate::driver::{ROOT, STORE_DB};
+
+/// The live sessions descending from `session` (their parent chain
+/// reaches it), by the sessions `v` lists.
+fn live_descendants(v: &Verification, session: &SessionId) -> BTreeSet<SessionId> {
+    let mut out = BTreeSet::new();
+    let mut seen = BTreeSet::from([session.clone()]);
+    let mut frontier = vec![session.clone()];
+    while let Some(p) = frontier.pop() {
+        for s in v.sessions.iter().filter(|s| s.parent.as_ref() == Some(&p)) {
+            if seen.insert(s.session.clone()) {
+                frontier.push(s.session.clone());
+                if !s.terminated {
+                    out.insert(s.session.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn session_dir(s: &SessionId) -> PathBuf {
+    PathBuf::from("agents").join(s.to_string())
+}
+
+/// Q1–Q6 for the refused disk `fs` (a dead process's: nobody writes it),
+/// whose `verify` is `v`, repaired at `now_ms`.
+pub fn judge(fs: &SimFs, seed: u64, v: &Verification, now_ms: u64) -> Result<(), String> {
+    if v.damaged.is_empty() {
+        return Ok(());
+    }
+    let root = Path::new(ROOT);
+    let rel = |p: &Path| {
+        p.strip_prefix(root)
+            .map_or_else(|_| p.to_path_buf(), Path::to_path_buf)
+    };
+    let manual = v.damaged.iter().any(|f| {
+        f.remedy == Remedy::Manual || (f.remedy == Remedy::QuarantineSession && f.session.is_none())
+    });
+    let needs_loss = v.damaged.iter().any(|f| {
+        f.remedy == Remedy::AcceptStoreLoss || (f.remedy == Remedy::QuarantineManifest && !v.store_present)
+    });
+    let needs_force = v.damaged.iter().any(|f| {
+        f.remedy == Remedy::QuarantineSession
+            && f.session
+                .as_ref()
+                .is_some_and(|s| !live_descendants(v, s).is_empty())
+    });
+    let plain = plan_quarantine(v, false, false);
+    if plain.is_ok() == (manual || needs_loss || needs_force) {
+        return Err(format!(
+            "Q1: repair --quarantine without --force and --accept-store-loss answered {plain:?}; the findings need --force: {needs_force}, --accept-store-loss: {needs_loss}, are not quarantine's: {manual}"
+        ));
+    }
+    let plan = match (plan_quarantine(v, true, true), manual) {
+        (Err(_), true) => return Ok(()),
+        (Ok(plan), false) => plan,
+        (other, _) => {
+            return Err(format!(
+                "Q1: repair --quarantine --force --accept-store-loss answered {other:?}; a finding quarantine cannot repair: {manual}"
+            ))
+        }
+    };
+    // Q2: what each finding names, and nothing else.
+    let mut wanted: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut loss = false;
+    for f in &v.damaged {
+        match (&f.remedy, &f.session) {
+            (Remedy::QuarantineSession, Some(s)) => {
+                wanted.insert(session_dir(s));
+                wanted.extend(live_descendants(v, s).iter().map(session_dir));
+            }
+            (Remedy::AcceptStoreLoss, _) => {
+                loss = true;
+                wanted.insert(rel(&f.path));
+            }
+            _ => {
+                wanted.insert(rel(&f.path));
+            }
+        }
+    }
+    if loss {
+        if v.store_present {
+            wanted.insert(PathBuf::from("store.db"));
+        }
+        wanted.insert(PathBuf::from("store.db-wal"));
+    }
+    let planned: BTreeSet<PathBuf> = plan.items.iter().map(|i| i.path.clone()).collect();
+    if planned != wanted || plan.store_loss != loss || planned.len() != plan.items.len() {
+        return Err(format!(
+            "Q2: the repair plans to move {planned:?} (store given up: {}), but the findings name {wanted:?} (store given up: {loss}); the plan: {plan:?}",
+            plan.store_loss
+        ));
+    }
+
+    carry_out(fs, seed, v, &plan, now_ms)
+}
+
+/// Q3–Q6: `plan` carried out on a detached copy of `fs`.
+fn carry_out(
+    fs: &SimFs,
+    seed: u64,
+    v: &Verification,
+    plan: &QuarantinePlan,
+    now_ms: u64,
+) -> Result<(), String> {
+    let root = Path::new(ROOT);
+    let copy = fs.detached(SimConfig::new(seed));
+    let before = copy.disk_image();
+    let shared: Arc<dyn Fs> = Arc::new(copy.clone());
+    let batch = quarantine(
+        &shared,
+        root,
+        Path::new(STORE_DB),
+        plan,
+        v.manifest_store_id,
+        now_ms,
+    )
+    .map_err(|e| format!("Q3: repair --quarantine failed on a disk nobody writes: {e}"))?;
+    let after = copy.disk_image();
+    let moved = |path: &Path| plan.items.iter().find(|i| path.starts_with(root.join(&i.path)));
+    let mut out = Vec::new();
+    for (path, bytes) in &before {
+        match moved(path) {
+            Some(_) => {
+                let to = batch.join(path.strip_prefix(root).unwrap_or(path));
+                if after.get(&to) != Some(bytes) {
+                    out.push(format!(
+                        "Q3: {} is not in the batch at {} as it was",
+                        path.display(),
+                        to.display()
+                    ));
+                }
+                let replaced = plan.store_loss && path == Path::new(STORE_DB);
+                if after.contains_key(path) && !replaced {
+                    out.push(format!(
+                        "Q3: {} was moved but is still in the root",
+                        path.display()
+                    ));
+                }
+            }
+            None => {
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                let remade = plan.store_loss && (name == "root.json" || name.starts_with("store.db"));
+                if !remade && after.get(path) != Some(bytes) {
+                    out.push(format!(
+                        "Q4: {} is not in the plan, yet the repair changed it",
+                        path.display()
+                    ));
+                }
+            }
+        }
+    }
+    let note = after
+        .get(&batch.join("NOTE.txt"))
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default();
+    let named: BTreeMap<String, &str> = plan
+        .items
+        .iter()
+        .map(|i| (i.path.display().to_string(), "item"))
+        .chain(
+            v.damaged
+                .iter()
+                .map(|f| (f.path.display().to_string(), "finding")),
+        )
+        .collect();
+    for (path, what) in named {
+        if !note.contains(&path) {
+            out.push(format!(
+                "Q5: the batch's NOTE.txt does not name the {what} {path}"
+            ));
+        }
+    }
+    let healed = verify_with(
+        Arc::new(copy.detached(SimConfig::new(seed))),
+        root,
+        Path::new(STORE_DB),
+        Writers::None,
+    );
+    if !healed.damaged.is_empty() {
+        out.push(format!(
+            "Q6: after the repair, verify still finds damage: {:?}",
+            healed.damaged
+        ));
+    }
+    if plan.store_loss && healed.manifest_store_id == v.manifest_store_id {
+        out.push(format!(
+            "Q6: the store was given up, but root.json still names store {:?}",
+            v.manifest_store_id
+        ));
+    }
+    if out.is_empty() {
+        Ok(())
+    } else {
+        Err(out.join("\n"))
+    }
+}
