@@ -215,6 +215,14 @@
 //!   it was (a full disk, an I/O error, corruption, …), so an operator
 //!   reads "disk full" or "outcome unknown, reopen", not "SQLite failed".
 //!
+//! - **Q1–Q6 The operator's repair does what it promises** (on every
+//!   disk a boot refused as damaged, before the damage is undone;
+//!   [`crate::repair`]): `repair --quarantine`, planned from that disk's
+//!   `verify` and carried out on a detached copy, refuses exactly what
+//!   needs `--force` or `--accept-store-loss`, moves exactly what the
+//!   findings name, whole, into a new batch with a note naming them,
+//!   touches nothing else, and leaves a root `verify` finds healthy.
+//!
 //! And after every work turn the driver drives to completion, **M1**
 //! (`driver/misuse.rs`): its task, now stale, is handed a step again and
 //! must be refused with `TurnNotInFlight`, writing nothing and poisoning

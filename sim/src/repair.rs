@@ -21,8 +21,9 @@
 //! - **Q4 nothing else touched**: every other file keeps its bytes (a
 //!   store given up is replaced by a new one, and `root.json` then names
 //!   it);
-//! - **Q5 the note** (`NOTE.txt` in the batch) names every item and
-//!   every finding's file;
+//! - **Q5 the note** (`NOTE.txt` in the batch) names every item, and
+//!   every finding's file with its line and byte when known; the plan
+//!   gives no item the same reason twice;
 //! - **Q6 healthy after**: `verify` of the repaired root finds no damage,
 //!   and a store given up is replaced by one of another identity.
 //!
@@ -127,6 +128,17 @@ pub fn judge(fs: &SimFs, seed: u64, v: &Verification, now_ms: u64) -> Result<(),
         }
         wanted.insert(PathBuf::from("store.db-wal"));
     }
+    if let Some(item) = plan
+        .items
+        .iter()
+        .find(|i| i.why.iter().collect::<BTreeSet<_>>().len() != i.why.len())
+    {
+        return Err(format!(
+            "Q2: the plan gives {} a reason twice: {:?}",
+            item.path.display(),
+            item.why
+        ));
+    }
     let planned: BTreeSet<PathBuf> = plan.items.iter().map(|i| i.path.clone()).collect();
     if planned != wanted || plan.store_loss != loss || planned.len() != plan.items.len() {
         return Err(format!(
@@ -201,11 +213,15 @@ fn carry_out(
         .items
         .iter()
         .map(|i| (i.path.display().to_string(), "item"))
-        .chain(
-            v.damaged
-                .iter()
-                .map(|f| (f.path.display().to_string(), "finding")),
-        )
+        // Each finding by its file, and where in it when known.
+        .chain(v.damaged.iter().map(|f| {
+            let at = match (f.line, f.offset) {
+                (Some(l), Some(o)) => format!(" line {l} (byte {o})"),
+                (Some(l), None) => format!(" line {l}"),
+                _ => String::new(),
+            };
+            (format!("{}{at}", f.path.display()), "finding")
+        }))
         .collect();
     for (path, what) in named {
         if !note.contains(&path) {
