@@ -44,7 +44,9 @@ use durable_agent::runtime::SessionId;
 use crate::driver::{ROOT, STORE_DB};
 
 /// The live sessions descending from `session` (their parent chain
-/// reaches it), by the sessions `v` lists.
+/// reaches it), by the sessions `v` lists. Computed here, not by the
+/// product's `Verification::live_descendants`: the plan that function
+/// feeds is what Q1 and Q2 judge.
 fn live_descendants(v: &Verification, session: &SessionId) -> BTreeSet<SessionId> {
     let mut out = BTreeSet::new();
     let mut seen = BTreeSet::from([session.clone()]);

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use durable_agent::checksum::SEAL_BYTES;
+use durable_agent::checksum::{self, Sealed};
 use durable_agent::log::entry::{CHECKSUM_VERSION, DECISION_VERSION, HOOK_VERSION};
 use durable_agent::log::{Event, LogEntry};
 
@@ -47,31 +47,22 @@ pub(super) fn stamp_violations(logs: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<String>
             let at = offset;
             offset += line.len();
             let line = &line[..line.len() - 1];
-            // The seal: `,"crc":"` and 8 hex digits before the object's
-            // closing brace (SEAL_BYTES, the brace not counted).
-            let sealed = line.len() > SEAL_BYTES + 1
-                && line[line.len() - SEAL_BYTES - 1..].starts_with(b",\"crc\":\"");
-            if !sealed {
+            // An older build's line (unsealed) is never restamped.
+            if checksum::check(line) == Sealed::Unsealed {
                 continue;
             }
             // Only these two events may need more than the checksum
-            // version: any other line is checked by its prefix, unparsed.
+            // version: any other line stamped with it passes unparsed.
             let special = [&b"\"round.decided\""[..], b"\"turn.resume\""]
                 .iter()
                 .any(|name| line.windows(name.len()).any(|w| w == *name));
-            let (found, want) = if special {
-                match LogEntry::parse(line) {
-                    Ok(entry) => (entry.schema_version, wanted(&entry.event)),
-                    // Damage is the readers' to refuse (R6), not V1's.
-                    Err(_) => continue,
-                }
-            } else if line.starts_with(plain.as_bytes()) {
+            if !special && line.starts_with(plain.as_bytes()) {
                 continue;
-            } else {
-                match LogEntry::parse(line) {
-                    Ok(entry) => (entry.schema_version, wanted(&entry.event)),
-                    Err(_) => continue,
-                }
+            }
+            let (found, want) = match LogEntry::parse(line) {
+                Ok(entry) => (entry.schema_version, wanted(&entry.event)),
+                // Damage is the readers' to refuse (R6), not V1's.
+                Err(_) => continue,
             };
             if found != want {
                 out.push(format!(
