@@ -159,16 +159,29 @@ impl PowerCutMount {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
-        session.umount_and_join().map_err(|source| {
-            // Busy (a process still holds a file on it): report it, but
-            // detach the mount rather than leave it behind with nobody
-            // serving it (every access would hang or fail with ENOTCONN).
-            lazy_detach(&self.mountpoint);
-            PowerCutError::Unmount {
-                mountpoint: self.mountpoint.clone(),
-                source,
+        match session.umount_and_join() {
+            Ok(()) => Ok(()),
+            // The unmount went through, but the serving thread's last read
+            // of /dev/fuse raced the kernel's teardown of the connection
+            // and saw it aborted (ECONNABORTED) instead of gone (ENODEV,
+            // which fuser takes for a clean end). Seen once under load in
+            // the CI's power-cut soak. The backing directory was written
+            // before the teardown, so nothing is lost: the mount is gone.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) && !is_mount_point(&self.mountpoint) => {
+                tracing::debug!(mountpoint = %self.mountpoint.display(), "powercut: connection aborted at unmount");
+                Ok(())
             }
-        })
+            Err(source) => {
+                // Busy (a process still holds a file on it): report it, but
+                // detach the mount rather than leave it behind with nobody
+                // serving it (every access would hang or fail with ENOTCONN).
+                lazy_detach(&self.mountpoint);
+                Err(PowerCutError::Unmount {
+                    mountpoint: self.mountpoint.clone(),
+                    source,
+                })
+            }
+        }
     }
 }
 
@@ -180,6 +193,17 @@ impl Drop for PowerCutMount {
         if let Err(e) = self.teardown() {
             tracing::warn!(error = %e, "powercut: unmount on drop failed");
         }
+    }
+}
+
+/// Whether something is mounted at `path`: it lies on another device
+/// than its parent directory (a FUSE mount gets its own). Unknown (an
+/// error) counts as mounted, so the caller reports the failure.
+fn is_mount_point(path: &Path) -> bool {
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev());
+    match (dev(path), path.parent().map(dev)) {
+        (Ok(here), Some(Ok(parent))) => here != parent,
+        _ => true,
     }
 }
 
@@ -199,5 +223,20 @@ fn lazy_detach(mountpoint: &Path) {
             error = %std::io::Error::last_os_error(),
             "powercut: lazy unmount failed"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mount_point;
+
+    #[test]
+    fn a_mount_point_is_told_from_a_plain_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(!is_mount_point(dir.path()));
+        // procfs is its own filesystem wherever this runs.
+        assert!(is_mount_point(std::path::Path::new("/proc")));
+        // Unknown counts as mounted: the caller then reports the failure.
+        assert!(is_mount_point(&dir.path().join("absent")));
     }
 }

@@ -42,7 +42,11 @@
 //!   refused as `MissingCreated` naming the log: a child's `agent.created`
 //!   names it, and a parent's creation is durable before any child's, so
 //!   no crash leaves a parent without it (the boot must not clean the
-//!   parent up as a crash orphan and cut its children off).
+//!   parent up as a crash orphan and cut its children off);
+//! - **manifest**: `root.json` torn at rest (cut before its closing
+//!   brace: no longer JSON), one time in two with `store.db` lost beside
+//!   it — refused as an invalid manifest naming `root.json` (the boot
+//!   cannot tell which store the root had, so it trusts none).
 //!
 //! `verify` (I7) must report the same: a finding of the same kind on the
 //! same file (for lost entries, at the first missing line); for a lost
@@ -67,7 +71,7 @@ use durable_agent::fs::{DiskBackup, SimFs};
 use durable_agent::log::{Event, LogEntry, EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::verify::{FindingKind, Verification};
 use durable_agent::recovery::DamageError;
-use durable_agent::store::manifest::MANIFEST_FILE;
+use durable_agent::store::manifest::{ManifestError, MANIFEST_FILE};
 use durable_agent::system::SystemError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -99,6 +103,9 @@ pub enum Loss {
     /// The `events.jsonl` and `events.pending` of a session a live session
     /// names as parent gone, its `session.json` kept.
     Created,
+    /// `root.json` no longer JSON; `store.db` (with its WAL and journal)
+    /// gone too when `store_too`.
+    Manifest { store_too: bool },
 }
 
 /// The damage a boot refused with, as the harness compares it.
@@ -114,6 +121,7 @@ pub enum Refusal {
     },
     MissingRecord(PathBuf),
     MissingCreated(PathBuf),
+    ManifestInvalid(PathBuf),
     /// Any other damage, with its message.
     Other(String),
 }
@@ -137,6 +145,7 @@ pub fn refusal(e: &SystemError) -> Option<Refusal> {
         },
         DamageError::MissingRecord { path } => Refusal::MissingRecord(path.clone()),
         DamageError::MissingCreated { path, .. } => Refusal::MissingCreated(path.clone()),
+        DamageError::Manifest(ManifestError::Invalid { path, .. }) => Refusal::ManifestInvalid(path.clone()),
         other => Refusal::Other(other.to_string()),
     })
 }
@@ -227,11 +236,20 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         disk.get(store).is_some_and(|b| !b.is_empty()) || wal_bytes.values().any(|w| !w.is_empty());
     if disk.contains_key(&root.join(MANIFEST_FILE)) && has_store {
         let foreign = foreign_root().is_some();
-        for loss in [Loss::Store, Loss::StoreReplaced] {
+        for loss in [
+            Loss::Store,
+            Loss::StoreReplaced,
+            Loss::Manifest { store_too: false },
+            Loss::Manifest { store_too: true },
+        ] {
+            let path = match loss {
+                Loss::Manifest { .. } => root.join(MANIFEST_FILE),
+                _ => store.to_path_buf(),
+            };
             if loss != Loss::StoreReplaced || foreign {
                 by_kind[0].push(Candidate {
                     loss,
-                    path: store.to_path_buf(),
+                    path,
                     cut_at: None,
                     cut_off: Vec::new(),
                 });
@@ -396,6 +414,17 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             fs.copy_in(copy, |p| files.iter().any(|f| f == p)).ok()?;
         }
         (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
+        (Loss::Manifest { store_too }, _) => {
+            // Cut anywhere before the closing brace: never JSON again.
+            let brace = disk.get(&chosen.path)?.iter().rposition(|&b| b == b'}')?;
+            fs.cut(&chosen.path, rng.random_range(0..=brace) as u64).ok()?;
+            if store_too {
+                let _ = fs.lose(store);
+                for suffix in ["-wal", "-journal"] {
+                    let _ = fs.lose(&beside(suffix));
+                }
+            }
+        }
         (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
         (Loss::Created, _) => {
             fs.lose(&chosen.path).ok()?;
@@ -508,6 +537,7 @@ fn wanted(loss: Loss, path: &Path) -> Refusal {
         },
         Loss::Record => Refusal::MissingRecord(path),
         Loss::Created => Refusal::MissingCreated(path),
+        Loss::Manifest { .. } => Refusal::ManifestInvalid(path),
         Loss::Parent { .. } => Refusal::Other("none: the boot terminates the sessions cut off".into()),
     }
 }
@@ -595,11 +625,32 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
             .iter()
             .filter(|d| !verified.repaired_at_boot.iter().any(|c| &c.path == *d))
             .collect();
-        return match (verified.is_healthy(), unlisted.is_empty()) {
-            (true, true) => Vec::new(),
+        // And the converse: a session directory with a record listed as
+        // done at boot is one the boot terminates (a session terminated
+        // before, or one that never logged its creation, is not cut off).
+        // A directory with no record is listed too, as a crash orphan the
+        // boot removes (a crash inside session creation, which the lost
+        // parent does not change).
+        let recorded = |p: &Path| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|id| {
+                verified
+                    .sessions
+                    .iter()
+                    .any(|s| s.session.as_str() == id && s.has_record)
+            })
+        };
+        let extra: Vec<&PathBuf> = verified
+            .repaired_at_boot
+            .iter()
+            .map(|c| &c.path)
+            .filter(|p| p.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()) == Some("agents"))
+            .filter(|p| recorded(p) && !rot.cut_off.contains(p))
+            .collect();
+        return match (verified.is_healthy(), unlisted.is_empty(), extra.is_empty()) {
+            (true, true, true) => Vec::new(),
             _ => vec![format!(
-                "I7: a parent's directory {} was lost: the boot terminated {:?}, but `verify` reported damage {:?} \
-                 or did not list {unlisted:?} as done at boot",
+                "I7: a parent's directory {} was lost: the boot terminated {:?}, but `verify` reported damage {:?}, \
+                 or did not list {unlisted:?} as done at boot, or listed {extra:?} too",
                 rot.path.display(),
                 rot.cut_off,
                 verified.damaged
@@ -613,6 +664,7 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
         Loss::Entries { found, .. } => (FindingKind::LostEntries, Some(found + 1)),
         Loss::Record => (FindingKind::MissingRecord, None),
         Loss::Created => (FindingKind::MissingCreated, None),
+        Loss::Manifest { .. } => (FindingKind::ManifestInvalid, None),
         Loss::Parent { .. } => return Vec::new(), // answered above
     };
     // Lost entries: the finding also says where the log's readable part

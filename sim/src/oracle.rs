@@ -220,8 +220,10 @@
 //!   [`crate::repair`]): `repair --quarantine`, planned from that disk's
 //!   `verify` and carried out on a detached copy, refuses exactly what
 //!   needs `--force` or `--accept-store-loss`, moves exactly what the
-//!   findings name, whole, into a new batch with a note naming them,
-//!   touches nothing else, and leaves a root `verify` finds healthy.
+//!   findings name (each given as a reason), whole, into a new batch
+//!   (`NNNN-<UTC time>`) with a note naming them, touches nothing else,
+//!   records a store given up in `root.json`'s history, and leaves a
+//!   root `verify` finds healthy.
 //!
 //! And after every work turn the driver drives to completion, **M1**
 //! (`driver/misuse.rs`): its task, now stale, is handed a step again and

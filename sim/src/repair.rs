@@ -25,7 +25,9 @@
 //!   every finding's file with its line and byte when known; the plan
 //!   gives no item the same reason twice;
 //! - **Q6 healthy after**: `verify` of the repaired root finds no damage,
-//!   and a store given up is replaced by one of another identity.
+//!   and a store given up is replaced by one of another identity, the
+//!   old one recorded in `root.json`'s history of lost stores (its
+//!   identity, the time, and the batch holding what was left of it).
 //!
 //! The repaired disk is never booted here (its boot would act on the
 //! run's world); `verify`, which I7 holds to what a boot does, stands
@@ -40,6 +42,7 @@ use durable_agent::recovery::verify::{
     plan_quarantine, quarantine, verify_with, QuarantinePlan, Remedy, Verification, Writers,
 };
 use durable_agent::runtime::SessionId;
+use durable_agent::store::manifest::{self, LostStore};
 
 use crate::driver::{ROOT, STORE_DB};
 
@@ -141,6 +144,26 @@ pub fn judge(fs: &SimFs, seed: u64, v: &Verification, now_ms: u64) -> Result<(),
             item.why
         ));
     }
+    // Each finding is a reason given for the item that moves it.
+    for f in &v.damaged {
+        let item = match (&f.remedy, &f.session) {
+            (Remedy::QuarantineSession, Some(s)) => session_dir(s),
+            _ => rel(&f.path),
+        };
+        let file = f.path.display().to_string();
+        let given = plan
+            .items
+            .iter()
+            .find(|i| i.path == item)
+            .is_some_and(|i| i.why.iter().any(|w| w.contains(&file) && w.contains(&f.message)));
+        if !given {
+            return Err(format!(
+                "Q2: the plan does not give {} the finding in {file} ({}) as a reason; the plan: {plan:?}",
+                item.display(),
+                f.message
+            ));
+        }
+    }
     let planned: BTreeSet<PathBuf> = plan.items.iter().map(|i| i.path.clone()).collect();
     if planned != wanted || plan.store_loss != loss || planned.len() != plan.items.len() {
         return Err(format!(
@@ -163,6 +186,12 @@ fn carry_out(
     let root = Path::new(ROOT);
     let copy = fs.detached(SimConfig::new(seed));
     let before = copy.disk_image();
+    let qroot = root.join("quarantine");
+    let batches_before = copy
+        .list(&qroot, "harness: quarantine list")
+        .map_or(0, |l| l.len());
+    // A damaged manifest has no history to keep (the repair reads it so too).
+    let lost_before = manifest::read_lost(&copy, root).unwrap_or_default();
     let shared: Arc<dyn Fs> = Arc::new(copy.clone());
     let batch = quarantine(
         &shared,
@@ -176,6 +205,16 @@ fn carry_out(
     let after = copy.disk_image();
     let moved = |path: &Path| plan.items.iter().find(|i| path.starts_with(root.join(&i.path)));
     let mut out = Vec::new();
+    // The batch: `quarantine/NNNN-<UTC time>`, numbered after the batches
+    // already there.
+    let name = format!("{:04}-{}", batches_before + 1, compact_utc(now_ms));
+    if batch != qroot.join(&name) {
+        out.push(format!(
+            "Q3: the batch is {}, not {} ({batches_before} batches before, repaired at {now_ms} ms)",
+            batch.display(),
+            qroot.join(&name).display()
+        ));
+    }
     for (path, bytes) in &before {
         match moved(path) {
             Some(_) => {
@@ -250,9 +289,58 @@ fn carry_out(
             v.manifest_store_id
         ));
     }
+    // A store given up is recorded in root.json's history for good: its
+    // identity, when, and where what was left of it went.
+    let lost_after = manifest::read_lost(&copy, root).map_err(|e| format!("Q6: {e}"))?;
+    let mut lost_wanted = lost_before;
+    if plan.store_loss {
+        let store_moved = before.contains_key(Path::new(STORE_DB))
+            && plan.items.iter().any(|i| i.path == Path::new("store.db"));
+        lost_wanted.push(LostStore {
+            store_id: v.manifest_store_id.unwrap_or(0),
+            accepted_at_ms: now_ms,
+            quarantined_to: store_moved
+                .then(|| batch.strip_prefix(root).unwrap_or(&batch).display().to_string()),
+        });
+    }
+    if lost_after != lost_wanted {
+        out.push(format!(
+            "Q6: root.json records the lost stores {lost_after:?}, not {lost_wanted:?}"
+        ));
+    }
     if out.is_empty() {
         Ok(())
     } else {
         Err(out.join("\n"))
+    }
+}
+
+/// `now_ms` as the batch name's UTC stamp (`20261125T153907Z`), by way
+/// of `httpdate`'s RFC 7231 date (`Wed, 25 Nov 2026 15:39:07 GMT`).
+fn compact_utc(now_ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(now_ms);
+    let http = httpdate::fmt_http_date(at);
+    let parts: Vec<&str> = http.split([' ', ':']).collect();
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| parts.get(2) == Some(m))
+    .map_or(0, |m| m + 1);
+    match parts.as_slice() {
+        [_, day, _, year, h, m, s, _] => format!("{year}{month:02}{day}T{h}{m}{s}Z"),
+        _ => http,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compact_utc;
+
+    #[test]
+    fn the_batch_stamp_is_utc_compact() {
+        // The example in `quarantine`'s doc, and a leap day's last second.
+        assert_eq!(compact_utc(1_795_621_147_999), "20261125T153907Z");
+        assert_eq!(compact_utc(1_709_251_199_000), "20240229T235959Z");
     }
 }
