@@ -418,8 +418,23 @@ pub type ScriptStep = (usize, ToolStep, Option<OrchCall>);
 
 /// The name of the child the `index`-th call of the turn with `prompt`
 /// spawns (`a007s1`: never a name `create_root` or `spawn_child` gives).
+/// By the prompt's number and the call's place, one in five joins with
+/// each character a name may hold besides letters and digits (`-`, `_`,
+/// `.`), and one in five is padded to exactly the length limit: names
+/// the runtime must accept, at the edges of what it accepts.
 pub fn spawn_name(prompt: &str, index: usize) -> String {
-    format!("a{:03}s{index}", prompt_number(prompt))
+    let n = prompt_number(prompt);
+    match (n + index as u64) % 5 {
+        1 => format!("a{n:03}-s{index}"),
+        2 => format!("a{n:03}_s{index}"),
+        3 => format!("a{n:03}.s{index}"),
+        4 => format!(
+            "{:x<width$}",
+            format!("a{n:03}s{index}"),
+            width = durable_agent::runtime::orchestration::MAX_NAME_LEN
+        ),
+        _ => format!("a{n:03}s{index}"),
+    }
 }
 
 /// The name the `index`-th call of the turn with `prompt` asks a spawn
