@@ -231,6 +231,12 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(23) ^ 0x6c6f_7374);
     let mut by_kind: [Vec<Candidate>; 5] = Default::default();
     let beside = |suffix: &str| PathBuf::from(format!("{STORE_DB}{suffix}"));
+    // A store lost whole: its WAL and journal go with it.
+    let lose_sides = || {
+        for suffix in ["-wal", "-journal"] {
+            let _ = fs.lose(&beside(suffix));
+        }
+    };
     let wal_bytes = fs.disk_image_where(|p| p == beside("-wal"));
     let has_store =
         disk.get(store).is_some_and(|b| !b.is_empty()) || wal_bytes.values().any(|w| !w.is_empty());
@@ -401,9 +407,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             } else {
                 let _ = fs.lose(store);
             }
-            for suffix in ["-wal", "-journal"] {
-                let _ = fs.lose(&beside(suffix));
-            }
+            lose_sides();
         }
         (Loss::StoreReplaced | Loss::StoreOlder, _) => {
             let copy = match chosen.loss {
@@ -420,9 +424,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             fs.cut(&chosen.path, rng.random_range(0..=brace) as u64).ok()?;
             if store_too {
                 let _ = fs.lose(store);
-                for suffix in ["-wal", "-journal"] {
-                    let _ = fs.lose(&beside(suffix));
-                }
+                lose_sides();
             }
         }
         (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,

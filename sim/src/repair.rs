@@ -39,7 +39,8 @@ use std::sync::Arc;
 
 use durable_agent::fs::{Fs, SimConfig, SimFs};
 use durable_agent::recovery::verify::{
-    plan_quarantine, quarantine, verify_with, QuarantinePlan, Remedy, Verification, Writers,
+    plan_quarantine, quarantine, verify_with, Finding, QuarantinePlan, Remedy, Verification, Writers,
+    NOTE_FILE, QUARANTINE_DIR,
 };
 use durable_agent::runtime::SessionId;
 use durable_agent::store::manifest::{self, LostStore};
@@ -71,17 +72,24 @@ fn session_dir(s: &SessionId) -> PathBuf {
     PathBuf::from("agents").join(s.to_string())
 }
 
+/// The item (relative to the root) that moving `f`'s damage aside moves:
+/// its session's directory, or the damaged file itself.
+fn item_of(f: &Finding) -> PathBuf {
+    match (&f.remedy, &f.session) {
+        (Remedy::QuarantineSession, Some(s)) => session_dir(s),
+        _ => f
+            .path
+            .strip_prefix(ROOT)
+            .map_or_else(|_| f.path.clone(), Path::to_path_buf),
+    }
+}
+
 /// Q1–Q6 for the refused disk `fs` (a dead process's: nobody writes it),
 /// whose `verify` is `v`, repaired at `now_ms`.
 pub fn judge(fs: &SimFs, seed: u64, v: &Verification, now_ms: u64) -> Result<(), String> {
     if v.damaged.is_empty() {
         return Ok(());
     }
-    let root = Path::new(ROOT);
-    let rel = |p: &Path| {
-        p.strip_prefix(root)
-            .map_or_else(|_| p.to_path_buf(), Path::to_path_buf)
-    };
     let manual = v.damaged.iter().any(|f| {
         f.remedy == Remedy::Manual || (f.remedy == Remedy::QuarantineSession && f.session.is_none())
     });
@@ -113,18 +121,13 @@ pub fn judge(fs: &SimFs, seed: u64, v: &Verification, now_ms: u64) -> Result<(),
     let mut wanted: BTreeSet<PathBuf> = BTreeSet::new();
     let mut loss = false;
     for f in &v.damaged {
+        wanted.insert(item_of(f));
         match (&f.remedy, &f.session) {
             (Remedy::QuarantineSession, Some(s)) => {
-                wanted.insert(session_dir(s));
                 wanted.extend(live_descendants(v, s).iter().map(session_dir));
             }
-            (Remedy::AcceptStoreLoss, _) => {
-                loss = true;
-                wanted.insert(rel(&f.path));
-            }
-            _ => {
-                wanted.insert(rel(&f.path));
-            }
+            (Remedy::AcceptStoreLoss, _) => loss = true,
+            _ => {}
         }
     }
     if loss {
@@ -146,10 +149,7 @@ pub fn judge(fs: &SimFs, seed: u64, v: &Verification, now_ms: u64) -> Result<(),
     }
     // Each finding is a reason given for the item that moves it.
     for f in &v.damaged {
-        let item = match (&f.remedy, &f.session) {
-            (Remedy::QuarantineSession, Some(s)) => session_dir(s),
-            _ => rel(&f.path),
-        };
+        let item = item_of(f);
         let file = f.path.display().to_string();
         let given = plan
             .items
@@ -186,7 +186,7 @@ fn carry_out(
     let root = Path::new(ROOT);
     let copy = fs.detached(SimConfig::new(seed));
     let before = copy.disk_image();
-    let qroot = root.join("quarantine");
+    let qroot = root.join(QUARANTINE_DIR);
     let batches_before = copy
         .list(&qroot, "harness: quarantine list")
         .map_or(0, |l| l.len());
@@ -247,7 +247,7 @@ fn carry_out(
         }
     }
     let note = after
-        .get(&batch.join("NOTE.txt"))
+        .get(&batch.join(NOTE_FILE))
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default();
     let named: BTreeMap<String, &str> = plan
