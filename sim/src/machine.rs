@@ -342,8 +342,22 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
         arms.push(Just(Op::ClaimTrigger).boxed());
     }
     if !model.stale_claims.is_empty() {
-        arms.push(Just(Op::ClaimTrigger).boxed());
-        arms.push(any::<u8>().prop_map(|trigger| Op::StaleAck { trigger }).boxed());
+        // A zombie's ack tells most once its row is claimed again (a new
+        // claim owns it then, and only the lease check refuses the ack):
+        // claim first, then ack.
+        let reclaimed = model
+            .state
+            .triggers
+            .iter()
+            .any(|t| t.status == TriggerStatus::Claimed && model.stale_claims.contains(&t.key));
+        let stale_ack = || any::<u8>().prop_map(|trigger| Op::StaleAck { trigger }).boxed();
+        if reclaimed {
+            arms.push(stale_ack());
+            arms.push(stale_ack());
+        } else {
+            arms.push(Just(Op::ClaimTrigger).boxed());
+            arms.push(stale_ack());
+        }
     }
     if arms.is_empty() {
         return None;

@@ -423,6 +423,26 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
         )
 }
 
+/// A plain turn's tool steps: mostly independent ones; one turn in eight
+/// spawns a child and then names it in a second call, in the same round
+/// or the next: a send to it (`crate::model::script_prompt` addresses a
+/// send after a spawn to the spawned child) or a second spawn of its name
+/// (refused). What a delegating turn does, and what the runtime resolves
+/// among the turn's spawns still pending — by name, or by the id the
+/// spawn's result gave (`crate::model::send_by_id`).
+fn turn_tools() -> impl Strategy<Value = Vec<ToolStep>> {
+    prop_oneof![
+        7 => prop::collection::vec(tool_step(), 0..3),
+        1 => (tool_step(), tool_step(), any::<bool>()).prop_map(|(spawn, then, send)| vec![
+            ToolStep { orch: Orch::Spawn, ..spawn },
+            ToolStep {
+                orch: if send { Orch::Send(AgentRef(0)) } else { Orch::RefusedSpawn },
+                ..then
+            },
+        ]),
+    ]
+}
+
 /// Failing asks for a turn's final answer ([`Op::RunTurn::final_fails`]):
 /// about one turn in 14.
 fn final_fails() -> impl Strategy<Value = u8> {
@@ -437,10 +457,10 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
     prop_oneof![
         3 => Just(Op::CreateRoot),
         4 => agent_ref().prop_map(|parent| Op::SpawnChild { parent }),
-        4 => (agent_ref(), prop::collection::vec(tool_step(), 0..3), final_fails())
+        4 => (agent_ref(), turn_tools(), final_fails())
             .prop_map(|(agent, tools, final_fails)| Op::RunTurn { agent, tools, final_fails }),
         4 => (agent_ref(), agent_ref()).prop_map(|(from, to)| Op::SendMessage { from, to }),
-        3 => (agent_ref(), prop::collection::vec(tool_step(), 0..3), final_fails())
+        3 => (agent_ref(), turn_tools(), final_fails())
             .prop_map(|(agent, tools, final_fails)| Op::ReadTurn { agent, tools, final_fails }),
         3 => agent_ref().prop_map(|agent| Op::Deliver { agent }),
         2 => agent_ref().prop_map(|agent| Op::Evict { agent }),

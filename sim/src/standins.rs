@@ -21,9 +21,9 @@ use durable_agent::runtime::{
 };
 use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
-use serde_json::json;
+use serde_json::{json, Value};
 
-use crate::model::{call_key, failing_asks, script_rounds, OrchCall};
+use crate::model::{call_key, failing_asks, script_rounds, send_by_id, OrchCall};
 use crate::op::Lost;
 use crate::oracle_context::Asks;
 use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
@@ -280,7 +280,7 @@ impl Provider for ScriptedProvider {
                     },
                     Some(OrchCall::Send { to, payload }) => ToolRequest {
                         tool: SEND_MESSAGE.into(),
-                        args: json!({ "to": to, "payload": payload }),
+                        args: json!({ "to": recipient(request.history, prompt, *index, to), "payload": payload }),
                         irreversible: false,
                         invalid_args: None,
                     },
@@ -355,6 +355,43 @@ impl Provider for ScriptedProvider {
 
 /// The tool a plain step calls: the irreversible `effect` (through the
 /// activity ledger to [`ScriptedOutbox`]) or the reversible `lookup`.
+/// Whom a scripted send names: `to`, or, when the script sends by id
+/// ([`send_by_id`]), the id of the child `to` the turn spawned in an
+/// earlier round, read from that spawn's result in the open turn's
+/// conversation, as a model given the result would. The name when the
+/// result carries no id (the spawn was refused: the send fails either
+/// way, and the model expects it to).
+fn recipient(history: &[ConversationItem], prompt: &str, index: usize, to: &str) -> String {
+    if !send_by_id(prompt, index, to) {
+        return to.to_string();
+    }
+    let open = history
+        .iter()
+        .rposition(|i| matches!(i, ConversationItem::Prompt { .. }))
+        .map_or(history, |p| &history[p..]);
+    let spawn_call = open.iter().find_map(|i| match i {
+        ConversationItem::ToolCall {
+            call_id, tool, args, ..
+        } if tool == SPAWN_AGENT && args.get("name").and_then(Value::as_str) == Some(to) => Some(call_id),
+        _ => None,
+    });
+    let id = spawn_call.and_then(|spawn| {
+        open.iter().find_map(|i| match i {
+            ConversationItem::ToolResult {
+                call_id,
+                ok: true,
+                output,
+            } if call_id == spawn => serde_json::from_str::<Value>(output)
+                .ok()?
+                .pointer("/spawned/agent_id")?
+                .as_str()
+                .map(str::to_string),
+            _ => None,
+        })
+    });
+    id.unwrap_or_else(|| to.to_string())
+}
+
 fn tool_name(irreversible: bool) -> &'static str {
     if irreversible {
         "effect"

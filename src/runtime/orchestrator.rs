@@ -107,11 +107,6 @@ impl Runtime {
         &self.tree
     }
 
-    /// Current logical time.
-    pub fn now(&self) -> u64 {
-        self.clock.now()
-    }
-
     /// Whether an earlier unknown-outcome error poisoned the runtime.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned.is_some()

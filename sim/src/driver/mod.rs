@@ -325,6 +325,9 @@ impl Driver {
         // there), so neither is reached.
         let mut orchestration = durable_agent::runtime::orchestration::Orchestration::all();
         orchestration.max_depth = crate::model::MAX_DEPTH;
+        // Some agents may not spawn, some may not send (by name: see
+        // `model::granted`).
+        orchestration.grants = crate::model::grants().clone();
         orchestration.max_children = u32::MAX;
         orchestration.max_agents = u32::MAX;
         config.orchestration = Some(orchestration);

@@ -642,6 +642,22 @@ pub(super) fn hook_violations(decided: &[DecidedCall]) -> Vec<String> {
     out
 }
 
+/// The message id of each of `lines` that is a `message.enqueued` entry,
+/// `None` for any other line.
+fn enqueued_ids<'a>(lines: impl Iterator<Item = &'a [u8]>) -> Vec<Option<MessageId>> {
+    lines
+        .map(
+            |line| match LogEntry::parse(line.strip_suffix(b"\n").unwrap_or(line)) {
+                Ok(LogEntry {
+                    event: Event::MessageEnqueued { message_id, .. },
+                    ..
+                }) => Some(message_id),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
 /// What the boot's recovery report says it did to each event log must be
 /// what it did (an operator reads the report to learn what a crash cost):
 /// `before` and `after` hold the logs and pending copies the boot found
@@ -666,21 +682,34 @@ pub(super) fn report_violations(
             .and_then(|d| d.file_name())
             .and_then(|n| n.to_str())
             .unwrap_or("");
+        // The messages the boot says it enqueued to this session for sends
+        // a crash left half done (`orchestration_enqueued`), in order.
+        let promised = report
+            .orchestration_enqueued
+            .iter()
+            .find(|(id, _)| id.as_str() == session)
+            .map(|(_, ids)| ids.as_slice())
+            .unwrap_or_default();
         if report.orchestration_spawned.iter().any(|s| s.as_str() == session) {
             // A half-created child's orphan, cleaned, then created anew by
             // the boot for the spawn its parent's result promised: a new
-            // log holding `agent.created` only.
+            // log holding `agent.created`, then the messages the parent's
+            // turn sent the child while it was pending.
+            let mut lines = new.split_inclusive(|b| *b == b'\n');
             let created = matches!(
-                LogEntry::parse(new.strip_suffix(b"\n").unwrap_or(new)),
-                Ok(LogEntry {
+                lines
+                    .next()
+                    .map(|l| LogEntry::parse(l.strip_suffix(b"\n").unwrap_or(l))),
+                Some(Ok(LogEntry {
                     event: Event::AgentCreated { .. },
                     ..
-                })
+                }))
             );
+            let enqueued = enqueued_ids(lines);
             let cleaned = report.orphans_cleaned.iter().any(|s| s.as_str() == session);
-            if !created || !cleaned {
+            if !created || !cleaned || enqueued.iter().map(Option::as_ref).ne(promised.iter().map(Some)) {
                 out.push(format!(
-                    "report: {shown}: says the boot created this child for a promised spawn, but its log is not one agent.created line of a new session (orphan cleaned first: {cleaned})",
+                    "report: {shown}: says the boot created this child for a promised spawn and enqueued {promised:?}, but its log is not one agent.created line of a new session and those messages (orphan cleaned first: {cleaned}; enqueued: {enqueued:?})",
                     shown = path.display()
                 ));
             }
@@ -720,30 +749,12 @@ pub(super) fn report_violations(
             _ => &[],
         };
         // Then one `message.enqueued` line per message the boot says it
-        // enqueued to this session for a send a crash left half done
-        // (`orchestration_enqueued`), in that order.
-        let promised = report
-            .orchestration_enqueued
-            .iter()
-            .find(|(id, _)| id.as_str() == session)
-            .map(|(_, ids)| ids.as_slice())
-            .unwrap_or_default();
+        // enqueued to this session, in that order.
         let (tail, appended) = match tail.strip_prefix(replayed) {
             Some(rest) if !promised.is_empty() => (replayed, rest),
             _ => (tail, &[][..]),
         };
-        let enqueued: Vec<Option<MessageId>> = appended
-            .split_inclusive(|b| *b == b'\n')
-            .map(
-                |line| match LogEntry::parse(line.strip_suffix(b"\n").unwrap_or(line)) {
-                    Ok(LogEntry {
-                        event: Event::MessageEnqueued { message_id, .. },
-                        ..
-                    }) => Some(message_id),
-                    _ => None,
-                },
-            )
-            .collect();
+        let enqueued = enqueued_ids(appended.split_inclusive(|b| *b == b'\n'));
         if enqueued.iter().map(Option::as_ref).ne(promised.iter().map(Some)) {
             out.push(format!(
                 "report: {shown}: says the boot enqueued {promised:?} for half-done sends, but it appended {} line(s) after the log's repair: {enqueued:?}",

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use durable_agent::runtime::orchestration::OrchestrationTool;
 use serde::{Deserialize, Serialize};
 
 use crate::op::{Lost, Op, Orch, ToolStep};
@@ -255,6 +256,50 @@ pub const MAX_REPLAYS: u32 = 3;
 /// driver boots without them and the model does not count them.
 pub const MAX_DEPTH: u32 = 2;
 
+/// Agent names the driver's orchestration grants cover: `a000` to
+/// `a999` ([`grants`]).
+const GRANTED_NAMES: u64 = 1000;
+
+/// Whether the agent named `name` may call `tool` under the grants the
+/// driver boots with ([`grants`]): an agent named `a<n>` by `create_root`
+/// or `spawn_child` may not spawn when `n % 7 == 3` and may not send when
+/// `n % 7 == 5`; every other agent (a spawned child's name has an `s`)
+/// has the default grant, every tool. A call not granted fails, and
+/// nothing comes of it.
+pub fn granted(name: &str, tool: OrchestrationTool) -> bool {
+    let n = name
+        .strip_prefix('a')
+        .and_then(|d| d.parse::<u64>().ok())
+        .filter(|n| *n < GRANTED_NAMES && format!("a{n:03}") == name);
+    !matches!(
+        (n.map(|n| n % 7), tool),
+        (Some(3), OrchestrationTool::SpawnAgent) | (Some(5), OrchestrationTool::SendMessage)
+    )
+}
+
+/// The per-agent grants [`granted`] describes, as the runtime's
+/// configuration holds them (`Orchestration::grants`, the tools each named
+/// agent may call, replacing the default). Built once: every boot clones
+/// them.
+pub fn grants() -> &'static BTreeMap<String, BTreeSet<OrchestrationTool>> {
+    static GRANTS: std::sync::LazyLock<BTreeMap<String, BTreeSet<OrchestrationTool>>> =
+        std::sync::LazyLock::new(build_grants);
+    &GRANTS
+}
+
+fn build_grants() -> BTreeMap<String, BTreeSet<OrchestrationTool>> {
+    (0..GRANTED_NAMES)
+        .map(|n| format!("a{n:03}"))
+        .filter_map(|name| {
+            let tools: BTreeSet<OrchestrationTool> = OrchestrationTool::ALL
+                .into_iter()
+                .filter(|t| granted(&name, *t))
+                .collect();
+            (tools.len() < OrchestrationTool::ALL.len()).then_some((name, tools))
+        })
+        .collect()
+}
+
 /// The ledger's calls of a turn asked with `tools`, one per plain tool
 /// step in order (orchestration calls are the runtime's own, not in the
 /// ledger): `None` for a call a hook denied, which never reaches the
@@ -334,6 +379,7 @@ pub fn script_prompt(
         // A failing ask belongs to the round: only a step opening one
         // carries it (see [`normalized_failing`]).
         script.push_str(&"~".repeat(usize::from(t.provider_fails)));
+        let last_spawn = tools[..i].iter().rposition(|t| t.orch == Orch::Spawn);
         match t.orch {
             Orch::Spawn => script.push('C'),
             // A refused spawn: the name of an earlier spawn of the turn
@@ -351,11 +397,18 @@ pub fn script_prompt(
                 script.push_str(&format!("K({child})"));
             }
             Orch::RefusedSpawn => script.push('B'),
-            Orch::Send(to) => match pick(agents, to.0) {
-                Some(name) => script.push_str(&format!("M({name})")),
-                // No agent to send to: a lookup instead.
-                None => script.push('R'),
-            },
+            // A send after a spawn of the turn goes to that child, still
+            // pending: the runtime resolves it among the turn's spawns, by
+            // name, or by the id the spawn's result gave when it came
+            // back in an earlier round ([`send_by_id`]).
+            Orch::Send(to) => {
+                let pending = last_spawn.map(|j| spawn_name(&format!("p{n}"), j));
+                match pending.as_ref().or(pick(agents, to.0)) {
+                    Some(name) => script.push_str(&format!("M({name})")),
+                    // No agent to send to: a lookup instead.
+                    None => script.push('R'),
+                }
+            }
             Orch::None if t.denied => script.push(if t.irreversible { 'D' } else { 'd' }),
             Orch::None if t.confirm => script.push(if t.irreversible { 'Q' } else { 'q' }),
             Orch::None if t.garbled => script.push(if t.irreversible { 'X' } else { 'x' }),
@@ -452,6 +505,26 @@ pub fn refused_spawn_name(prompt: &str, index: usize) -> String {
         3 => "parent".into(),
         _ => format!("{:016x}", n * 16 + index as u64),
     }
+}
+
+/// Whether the `index`-th call of the turn with `prompt`, a send to
+/// `to`, addresses its recipient by agent id rather than by name: when
+/// `to` is a child the turn spawned in an earlier round (so the spawn's
+/// result, which carries the child's id, is in the conversation), one in
+/// two by the call's place. The scripted provider then sends to the id it
+/// reads from that result, as a model given the result would.
+pub fn send_by_id(prompt: &str, index: usize, to: &str) -> bool {
+    if !(prompt_number(prompt) / 2 + index as u64).is_multiple_of(2) {
+        return false;
+    }
+    let rounds = script_rounds(prompt);
+    let Some(round) = rounds.iter().position(|r| r.iter().any(|(j, _, _)| *j == index)) else {
+        return false;
+    };
+    rounds[..round]
+        .iter()
+        .flatten()
+        .any(|(_, _, c)| matches!(c, Some(OrchCall::Spawn { name }) if name == to))
 }
 
 /// The payload of the message the `index`-th call of the turn with
@@ -766,15 +839,35 @@ impl Model {
         self.depth(agent) >= MAX_DEPTH
     }
 
-    /// `tools` as `caller` runs them: a spawn it asks from [`MAX_DEPTH`]
-    /// fails (the script still says `C`; the runtime refuses the call).
+    /// Whether the runtime refuses every spawn `agent` asks for: from
+    /// [`MAX_DEPTH`], or not [`granted`] to it.
+    fn spawn_refused(&self, agent: &str) -> bool {
+        self.spawn_too_deep(agent) || !granted(agent, OrchestrationTool::SpawnAgent)
+    }
+
+    /// `tools` as `caller` runs them: a spawn it asks from [`MAX_DEPTH`],
+    /// or without the grant, fails (the script still says `C`; the runtime
+    /// refuses the call), and so does a send after it, to the child it did
+    /// not make (a send after a spawn of the turn goes to that child:
+    /// [`script_prompt`]); a send without the grant fails too.
     fn within_depth(&self, caller: &str, tools: &[ToolStep]) -> Vec<ToolStep> {
-        let deep = self.spawn_too_deep(caller);
+        let no_spawn = self.spawn_refused(caller);
+        let no_send = !granted(caller, OrchestrationTool::SendMessage);
         tools
             .iter()
-            .map(|t| ToolStep {
-                ok: t.ok && !(deep && t.orch == Orch::Spawn),
-                ..*t
+            .enumerate()
+            .map(|(i, t)| {
+                let refused = match t.orch {
+                    Orch::Spawn => no_spawn,
+                    Orch::Send(_) => {
+                        no_send || (no_spawn && tools[..i].iter().any(|s| s.orch == Orch::Spawn))
+                    }
+                    Orch::None | Orch::RefusedSpawn => false,
+                };
+                ToolStep {
+                    ok: t.ok && !refused,
+                    ..*t
+                }
             })
             .collect()
     }
@@ -859,11 +952,14 @@ impl Model {
     /// message it sent — once: a send a rolled-back run of the turn left
     /// (adopted at recovery) is not sent again by its re-run.
     fn orchestrate(&mut self, agent: &str, prompt: &str) {
-        let deep = self.spawn_too_deep(agent);
+        let no_spawn = self.spawn_refused(agent);
+        let no_send = !granted(agent, OrchestrationTool::SendMessage);
         for call in orch_calls(prompt) {
             match call {
-                // Refused for the caller's depth: nothing is created.
-                OrchCall::Spawn { .. } if deep => {}
+                // Refused for the caller's depth or grant: nothing is
+                // created, nothing is sent.
+                OrchCall::Spawn { .. } if no_spawn => {}
+                OrchCall::Send { .. } if no_send => {}
                 OrchCall::Spawn { name } => {
                     self.state.agents.entry(name).or_insert_with(|| Agent {
                         parent: Some(agent.to_string()),
@@ -939,11 +1035,13 @@ impl Model {
             .take(round as usize)
             .flatten()
             .collect();
+        let no_send = !granted(agent, OrchestrationTool::SendMessage);
         for (i, t, call) in done {
             match call {
                 None => {
                     self.sent_by_turn(effect_key(agent, prompt, i), &t);
                 }
+                Some(OrchCall::Send { .. }) if no_send => {}
                 Some(OrchCall::Send { to, payload }) => {
                     let msg = Msg {
                         from: agent.to_string(),
