@@ -162,6 +162,10 @@ pub enum Orch {
     /// the turn spawned before it): answered as a failed call the model
     /// can correct, no child created, and the turn goes on.
     RefusedSpawn,
+    /// `list_agents`: the tree as the runtime shows it to the caller. A
+    /// send in a later round of the turn addresses its recipient by the
+    /// id the listing gave ([`crate::model::send_by_id`]).
+    List,
 }
 
 impl Orch {
@@ -429,16 +433,21 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
 /// send after a spawn to the spawned child) or a second spawn of its name
 /// (refused). What a delegating turn does, and what the runtime resolves
 /// among the turn's spawns still pending — by name, or by the id the
-/// spawn's result gave (`crate::model::send_by_id`).
+/// spawn's result gave (`crate::model::send_by_id`). One in sixteen lists
+/// the agents, then sends to one by the id the listing gave.
 fn turn_tools() -> impl Strategy<Value = Vec<ToolStep>> {
     prop_oneof![
-        7 => prop::collection::vec(tool_step(), 0..3),
-        1 => (tool_step(), tool_step(), any::<bool>()).prop_map(|(spawn, then, send)| vec![
+        14 => prop::collection::vec(tool_step(), 0..3),
+        2 => (tool_step(), tool_step(), any::<bool>()).prop_map(|(spawn, then, send)| vec![
             ToolStep { orch: Orch::Spawn, ..spawn },
             ToolStep {
                 orch: if send { Orch::Send(AgentRef(0)) } else { Orch::RefusedSpawn },
                 ..then
             },
+        ]),
+        1 => (tool_step(), tool_step(), agent_ref()).prop_map(|(list, send, to)| vec![
+            ToolStep { orch: Orch::List, ..list },
+            ToolStep { orch: Orch::Send(to), joins_round: false, ..send },
         ]),
     ]
 }
@@ -506,6 +515,7 @@ fn render_tools(tools: &[ToolStep]) -> String {
             Orch::Spawn => out.push_str("spawn"),
             Orch::RefusedSpawn => out.push_str("spawn!refused"),
             Orch::Send(to) => out.push_str(&format!("send->#{}", to.0)),
+            Orch::List => out.push_str("list"),
         }
         if !t.orch.is_none() {
             continue;

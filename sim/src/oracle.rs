@@ -686,7 +686,9 @@ pub fn messages_of(action: Option<&Action>) -> BTreeSet<(String, Msg)> {
                         payload,
                     },
                 )),
-                crate::model::OrchCall::Spawn { .. } | crate::model::OrchCall::RefusedSpawn { .. } => None,
+                crate::model::OrchCall::Spawn { .. }
+                | crate::model::OrchCall::RefusedSpawn { .. }
+                | crate::model::OrchCall::List => None,
             })
             .collect(),
         _ => BTreeSet::new(),

@@ -23,10 +23,10 @@ use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
 use serde_json::{json, Value};
 
-use crate::model::{call_key, failing_asks, script_rounds, send_by_id, OrchCall};
+use crate::model::{call_key, failing_asks, script_rounds, send_by_id, IdFrom, OrchCall};
 use crate::op::Lost;
 use crate::oracle_context::Asks;
-use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
+use durable_agent::runtime::orchestration::{LIST_AGENTS, SEND_MESSAGE, SPAWN_AGENT};
 
 /// The LLM stand-in: round `r` asks for the `r`-th round of the script
 /// (one call, or several asked together), then answers `r<n>` for prompt
@@ -278,6 +278,12 @@ impl Provider for ScriptedProvider {
                         irreversible: false,
                         invalid_args: None,
                     },
+                    Some(OrchCall::List) => ToolRequest {
+                        tool: LIST_AGENTS.into(),
+                        args: json!({}),
+                        irreversible: false,
+                        invalid_args: None,
+                    },
                     Some(OrchCall::Send { to, payload }) => ToolRequest {
                         tool: SEND_MESSAGE.into(),
                         args: json!({ "to": recipient(request.history, prompt, *index, to), "payload": payload }),
@@ -356,40 +362,60 @@ impl Provider for ScriptedProvider {
 /// The tool a plain step calls: the irreversible `effect` (through the
 /// activity ledger to [`ScriptedOutbox`]) or the reversible `lookup`.
 /// Whom a scripted send names: `to`, or, when the script sends by id
-/// ([`send_by_id`]), the id of the child `to` the turn spawned in an
-/// earlier round, read from that spawn's result in the open turn's
-/// conversation, as a model given the result would. The name when the
-/// result carries no id (the spawn was refused: the send fails either
-/// way, and the model expects it to).
+/// ([`send_by_id`]), the id of `to` read from an earlier result in the
+/// open turn's conversation — the spawn of that child, or the turn's
+/// `list_agents` — as a model given the result would. A spawn refused
+/// (a failed result) gave no id: the send names the child, and fails, as
+/// the model expects. A result that succeeded yet names no id for `to`
+/// is the runtime's fault: the send then names no agent (`to?`), and
+/// fails where the model expects it to succeed.
 fn recipient(history: &[ConversationItem], prompt: &str, index: usize, to: &str) -> String {
-    if !send_by_id(prompt, index, to) {
+    let Some(from) = send_by_id(prompt, index, to) else {
         return to.to_string();
-    }
+    };
     let open = history
         .iter()
         .rposition(|i| matches!(i, ConversationItem::Prompt { .. }))
         .map_or(history, |p| &history[p..]);
-    let spawn_call = open.iter().find_map(|i| match i {
+    let call = open.iter().find_map(|i| match i {
         ConversationItem::ToolCall {
             call_id, tool, args, ..
-        } if tool == SPAWN_AGENT && args.get("name").and_then(Value::as_str) == Some(to) => Some(call_id),
+        } => match from {
+            IdFrom::Spawn if tool == SPAWN_AGENT && args.get("name").and_then(Value::as_str) == Some(to) => {
+                Some(call_id)
+            }
+            IdFrom::List if tool == LIST_AGENTS => Some(call_id),
+            _ => None,
+        },
         _ => None,
     });
-    let id = spawn_call.and_then(|spawn| {
+    let result = call.and_then(|call| {
         open.iter().find_map(|i| match i {
-            ConversationItem::ToolResult {
-                call_id,
-                ok: true,
-                output,
-            } if call_id == spawn => serde_json::from_str::<Value>(output)
-                .ok()?
-                .pointer("/spawned/agent_id")?
-                .as_str()
-                .map(str::to_string),
+            ConversationItem::ToolResult { call_id, ok, output } if call_id == call => Some((*ok, output)),
             _ => None,
         })
     });
-    id.unwrap_or_else(|| to.to_string())
+    let Some((true, output)) = result else {
+        return to.to_string();
+    };
+    let shown: Option<Value> = serde_json::from_str(output).ok();
+    let id = match from {
+        IdFrom::Spawn => shown.as_ref().and_then(|v| v.pointer("/spawned/agent_id")),
+        IdFrom::List => shown
+            .as_ref()
+            .and_then(|v| v.get("agents"))
+            .and_then(Value::as_array)
+            .and_then(|agents| {
+                agents
+                    .iter()
+                    .find(|a| a.get("name").and_then(Value::as_str) == Some(to))
+            })
+            .and_then(|a| a.get("id")),
+    };
+    match id.and_then(Value::as_str) {
+        Some(id) => id.to_string(),
+        None => format!("{to}?"),
+    }
 }
 
 fn tool_name(irreversible: bool) -> &'static str {

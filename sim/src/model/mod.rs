@@ -360,7 +360,8 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
 /// message ([`Orch`]); `B` asks for a spawn the runtime must refuse
 /// ([`refused_spawn_name`]), `K` for one named as the turn's last spawn
 /// before it, and `K(a003)` for one named as the caller's child `a003`
-/// ([`Orch::RefusedSpawn`]). `agents` are the live agents, in name order,
+/// ([`Orch::RefusedSpawn`]); `A` lists the agents ([`Orch::List`]).
+/// `agents` are the live agents, in name order,
 /// that a send's [`crate::op::AgentRef`] picks from; `children` the
 /// caller's live children, in name order (none: a work's or a fire's,
 /// whose caller is not known yet).
@@ -397,6 +398,7 @@ pub fn script_prompt(
                 script.push_str(&format!("K({child})"));
             }
             Orch::RefusedSpawn => script.push('B'),
+            Orch::List => script.push('A'),
             // A send after a spawn of the turn goes to that child, still
             // pending: the runtime resolves it among the turn's spawns, by
             // name, or by the id the spawn's result gave when it came
@@ -463,6 +465,8 @@ pub enum OrchCall {
         to: String,
         payload: String,
     },
+    /// `list_agents`: no effect.
+    List,
 }
 
 /// One step of a prompt's script: its index in the turn, the step, and
@@ -507,24 +511,37 @@ pub fn refused_spawn_name(prompt: &str, index: usize) -> String {
     }
 }
 
+/// Where a scripted send finds its recipient's id ([`send_by_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdFrom {
+    /// The result of the turn's spawn of that child, in an earlier round.
+    Spawn,
+    /// The result of the turn's `list_agents` call, in an earlier round.
+    List,
+}
+
 /// Whether the `index`-th call of the turn with `prompt`, a send to
-/// `to`, addresses its recipient by agent id rather than by name: when
-/// `to` is a child the turn spawned in an earlier round (so the spawn's
-/// result, which carries the child's id, is in the conversation), one in
-/// two by the call's place. The scripted provider then sends to the id it
-/// reads from that result, as a model given the result would.
-pub fn send_by_id(prompt: &str, index: usize, to: &str) -> bool {
-    if !(prompt_number(prompt) / 2 + index as u64).is_multiple_of(2) {
-        return false;
-    }
+/// `to`, addresses its recipient by agent id rather than by name, and
+/// where it reads the id: when `to` is a child the turn spawned in an
+/// earlier round, from that spawn's result (one in two sends, by the
+/// prompt's number and the call's place); else when the turn listed the
+/// agents in an earlier round, from the listing. The scripted provider
+/// then sends to the id it reads from that result, as a model given the
+/// result would.
+pub fn send_by_id(prompt: &str, index: usize, to: &str) -> Option<IdFrom> {
     let rounds = script_rounds(prompt);
-    let Some(round) = rounds.iter().position(|r| r.iter().any(|(j, _, _)| *j == index)) else {
-        return false;
-    };
-    rounds[..round]
+    let round = rounds
         .iter()
-        .flatten()
-        .any(|(_, _, c)| matches!(c, Some(OrchCall::Spawn { name }) if name == to))
+        .position(|r| r.iter().any(|(j, _, _)| *j == index))?;
+    let earlier = || rounds[..round].iter().flatten().map(|(_, _, c)| c);
+    if earlier().any(|c| matches!(c, Some(OrchCall::Spawn { name }) if name == to)) {
+        return (prompt_number(prompt) / 2 + index as u64)
+            .is_multiple_of(2)
+            .then_some(IdFrom::Spawn);
+    }
+    earlier()
+        .any(|c| matches!(c, Some(OrchCall::List)))
+        .then_some(IdFrom::List)
 }
 
 /// The payload of the message the `index`-th call of the turn with
@@ -587,6 +604,10 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
                     to,
                     payload: sent_payload(prompt, index),
                 })
+            }
+            'A' => {
+                step.orch = Orch::List;
+                Some(OrchCall::List)
             }
             'B' | 'K' => {
                 step.orch = Orch::RefusedSpawn;
@@ -862,7 +883,7 @@ impl Model {
                     Orch::Send(_) => {
                         no_send || (no_spawn && tools[..i].iter().any(|s| s.orch == Orch::Spawn))
                     }
-                    Orch::None | Orch::RefusedSpawn => false,
+                    Orch::None | Orch::RefusedSpawn | Orch::List => false,
                 };
                 ToolStep {
                     ok: t.ok && !refused,
@@ -980,8 +1001,8 @@ impl Model {
                         }
                     }
                 }
-                // Refused: nothing is created.
-                OrchCall::RefusedSpawn { .. } => {}
+                // Refused: nothing is created; a listing changes nothing.
+                OrchCall::RefusedSpawn { .. } | OrchCall::List => {}
             }
         }
     }
@@ -1053,7 +1074,7 @@ impl Model {
                         }
                     }
                 }
-                Some(OrchCall::Spawn { .. } | OrchCall::RefusedSpawn { .. }) => {}
+                Some(OrchCall::Spawn { .. } | OrchCall::RefusedSpawn { .. } | OrchCall::List) => {}
             }
         }
     }
