@@ -15,7 +15,7 @@ use durable_agent::world::Delivery;
 
 use durable_agent::recovery::RecoveryReport;
 use durable_agent::runtime::orchestration::{SEND_MESSAGE, SPAWN_AGENT};
-use durable_agent::runtime::{AgentId, ConversationItem, MessageId};
+use durable_agent::runtime::{AgentId, ConversationItem, MessageId, SessionId};
 use durable_agent::runtime::{RuntimeState, TurnOutcome};
 use durable_agent::sqlite::Db;
 use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
@@ -682,13 +682,17 @@ pub(super) fn report_violations(
             .and_then(|d| d.file_name())
             .and_then(|n| n.to_str())
             .unwrap_or("");
+        // The report's entries are keyed by session id; a directory whose
+        // name is not one has none.
+        let id = SessionId::from_hex(session)
+            .ok()
+            .filter(|id| id.as_str() == session);
         // The messages the boot says it enqueued to this session for sends
         // a crash left half done (`orchestration_enqueued`), in order.
-        let promised = report
-            .orchestration_enqueued
-            .iter()
-            .find(|(id, _)| id.as_str() == session)
-            .map(|(_, ids)| ids.as_slice())
+        let promised = id
+            .as_ref()
+            .and_then(|id| report.orchestration_enqueued.get(id))
+            .map(Vec::as_slice)
             .unwrap_or_default();
         if report.orchestration_spawned.iter().any(|s| s.as_str() == session) {
             // A half-created child's orphan, cleaned, then created anew by
@@ -715,11 +719,10 @@ pub(super) fn report_violations(
             }
             continue;
         }
-        let repair = report
-            .logs_repaired
-            .iter()
-            .find(|(id, _)| id.as_str() == session)
-            .map(|(_, r)| r.clone())
+        let repair = id
+            .as_ref()
+            .and_then(|id| report.logs_repaired.get(id))
+            .cloned()
             .unwrap_or_default();
         let shown = path.display();
         let Some(kept) = old

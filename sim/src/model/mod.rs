@@ -380,15 +380,13 @@ pub fn script_prompt(
         // A failing ask belongs to the round: only a step opening one
         // carries it (see [`normalized_failing`]).
         script.push_str(&"~".repeat(usize::from(t.provider_fails)));
-        let last_spawn = tools[..i].iter().rposition(|t| t.orch == Orch::Spawn);
+        let last_spawn = spawn_before(tools, i);
         match t.orch {
             Orch::Spawn => script.push('C'),
             // A refused spawn: the name of an earlier spawn of the turn
             // (one in two, when there is one), else a name no agent may
             // take.
-            Orch::RefusedSpawn
-                if (n + i as u64).is_multiple_of(2) && tools[..i].iter().any(|t| t.orch == Orch::Spawn) =>
-            {
+            Orch::RefusedSpawn if (n + i as u64).is_multiple_of(2) && last_spawn.is_some() => {
                 script.push('K')
             }
             // Else the name of a child the caller has (two in three, when
@@ -427,6 +425,13 @@ pub fn script_prompt(
     // Failing asks for the final answer trail the script.
     script.push_str(&"~".repeat(usize::from(final_fails.min(crate::op::MAX_PROVIDER_FAILS))));
     format!("p{n}:{script}")
+}
+
+/// The place of the turn's last spawn before its `i`-th step, if any: a
+/// send at `i` goes to that child ([`script_prompt`]), and fails when the
+/// spawn was refused ([`Model::within_depth`]).
+fn spawn_before(tools: &[ToolStep], i: usize) -> Option<usize> {
+    tools[..i].iter().rposition(|t| t.orch == Orch::Spawn)
 }
 
 /// How many asks for the final answer of the turn with `prompt` the
@@ -880,9 +885,7 @@ impl Model {
             .map(|(i, t)| {
                 let refused = match t.orch {
                     Orch::Spawn => no_spawn,
-                    Orch::Send(_) => {
-                        no_send || (no_spawn && tools[..i].iter().any(|s| s.orch == Orch::Spawn))
-                    }
+                    Orch::Send(_) => no_send || (no_spawn && spawn_before(tools, i).is_some()),
                     Orch::None | Orch::RefusedSpawn | Orch::List => false,
                 };
                 ToolStep {
