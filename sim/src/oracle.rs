@@ -4,7 +4,9 @@
 //! The rule: after a crash inside op k, the recovered state equals the
 //! model after ops 1..k-1 ("before") or after ops 1..k ("after"), up to the
 //! relaxations below and nothing else. A crash between ops (or a clean
-//! restart) has a single candidate, the model after the last op; so does an
+//! restart) has a single candidate, the model after the last op; so does
+//! the power cut that follows a reboot which left writes unsynced (a
+//! crash chain: the second boot must show what the first showed); so does an
 //! op the system answered `Ok` although a crash point inside it was hit
 //! (acknowledged means durable). An injected I/O error (EIO, ENOSPC, lost
 //! reply) that fails op k is judged the same way after the system reopens

@@ -189,6 +189,7 @@ impl Exec {
             crash_side: None,
             clean_restart: false,
             answered_failure: false,
+            in_chain: false,
         };
         with_saved_prng(|| {
             let judged = exec.reopen_and_judge(kind, &j.before, j.after.as_ref(), j.action.as_ref());

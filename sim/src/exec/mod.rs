@@ -95,6 +95,9 @@ pub struct Exec {
     /// committed before the answer, so a reopen after it (an armed fault
     /// that never fired) does not excuse a missing row (E1).
     answered_failure: bool,
+    /// Judging the second boot of a crash chain
+    /// ([`Exec::power_cut_after_boot`]): not chained again.
+    in_chain: bool,
 }
 
 impl Exec {
@@ -138,6 +141,7 @@ impl Exec {
             crash_side: None,
             clean_restart: false,
             answered_failure: false,
+            in_chain: false,
         };
         let install = match installed_disk(&canaries) {
             Ok(disk) => disk,

@@ -107,6 +107,26 @@ impl Exec {
         })
     }
 
+    /// A crash chain: the power fails right after a reboot that left
+    /// anything unsynced, before anything else runs (strict directory
+    /// model), and the system boots again. Nothing is in flight, so the
+    /// state that reboot showed (now the model's) is the only one
+    /// accepted: what a recovery adopted from writes that were never
+    /// synced — SQLite replaying a committed WAL frame a process crash
+    /// left in the page cache, a log tail — it must make durable before
+    /// anyone relies on it. A reboot that left the disk durable needs no
+    /// such link (the power cut would change nothing), so on a correct
+    /// runtime the chain costs one scan of the disk's pending changes. One
+    /// link only: the second boot is not chained again.
+    fn power_cut_after_boot(&mut self) -> Result<(), Box<Failure>> {
+        let shown = self.model.clone();
+        self.driver.crash(CrashKind::PowerStrict);
+        self.disarm();
+        self.restart_notes
+            .push("the power failed right after that reboot, which had left writes unsynced".to_string());
+        self.reopen_and_judge(CrashKind::PowerStrict, &shown, None, None)
+    }
+
     /// Crash the process with `kind`, recover, and judge.
     pub(super) fn restart(
         &mut self,
@@ -292,6 +312,12 @@ impl Exec {
                     "{when}: {how}; recovered state accepted as {:?}",
                     accepted.side
                 ));
+                if !self.in_chain && !self.driver.fs.is_durable() {
+                    self.in_chain = true;
+                    let chained = self.power_cut_after_boot();
+                    self.in_chain = false;
+                    chained?;
+                }
                 Ok(())
             }
             Err(rejected) => Err(self.fail(

@@ -150,6 +150,11 @@ impl Inode {
         }
     }
 
+    /// Every write is synced.
+    pub(super) fn is_durable(&self) -> bool {
+        self.log.iter().all(|e| e.durability == Durability::Synced)
+    }
+
     /// `fsync` failed: unsynced ops become unknown (Linux fsync semantics).
     pub(super) fn sync_failed(&mut self) {
         for entry in &mut self.log {

@@ -313,6 +313,14 @@ impl SimFs {
         self.lock().crashed
     }
 
+    /// Whether a power loss now would change nothing: every write and
+    /// directory change so far is durable (a strict directory model's
+    /// `sync_dir`s included). What a recovery must leave behind before it
+    /// is relied on.
+    pub fn is_durable(&self) -> bool {
+        self.lock().image.is_durable()
+    }
+
     /// Apply a crash with `mode` and reboot: the process's view becomes what
     /// survived on disk, the fault is disarmed, I/O works again. Point
     /// numbering and the trace continue.

@@ -315,6 +315,14 @@ impl Image {
         Ok(())
     }
 
+    /// No pending change: every directory op durable under the strict
+    /// model, every inode's writes synced (a failed sync's unknown ones
+    /// count as pending: a power loss decides them).
+    pub(super) fn is_durable(&self) -> bool {
+        self.dir_log.iter().all(|op| op.durable_strict)
+            && self.inodes.values().all(|inode| inode.is_durable())
+    }
+
     fn fold_dir_log(&mut self) {
         let durable = self.dir_log.iter().take_while(|op| op.durable_strict).count();
         if durable == 0 {
