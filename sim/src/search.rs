@@ -49,6 +49,7 @@ pub fn search_with_progress(
     let points = AtomicU64::new(0);
     let restarts = AtomicU64::new(0);
     let first = Mutex::new(None);
+    let sample = Mutex::new(None);
     let mut runner = TestRunner::new(profile.config(persist));
     let strategy = RefMachine::sequential_strategy(1..=profile.max_steps);
     let result = runner.run(&strategy, |(state, ops, seen)| {
@@ -62,12 +63,24 @@ pub fn search_with_progress(
                 }
                 exec.step(op)?;
             }
-            Ok::<_, Box<Failure>>(exec.stats())
+            // The disk of a sample of cases (the 1st, 2nd, 4th, 8th …),
+            // for the determinism check below.
+            let disk = n.is_power_of_two().then(|| exec.disk_hash());
+            Ok::<_, Box<Failure>>((exec.stats(), disk))
         })();
         match outcome {
-            Ok(stats) => {
+            Ok((stats, disk)) => {
                 points.fetch_add(stats.points, Ordering::Relaxed);
                 restarts.fetch_add(stats.restarts, Ordering::Relaxed);
+                if let Some(disk) = disk {
+                    let case = Case {
+                        seed: state.seed,
+                        ops: ops.clone(),
+                        canaries: canaries.clone(),
+                        crash_at: None,
+                    };
+                    *sample.lock().unwrap_or_else(|e| e.into_inner()) = Some((case, disk));
+                }
                 Ok(())
             }
             Err(f) => {
@@ -116,6 +129,8 @@ pub fn search_with_progress(
             earlier_restarts: Vec::new(),
         })),
     };
+    let sample = sample.into_inner().unwrap_or_else(|e| e.into_inner());
+    let failure = failure.or_else(|| sample.and_then(|(case, disk)| replays_alike(case, disk)));
     let first_failure_at = *first.lock().unwrap_or_else(|e| e.into_inner());
     SearchOutcome {
         runs: runs.into_inner(),
@@ -123,5 +138,39 @@ pub fn search_with_progress(
         points: points.into_inner(),
         restarts: restarts.into_inner(),
         failure,
+    }
+}
+
+/// The determinism check: the last sampled case of the search, replayed
+/// alone after it, must leave the byte-identical disk it left in the
+/// search ("same seed, same trace, byte-identical disk": what every
+/// printed repro relies on). In the search that case ran after hundreds
+/// of others in this process, so state that outlives a case — SQLite's
+/// process-global PRNG, which `sqlite::open` reseeds, naming WAL salts —
+/// would show here as different bytes.
+fn replays_alike(case: Case, disk: u64) -> Option<Box<Failure>> {
+    let replayed = crate::exec::replay_disk(&case);
+    match replayed {
+        Ok(again) if again == disk => None,
+        Ok(again) => Some(Box::new(Failure {
+            step: case.ops.len().saturating_sub(1),
+            case,
+            what: "NON-DETERMINISM: a case replayed alone left a different disk than in the search".into(),
+            detail: format!(
+                "disk hash {disk:#018x} in the search, {again:#018x} on replay: state outside the seed \
+                 (a process-global PRNG, a clock, an iteration order) reached the disk"
+            ),
+            crash: None,
+            expected: None,
+            recovered: None,
+            earlier_restarts: Vec::new(),
+        })),
+        Err(f) => Some(Box::new(Failure {
+            what: format!(
+                "NON-DETERMINISM: a case that passed in the search fails on replay: {}",
+                f.what
+            ),
+            ..*f
+        })),
     }
 }

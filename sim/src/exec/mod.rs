@@ -213,6 +213,12 @@ impl Exec {
         }
     }
 
+    /// A hash of every byte of the disk as the run left it
+    /// ([`SimFs::image_hash`](durable_agent::fs::SimFs::image_hash)).
+    pub fn disk_hash(&self) -> u64 {
+        self.driver.fs.image_hash()
+    }
+
     /// The case that replays this run up to now.
     pub fn case(&self) -> Case {
         Case {
@@ -478,13 +484,23 @@ impl Exec {
     }
 }
 
-/// Replay a case from scratch. `Ok` means every check passed.
-///
-/// See [`Exec::capturing`] for the dry run the fast sweep forks from.
-pub fn run_case(case: &Case) -> Result<RunStats, Box<Failure>> {
+/// Replay a case from scratch and hash the disk it leaves
+/// ([`Exec::disk_hash`]): the search's determinism check.
+pub fn replay_disk(case: &Case) -> Result<u64, Box<Failure>> {
+    replay(case).map(|exec| exec.disk_hash())
+}
+
+fn replay(case: &Case) -> Result<Exec, Box<Failure>> {
     let mut exec = Exec::new(case.seed, case.canaries.clone(), case.crash_at)?;
     for op in &case.ops {
         exec.step(op)?;
     }
-    Ok(exec.stats())
+    Ok(exec)
+}
+
+/// Replay a case from scratch. `Ok` means every check passed.
+///
+/// See [`Exec::capturing`] for the dry run the fast sweep forks from.
+pub fn run_case(case: &Case) -> Result<RunStats, Box<Failure>> {
+    replay(case).map(|exec| exec.stats())
 }
