@@ -19,7 +19,9 @@
 //!   flight, or parked, is numbered by the turns completed before it);
 //! - **U3** each row names the provider's model and the usage the
 //!   scripted provider reports (one output token, at least one input
-//!   message).
+//!   message);
+//! - **U4** the session's usage total (`UsageStore::total_token_usage`,
+//!   what a report of the agent's spend reads) is the sum of its rows.
 //!
 //! Relaxation: a GC (TTL 0) deletes the rows of sessions whose work is
 //! settled, a rule the model does not state; an agent alive at any GC —
@@ -76,6 +78,17 @@ impl Driver {
                     continue;
                 }
             };
+            let summed = rows.iter().fold((0u64, 0u64), |(i, o), r| {
+                (i + r.input_tokens, o + r.output_tokens)
+            });
+            match UsageStore.total_token_usage(db.conn(), session.as_str()) {
+                Ok(total) if total == summed => {}
+                Ok(total) => out.push(format!(
+                    "U4: usage of {agent}: the total reads {total:?} (input, output) tokens, but its {} rows sum to {summed:?}",
+                    rows.len()
+                )),
+                Err(e) => out.push(format!("usage of {agent}: the total cannot be read: {e}")),
+            }
             let prompts: Vec<&str> = items
                 .iter()
                 .filter_map(|i| match i {
