@@ -168,3 +168,39 @@ mod over_the_vfs {
         assert!(err.to_string().contains("/data/sessions.db"), "{err}");
     }
 }
+
+/// A full disk at any point of a fresh store's open and migration gives
+/// an error that names the database file (an operator must know which
+/// file system to free), never a bare "sqlite error during migrate".
+#[test]
+fn a_full_disk_while_migrating_names_the_database() {
+    use durable_agent::fs::sim::FailKind;
+    use durable_agent::fs::{Fault, Fs, SimConfig, SimFs};
+    use durable_agent::sqlite::SqliteOptions;
+    use durable_agent::store::schema::open_store;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    let path = Path::new("/data/store.db");
+    let mut migrating = 0;
+    for point in 1.. {
+        let sim = Arc::new(SimFs::new(SimConfig::new(7)));
+        sim.create_dir_all(Path::new("/data"), "mkdir").unwrap();
+        let start = sim.points();
+        sim.set_fault(Some(Fault::FailAt(start + point, FailKind::Enospc)));
+        let fs: Arc<dyn Fs> = sim.clone();
+        let opened = open_store(fs, path, &SqliteOptions::default());
+        if sim.points() < start + point {
+            break; // past the open's last point: nothing was injected
+        }
+        // (Some points' failures are absorbed: an open that succeeds.)
+        let Err(err) = opened else { continue };
+        let text = err.to_string();
+        assert!(text.contains("/data/store.db"), "ENOSPC at point {point}: {text}");
+        if let StoreError::Migrate { db, .. } = &err {
+            assert_eq!(db, "/data/store.db");
+            migrating += 1;
+        }
+    }
+    assert!(migrating > 0, "no ENOSPC landed in the migration");
+}

@@ -44,6 +44,20 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// Checking or migrating the schema of `db` failed (a full disk, an
+    /// I/O error). The migration is one transaction: the file holds the
+    /// schema it had, or — if the failure was the commit's — possibly the
+    /// new one; either opens again once the cause is fixed.
+    #[error(
+        "database {db}: checking or migrating its schema failed ({source}); the migration is one \
+         transaction, so the file keeps its old schema or has the new one: fix the cause (free space \
+         on a full disk) and open it again"
+    )]
+    Migrate {
+        db: String,
+        #[source]
+        source: rusqlite::Error,
+    },
     /// A JSON column could not be encoded or decoded.
     #[error("bad JSON in {what}: {source}")]
     Json {
@@ -122,8 +136,8 @@ pub fn migrate(conn: &Connection, db: &str) -> Result<u32, StoreError> {
                 source,
             }
         } else {
-            StoreError::Sqlite {
-                op: "migrate",
+            StoreError::Migrate {
+                db: db.to_string(),
                 source,
             }
         }

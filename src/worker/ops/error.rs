@@ -85,7 +85,7 @@ impl From<StoreError> for OpError {
     fn from(e: StoreError) -> Self {
         match e {
             // A failed SQLite call may have committed: unknown.
-            StoreError::Sqlite { .. } => OpError::UnknownOutcome(e.to_string()),
+            StoreError::Sqlite { .. } | StoreError::Migrate { .. } => OpError::UnknownOutcome(e.to_string()),
             other => OpError::Store(other),
         }
     }
