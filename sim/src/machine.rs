@@ -42,7 +42,10 @@ impl ReferenceStateMachine for RefMachine {
         any::<u64>()
             .prop_map(|seed| RefState {
                 seed,
-                model: Model::default(),
+                model: Model {
+                    dedup_world: crate::model::dedup_world(seed),
+                    ..Model::default()
+                },
                 crash_armed: false,
                 steps: 0,
             })

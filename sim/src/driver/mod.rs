@@ -215,7 +215,11 @@ impl Driver {
             faults: ProviderFaults::new(fs.clone()),
             provider_failed: false,
             fs,
-            world: World::without_dedup(),
+            world: if crate::model::dedup_world(seed) {
+                World::with_dedup()
+            } else {
+                World::without_dedup()
+            },
             canaries,
             tools: SimTools,
             clock: SteppedClock::default(),

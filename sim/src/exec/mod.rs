@@ -127,7 +127,10 @@ impl Exec {
             canaries: canaries.clone(),
             global,
             driver: Driver::new(seed, canaries.clone()),
-            model: Model::default(),
+            model: Model {
+                dedup_world: crate::model::dedup_world(seed),
+                ..Model::default()
+            },
             armed: None,
             armed_fault: None,
             history: Vec::new(),

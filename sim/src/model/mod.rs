@@ -337,6 +337,18 @@ pub fn call_key(prompt: &str, index: usize) -> String {
     format!("{prompt}#{index}")
 }
 
+/// Whether the run with `seed` talks to a world that dedups by
+/// idempotency key (one seed in four), as an email or payments API with
+/// idempotency keys does: the activity ledger then re-sends an
+/// irreversible call a crash left in doubt with its key
+/// (`ActivityStore::resume_record`), and the world delivers it at most
+/// once; elsewhere such a call waits for a human. Both worlds are real
+/// (`system::outbox` routes each action to one), and the driver and the
+/// model read this one choice.
+pub fn dedup_world(seed: u64) -> bool {
+    seed % 4 == 2
+}
+
 /// The effect the `index`-th tool of `agent`'s turn with `prompt` has on
 /// the world: agent-scoped, since two agents' identical calls are two
 /// effects (a prompt runs at most once per agent, so within an agent a
@@ -746,6 +758,11 @@ pub const SLOTS: usize = 3;
 pub struct Model {
     pub state: State,
     pub counter: u64,
+    /// The world dedups by idempotency key ([`dedup_world`]): an
+    /// irreversible call a crash left in doubt is re-sent with its key at
+    /// the re-run, never parked for a human.
+    #[serde(default)]
+    pub dedup_world: bool,
     /// Turns a crash rolled back, by agent: `resume_turn` re-runs them with
     /// the same prompt (so the same idempotency keys). Bookkeeping.
     #[serde(default)]
@@ -1637,6 +1654,9 @@ impl Model {
     pub fn blocked(&self, action: &Action) -> Option<Model> {
         let mut m = self.clone();
         match action {
+            // A world that dedups takes every call in doubt again with its
+            // key: only a hook parks a turn there.
+            _ if self.dedup_world && !self.must_block(action) => return None,
             // Parked by a hook: the turn holds its agent's slot and stays
             // open (resumable), in place of any turn lost before it, as a
             // failing ask leaves it ([`Model::provider_fails`]).
