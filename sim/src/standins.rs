@@ -515,11 +515,13 @@ impl LogicalClock for SteppedClock {
 /// no answer ([`DeliveryError::Unknown`]): `"lost": "reply"` each time
 /// the world records a new delivery for it (a re-send the world dedups is
 /// answered); `"lost": "request"` on the first send of its key only,
-/// delivering nothing (the key is remembered in `lost_keys`; a fork, which
-/// only recovers, never sends a call the boot would need it for). Each
-/// lost answer is counted in `lost`, so the harness tells this op's
-/// unknown outcome (the world's doing) from a runtime that refused a
-/// valid op.
+/// delivering nothing (the key is remembered in `lost_keys`; a fork
+/// starts with none, like the run it stands for when the point lies
+/// before that first send; a boot sends only to a world that dedups, and
+/// its send may then be the first). Each lost answer's key is logged in
+/// `lost`, so the harness tells this op's unknown outcome (the world's
+/// doing) from a runtime that refused a valid op, and a boot's INTENT
+/// left for next time from one it forgot.
 ///
 /// A dead process reaches nothing: once the disk's crash point was hit,
 /// a send gets no answer and delivers nothing (a killed process makes no
@@ -532,8 +534,17 @@ pub struct ScriptedOutbox {
     pub world: World,
     pub fs: SimFs,
     pub sent_at: Arc<Mutex<Vec<u64>>>,
-    pub lost: Arc<AtomicU64>,
+    pub lost: Arc<Mutex<Vec<String>>>,
     pub lost_keys: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl ScriptedOutbox {
+    fn lose(&self, idem_key: &str) {
+        self.lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(idem_key.to_string());
+    }
 }
 
 impl Outbox for ScriptedOutbox {
@@ -562,7 +573,7 @@ impl Outbox for ScriptedOutbox {
         if lost == Some("request") {
             let mut keys = self.lost_keys.lock().unwrap_or_else(|e| e.into_inner());
             if keys.insert(idem_key.to_string()) {
-                self.lost.fetch_add(1, Ordering::SeqCst);
+                self.lose(idem_key);
                 return Err(DeliveryError::Unknown {
                     idem_key: idem_key.to_string(),
                 });
@@ -575,7 +586,7 @@ impl Outbox for ScriptedOutbox {
         sent_at.resize(self.world.deliveries_len(), self.fs.points());
         let delivered_now = self.world.deliveries_len() > before;
         if delivered_now && lost == Some("reply") {
-            self.lost.fetch_add(1, Ordering::SeqCst);
+            self.lose(idem_key);
             return Err(DeliveryError::Unknown {
                 idem_key: idem_key.to_string(),
             });

@@ -13,7 +13,6 @@
 //! the id↔name maps live here because they outlive every crash.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
@@ -130,7 +129,7 @@ pub struct Driver {
     /// The I/O point count each world delivery happened after.
     sent_at: Arc<Mutex<Vec<u64>>>,
     /// Answers the world lost to a live process ([`ScriptedOutbox`]).
-    lost_replies: Arc<AtomicU64>,
+    lost_replies: Arc<Mutex<Vec<String>>>,
     /// Keys whose first request the world lost ([`ScriptedOutbox`]).
     lost_keys: Arc<Mutex<std::collections::BTreeSet<String>>>,
     /// The model's asks so far: a model that does not repeat itself
@@ -295,7 +294,7 @@ impl Driver {
 
     /// How many answers the world has lost to a live process so far.
     pub fn lost_replies(&self) -> u64 {
-        self.lost_replies.load(Ordering::SeqCst)
+        self.lost_replies.lock().unwrap_or_else(|e| e.into_inner()).len() as u64
     }
 
     /// The logical time of op number `step` (ms).
@@ -360,6 +359,7 @@ impl Driver {
         // A memoized report that differs from a fresh one fails the run
         // before the boot (no refusal can excuse it).
         let verified = verified::verified(&self.fs, || self.verify())?;
+        let lost_before = self.lost_replies() as usize;
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
         self.verified = Some(verified);
@@ -396,8 +396,9 @@ impl Driver {
             // Nothing after this writes a log before the next op or crash.
             self.boot_logs = Some(logs_after);
             // The boot settles every INTENT a crash left (re-sent to a
-            // dedup sink, else NEEDS_CONFIRMATION); the scripted world
-            // always answers a live process, so none may be left. The
+            // dedup sink, else NEEDS_CONFIRMATION); none may be left but
+            // one whose re-send the world answered not at all during this
+            // boot (a dedup sink that lost it: kept for next time). The
             // harness's read must not trip an I/O fault armed for the
             // system (one the boot did not reach): it is suspended for the
             // read. (A crash point stays armed: a crash here restarts the
@@ -414,6 +415,17 @@ impl Driver {
             if suspended {
                 self.fs.set_fault(armed);
             }
+            let lost_at_boot: Vec<String> = self
+                .lost_replies
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(lost_before..)
+                .unwrap_or_default()
+                .to_vec();
+            let intents = intents.map(|mut left| {
+                left.retain(|r| !lost_at_boot.contains(&r.idem_key));
+                left
+            });
             match intents {
                 Ok(left) if left.is_empty() => {}
                 Ok(left) => v.push(format!(
