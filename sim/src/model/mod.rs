@@ -317,6 +317,13 @@ pub fn ledger_calls(tools: &[ToolStep]) -> Vec<Option<LedgerCall>> {
         .collect()
 }
 
+/// Whether `action` is a plain turn whose first call a hook parks for a
+/// human ([`ToolStep::confirm`]): the one stop a world that dedups allows
+/// ([`Model::blocked`]).
+fn hook_parks(action: &Action) -> bool {
+    matches!(action, Action::RunTurn { tools, .. } if tools.first().is_some_and(|t| t.confirm))
+}
+
 /// Whether `effect` ([`effect_key`]) is a call a hook parks for a human
 /// ([`ToolStep::confirm`]), by its turn's script.
 pub fn parked_by_hook(effect: &str) -> bool {
@@ -1655,8 +1662,10 @@ impl Model {
         let mut m = self.clone();
         match action {
             // A world that dedups takes every call in doubt again with its
-            // key: only a hook parks a turn there.
-            _ if self.dedup_world && !self.must_block(action) => return None,
+            // key: only a hook parks a turn there — it must
+            // ([`Model::must_block`]), or, when a crash lost a human's
+            // answer to it ([`Model::forget_answer`]), it may again.
+            _ if self.dedup_world && !hook_parks(action) => return None,
             // Parked by a hook: the turn holds its agent's slot and stays
             // open (resumable), in place of any turn lost before it, as a
             // failing ask leaves it ([`Model::provider_fails`]).
