@@ -42,10 +42,7 @@ impl ReferenceStateMachine for RefMachine {
         any::<u64>()
             .prop_map(|seed| RefState {
                 seed,
-                model: Model {
-                    dedup_world: crate::model::dedup_world(seed),
-                    ..Model::default()
-                },
+                model: Model::for_seed(seed),
                 crash_armed: false,
                 steps: 0,
             })

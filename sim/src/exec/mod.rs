@@ -127,10 +127,7 @@ impl Exec {
             canaries: canaries.clone(),
             global,
             driver: Driver::new(seed, canaries.clone()),
-            model: Model {
-                dedup_world: crate::model::dedup_world(seed),
-                ..Model::default()
-            },
+            model: Model::for_seed(seed),
             armed: None,
             armed_fault: None,
             history: Vec::new(),

@@ -863,6 +863,15 @@ fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
 }
 
 impl Model {
+    /// The model of a fresh run with `seed`: nothing yet, in the world
+    /// the seed chooses ([`dedup_world`]).
+    pub fn for_seed(seed: u64) -> Model {
+        Model {
+            dedup_world: dedup_world(seed),
+            ..Model::default()
+        }
+    }
+
     fn names(&self, keep: impl Fn(&Agent) -> bool) -> Vec<&String> {
         self.state
             .agents
