@@ -250,6 +250,13 @@
 //! is committed before the answer); an agent alive at a GC is not checked (the
 //! GC deletes settled sessions' rows, as for U1–U3).
 //!
+//! And after every boot, the operator's views (`store::inspect`,
+//! `driver/views.rs`): **V1** paging each one two rows at a time visits
+//! exactly what one whole page holds, in order, as many as its total;
+//! **V2** each holds what the stores hold (usage sums, `errors` rows,
+//! trigger ids, user runs); **V3** every run of the tool-call ledger is
+//! found by its id, as the ledger reads it.
+//!
 //! And after every turn the runtime answers live (`Driver::check_answer`):
 //! its calls' rows in the tool-call ledger, and its session's run, are
 //! what [`crate::model::ledger_calls`] says (up to R9).

@@ -37,6 +37,7 @@ mod stamps;
 mod typed;
 mod usage;
 pub mod verified;
+mod views;
 
 use project::checkpoint;
 
@@ -126,6 +127,9 @@ pub struct Driver {
     /// Last reading of the stores (triggers, loop messages); `None` after
     /// a boot or a store op.
     store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
+    /// The operator's views are judged at the next projection (after a
+    /// boot: [`views`]).
+    views_due: bool,
     /// The I/O point count each world delivery happened after.
     sent_at: Arc<Mutex<Vec<u64>>>,
     /// Answers the world lost to a live process ([`ScriptedOutbox`]).
@@ -229,6 +233,7 @@ impl Driver {
             names: BTreeMap::new(),
             msgs: BTreeMap::new(),
             store_cache: None,
+            views_due: false,
             sent_at: Arc::default(),
             lost_replies: Arc::default(),
             lost_keys: Arc::default(),
@@ -449,6 +454,7 @@ impl Driver {
 
     fn close(&mut self) {
         self.store_cache = None;
+        self.views_due = true;
         self.boot_logs = None;
         self.stale.append(&mut self.claims);
         self.system = None;

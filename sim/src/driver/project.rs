@@ -144,6 +144,12 @@ impl Driver {
                         // emitted again as a new row: forget the old id.
                         // A row lost any other way is the model's to catch.
                         self.trigger_ids.retain(|_, id| ids.contains(id));
+                        // Once per boot: the views read what the stores
+                        // read, so one look at each recovered state is
+                        // enough (and each look is SQL).
+                        if std::mem::take(&mut self.views_due) {
+                            violations.extend(self.view_violations(&ids));
+                        }
                         let fresh = (rows, loop_messages);
                         self.store_cache = Some(fresh.clone());
                         fresh

@@ -1,0 +1,199 @@
+//! The operator's views of a live system (`durable-agent inspect …`,
+//! `GET /runs`, `/usage`, `/errors`, `/triggers`: `store::inspect`),
+//! against the stores' own reads (issue 27's "operators and humans").
+//!
+//! The promise (`src/store/inspect.rs`): a page is `LIMIT`/`OFFSET` over
+//! one total order, newest first, and its `total` is counted by the same
+//! `WHERE`, so paging through a table that does not change visits every
+//! row exactly once; a run is found by its id. So, whenever the stores
+//! were re-read (after a boot or a store op):
+//!
+//! - **V1** paging each view (usage by session, errors, trigger ids, user
+//!   runs) two rows at a time visits exactly the rows one page of
+//!   [`MAX_LIMIT`] holds, in the same order, as many as its `total`;
+//! - **V2** each view holds what the stores hold: the usage of each
+//!   session is the sum of its `token_usage` rows, the errors are the
+//!   `errors` rows, newest first, the trigger ids are the triggers there
+//!   are, and the user runs are the runs not named `session:…`;
+//! - **V3** every run of the tool-call ledger is found by its id, as the
+//!   ledger reads it (session and status).
+//!
+//! No relaxation: a view reads the same committed rows the stores read,
+//! in one process, with nothing in between.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use durable_agent::store::inspect::{self, Page, MAX_LIMIT};
+use durable_agent::store::tool_calls::ToolCallStore;
+use durable_agent::store::usage::UsageStore;
+use durable_agent::store::StoreError;
+use rusqlite::Connection;
+
+use super::Driver;
+
+/// Rows a page holds while paging: small, so every view with three rows or
+/// more spans pages.
+const STEP: u32 = 2;
+
+/// V1 for one view: the rows of every page of [`STEP`] rows, in order,
+/// against one page of [`MAX_LIMIT`] rows and the view's total.
+fn paged<T: PartialEq + std::fmt::Debug>(
+    view: &str,
+    read: impl Fn(Page) -> Result<(Vec<T>, u64), StoreError>,
+    out: &mut Vec<String>,
+) -> Option<Vec<T>> {
+    let whole = match read(Page::new(MAX_LIMIT, 0)) {
+        Ok(whole) => whole,
+        Err(e) => {
+            out.push(format!("view {view}: cannot be read: {e}"));
+            return None;
+        }
+    };
+    let (all, total) = whole;
+    if total > u64::from(MAX_LIMIT) {
+        // Past one page: V1 would need its own paging to compare with.
+        return Some(all);
+    }
+    let mut walked = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        match read(Page::new(STEP, offset)) {
+            Ok((rows, page_total)) => {
+                if page_total != total {
+                    out.push(format!(
+                        "V1: view {view}: the page at offset {offset} counts {page_total} rows, the first {total}"
+                    ));
+                    return Some(all);
+                }
+                let n = rows.len() as u64;
+                walked.extend(rows);
+                offset += n;
+                if n < u64::from(STEP) || offset > total {
+                    break;
+                }
+            }
+            Err(e) => {
+                out.push(format!(
+                    "view {view}: the page at offset {offset} cannot be read: {e}"
+                ));
+                return Some(all);
+            }
+        }
+    }
+    if walked != all || all.len() as u64 != total {
+        out.push(format!(
+            "V1: view {view}: paging {STEP} rows at a time visits {walked:?}, one page holds {all:?}, total {total}"
+        ));
+    }
+    Some(all)
+}
+
+/// V1–V3 over `conn`.
+fn violations(conn: &Connection, trigger_ids: BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let usage = paged(
+        "usage by session",
+        |p| inspect::usage_by_session(conn, p),
+        &mut out,
+    );
+    for s in usage.unwrap_or_default() {
+        match UsageStore.token_usage(conn, &s.session_id) {
+            Ok(rows) => {
+                let sum = rows.iter().fold((0, 0, 0), |(c, i, o), r| {
+                    (c + 1, i + r.input_tokens, o + r.output_tokens)
+                });
+                let shown = (s.sum.calls, s.sum.input_tokens, s.sum.output_tokens);
+                if shown != sum {
+                    out.push(format!(
+                        "V2: view usage by session: session {} shows (calls, input, output) {shown:?}, its rows sum to {sum:?}",
+                        s.session_id
+                    ));
+                }
+            }
+            Err(e) => out.push(format!("usage of session {}: cannot be read: {e}", s.session_id)),
+        }
+    }
+    let errors = paged("errors", |p| inspect::errors(conn, None, p), &mut out).unwrap_or_default();
+    let mut by_session: BTreeMap<&str, Vec<(u64, &str, &str, u32)>> = BTreeMap::new();
+    for e in &errors {
+        by_session.entry(e.session_id.as_str()).or_default().push((
+            e.turn,
+            e.context.as_str(),
+            e.message.as_str(),
+            e.attempt,
+        ));
+    }
+    for (session, mut shown) in by_session {
+        shown.reverse();
+        match UsageStore.errors(conn, session) {
+            Ok(rows) => {
+                let stored: Vec<_> = rows
+                    .iter()
+                    .map(|r| (r.turn, r.context.as_str(), r.message.as_str(), r.attempt))
+                    .collect();
+                if shown != stored {
+                    out.push(format!(
+                        "V2: view errors: session {session} shows {shown:?} (oldest first), its rows are {stored:?}"
+                    ));
+                }
+            }
+            Err(e) => out.push(format!("errors of session {session}: cannot be read: {e}")),
+        }
+    }
+    let ids = paged("trigger ids", |p| inspect::trigger_ids(conn, None, p), &mut out);
+    if let Some(ids) = ids {
+        let shown: BTreeSet<String> = ids.into_iter().collect();
+        if shown != trigger_ids {
+            out.push(format!(
+                "V2: view trigger ids: shows {shown:?}, the triggers there are {trigger_ids:?}"
+            ));
+        }
+    }
+    let store = ToolCallStore::default();
+    let runs = match store.run_ids(conn) {
+        Ok(runs) => runs,
+        Err(e) => {
+            out.push(format!("runs: cannot be read: {e}"));
+            return out;
+        }
+    };
+    let user_runs = paged("user runs", |p| inspect::user_runs(conn, p), &mut out);
+    if let Some(user_runs) = user_runs {
+        let shown: BTreeSet<&str> = user_runs.iter().map(|r| r.run_id.as_str()).collect();
+        let want: BTreeSet<&str> = runs
+            .iter()
+            .map(String::as_str)
+            .filter(|r| !r.starts_with(inspect::BOOKKEEPING_RUN_PREFIX))
+            .collect();
+        if shown != want {
+            out.push(format!(
+                "V2: view user runs: shows {shown:?}, the user runs are {want:?}"
+            ));
+        }
+    }
+    for id in &runs {
+        let ledger = store.get_run(conn, id);
+        let shown = inspect::run(conn, id);
+        match (ledger, shown) {
+            (Ok(Some(l)), Ok(Some(s))) if l.session_id == s.session_id && l.status == s.status => {}
+            (Ok(l), Ok(s)) => out.push(format!(
+                "V3: run {id}: the ledger reads {:?}, the operator's view {:?}",
+                l.map(|l| (l.session_id, l.status)),
+                s.map(|s| (s.session_id, s.status))
+            )),
+            (Err(e), _) | (_, Err(e)) => out.push(format!("run {id}: cannot be read: {e}")),
+        }
+    }
+    out
+}
+
+impl Driver {
+    /// V1–V3 on the live system's store; `trigger_ids` are the triggers
+    /// the trigger store reads.
+    pub(super) fn view_violations(&self, trigger_ids: &BTreeSet<String>) -> Vec<String> {
+        match self.system() {
+            Ok(system) => violations(system.db().conn(), trigger_ids.clone()),
+            Err(_) => Vec::new(),
+        }
+    }
+}
