@@ -126,10 +126,8 @@ impl ReferenceStateMachine for RefMachine {
                 // answer (that releases it) and the re-run.
                 let n = blocked.counter;
                 state.model = blocked;
-                state
-                    .model
-                    .needs_human
-                    .insert(format!("steer{n}"), crate::model::effect_key(agent, prompt, 0));
+                let effect = state.model.effect(agent, prompt, 0);
+                state.model.needs_human.insert(format!("steer{n}"), effect);
                 state.crash_armed = false;
                 return state;
             }

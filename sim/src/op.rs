@@ -307,7 +307,10 @@ pub enum Op {
     /// arguments — twin calls from two agents; a work turn's twin runs
     /// the same work id. Each agent's call is its own effect: a runtime
     /// that keys them alike sends one of them once, or answers one agent
-    /// with the other's result.
+    /// with the other's result. Or a repeat: an agent that completed the
+    /// prompt runs it again (an operator asking the same thing twice),
+    /// and each call is a second effect: a runtime that keys the second
+    /// turn like the first answers it from the first's record instead.
     TwinTurn { agent: AgentRef, of: u8 },
     /// Enqueue a message from one agent to another (or itself).
     SendMessage { from: AgentRef, to: AgentRef },

@@ -156,11 +156,17 @@
 //!   call's `key`), whatever idempotency key carried it: the harness's
 //!   model words a re-asked round differently
 //!   ([`crate::standins::Rewording`]), so an effect sent again under a new
-//!   key is still one effect twice. Per agent: a twin turn
+//!   key is still one effect too many (the driver numbers a call's
+//!   deliveries by the keys they came with, first seen first: the second
+//!   key's is `effect@1`, which only an agent's second turn with the
+//!   prompt may send). Per agent: a twin turn
 //!   ([`crate::op::Op::TwinTurn`]) makes another agent's calls word for
 //!   word, and each agent's call is an effect of its own — sent once
 //!   each, never merged into the other's, never answered with the
-//!   other's result.
+//!   other's result. And per turn: a twin turn may be a repeat (an agent
+//!   runs its own completed prompt again), whose calls are second
+//!   effects — sent again, under new keys, never answered from the
+//!   first turn's.
 //! - **I6 No effect without a durable decision** (after every restart;
 //!   `driver::project::undecided_effects`): every effect the world
 //!   received carries the idempotency key of a `round.decided` entry in
@@ -278,7 +284,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use crate::model::{effect_key, Action, Model, Msg, State, Status};
+use crate::model::{Action, Model, Msg, State, Status};
 
 /// What a boot did with a rotted line (R6), when it did right.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -653,8 +659,9 @@ fn against(
     Ok(adopted)
 }
 
-/// The irreversible effects `action` would cause (R4).
-pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
+/// The irreversible effects `action` would cause (R4), from `model`
+/// (the state it starts from).
+pub fn effects_of(model: &Model, action: Option<&Action>) -> BTreeSet<String> {
     match action {
         Some(
             Action::RunTurn {
@@ -670,7 +677,7 @@ pub fn effects_of(action: Option<&Action>) -> BTreeSet<String> {
             .iter()
             .enumerate()
             .filter(|(_, t)| t.irreversible && t.ok)
-            .map(|(i, _)| effect_key(agent, prompt, i))
+            .map(|(i, _)| model.effect(agent, prompt, i))
             .collect(),
         _ => BTreeSet::new(),
     }
@@ -743,7 +750,11 @@ pub fn judge(
         },
         None => None,
     };
-    let lost = if after.is_some() { effects_of(action) } else { none };
+    let lost = if after.is_some() {
+        effects_of(before, action)
+    } else {
+        none
+    };
     let msgs = if after.is_some() {
         messages_of(action)
     } else {

@@ -156,9 +156,13 @@ impl ContextOracle {
                 continue; // an agent no projection saw: nothing to judge by
             };
             let prompt = current_prompt(&ask.history).unwrap_or_default();
+            // The turn completed since the start only if the conversation
+            // grew: an agent's earlier turn with the same prompt (a repeat
+            // of it) is not this one.
             let completed = now
                 .conversations
                 .get(&ask.agent)
+                .filter(|c| prompts(c) > prompts(older))
                 .and_then(|c| last_turn(c))
                 .filter(|turn| matches!(&turn[0], ConversationItem::Prompt { text } if *text == prompt));
             let mut broke = judge(&self.budget, instructions, older, completed, ask);

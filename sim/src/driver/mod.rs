@@ -176,6 +176,11 @@ pub struct Driver {
     /// decisions in the logs say ([`Driver::attribute`]): a cache (a key's
     /// session never changes), refilled when an unknown key is delivered.
     owners: BTreeMap<String, String>,
+    /// Per effect (`agent/call key`), the idempotency keys the world or a
+    /// NEEDS_CONFIRMATION row showed it with, first seen first: the n-th
+    /// is its n-th occurrence ([`crate::model::effect_key`]), an agent's
+    /// turn that asked the same call again.
+    occurrences: BTreeMap<String, Vec<String>>,
     /// Agents alive at a GC, whose usage rows it may have deleted
     /// ([`usage`]'s relaxation).
     usage_unchecked: std::collections::BTreeSet<AgentId>,
@@ -247,6 +252,7 @@ impl Driver {
             trigger_ids: BTreeMap::new(),
             blocked: None,
             owners: BTreeMap::new(),
+            occurrences: BTreeMap::new(),
             usage_unchecked: Default::default(),
             context,
         }
@@ -662,11 +668,30 @@ impl Driver {
     /// The effect (the world's key, `payload.key`, of the agent the row's
     /// task names) of the NEEDS_CONFIRMATION row `idem_key`, as an
     /// operator listing them sees it.
-    fn effect_of(&self, idem_key: &str) -> Option<String> {
+    fn effect_of(&mut self, idem_key: &str) -> Option<String> {
         let rows = self.system().ok()?.needs_confirmation().ok()?;
         let row = rows.iter().find(|r| r.idem_key == idem_key)?;
         let agent = self.names.get(&AgentId::from_hex(&row.task_id).ok()?)?;
-        Some(format!("{agent}/{}", row.payload.get("key")?.as_str()?))
+        let effect = format!("{agent}/{}", row.payload.get("key")?.as_str()?);
+        Some(self.occurrence_of(effect, idem_key))
+    }
+
+    /// `effect` numbered by the idempotency key it came with
+    /// ([`Driver::occurrences`]): the first key names it plainly, the
+    /// n-th as `effect@n`.
+    fn occurrence_of(&mut self, effect: String, idem_key: &str) -> String {
+        let keys = self.occurrences.entry(effect.clone()).or_default();
+        let n = match keys.iter().position(|k| k == idem_key) {
+            Some(n) => n,
+            None => {
+                keys.push(idem_key.to_string());
+                keys.len() - 1
+            }
+        };
+        match n {
+            0 => effect,
+            n => format!("{effect}@{n}"),
+        }
     }
 
     /// A clean stop: close everything (SQLite checkpoints on close), then

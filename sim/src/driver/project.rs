@@ -169,16 +169,18 @@ impl Driver {
         if deliveries.iter().any(|d| !self.owners.contains_key(&d.idem_key)) {
             self.attribute();
         }
-        let outbox = deliveries
-            .iter()
-            .map(|d| {
-                let owner = self.owners.get(&d.idem_key).map_or("?", String::as_str);
-                match d.payload.get("key").and_then(|k| k.as_str()) {
-                    Some(k) => format!("{owner}/{k}"),
-                    None => format!("{owner}/?{} (no logical key)", d.idem_key),
-                }
-            })
-            .collect();
+        let mut outbox = Vec::with_capacity(deliveries.len());
+        for d in &deliveries {
+            let owner = self
+                .owners
+                .get(&d.idem_key)
+                .map_or("?", String::as_str)
+                .to_string();
+            outbox.push(match d.payload.get("key").and_then(|k| k.as_str()) {
+                Some(k) => self.occurrence_of(format!("{owner}/{k}"), &d.idem_key),
+                None => format!("{owner}/?{} (no logical key)", d.idem_key),
+            });
+        }
         let (records, mut record_violations) = self.records(&rs);
         violations.append(&mut record_violations);
         let mut state = State {

@@ -284,7 +284,7 @@ impl Exec {
                         let identity = self.model.turn_identity(agent, prompt);
                         self.model.rolled_back.insert(identity);
                     }
-                    for key in oracle::effects_of(action) {
+                    for key in oracle::effects_of(&self.model, action) {
                         if !self.model.state.outbox.contains(&key) {
                             self.model.maybe_effects.insert(key);
                         }

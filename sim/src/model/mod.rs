@@ -330,6 +330,8 @@ pub fn parked_by_hook(effect: &str) -> bool {
     let Some((prompt, index)) = effect.split_once('/').and_then(|(_, call)| call.rsplit_once('#')) else {
         return false;
     };
+    // A repeat's effect carries its occurrence after the index.
+    let index = index.split_once('@').map_or(index, |(i, _)| i);
     let Ok(index) = index.parse::<usize>() else {
         return false;
     };
@@ -357,11 +359,19 @@ pub fn dedup_world(seed: u64) -> bool {
 }
 
 /// The effect the `index`-th tool of `agent`'s turn with `prompt` has on
-/// the world: agent-scoped, since two agents' identical calls are two
-/// effects (a prompt runs at most once per agent, so within an agent a
-/// duplicate in the outbox is a real double side effect).
-pub fn effect_key(agent: &str, prompt: &str, index: usize) -> String {
-    format!("{agent}/{}", call_key(prompt, index))
+/// the world, when `occurrence` of the agent's completed turns had that
+/// prompt before it ([`Model::effect`]): agent-scoped, since two agents'
+/// identical calls are two effects, and numbered when an agent runs a
+/// prompt again (a repeat, [`crate::op::Op::TwinTurn`]): the same call
+/// asked in a second turn is a second effect, under the runtime's second
+/// idempotency key (the driver numbers the world's deliveries of one call
+/// by the keys they came with, first seen first). Within one occurrence a
+/// duplicate in the outbox is a real double side effect.
+pub fn effect_key(agent: &str, prompt: &str, index: usize, occurrence: usize) -> String {
+    match occurrence {
+        0 => format!("{agent}/{}", call_key(prompt, index)),
+        n => format!("{agent}/{}@{n}", call_key(prompt, index)),
+    }
 }
 
 /// A turn's prompt: unique (`p<n>`) and carrying the tool script, so the
@@ -978,6 +988,7 @@ impl Model {
 
     fn add_turn(&mut self, agent: &str, prompt: &str, tools: &[ToolStep], response: &str) {
         self.touch(agent);
+        let occurrence = self.occurrence(agent, prompt);
         if let Some(a) = self.state.agents.get_mut(agent) {
             a.turns.push(Turn {
                 prompt: prompt.to_string(),
@@ -999,7 +1010,8 @@ impl Model {
             });
         }
         for (i, t) in tools.iter().enumerate() {
-            self.sent_by_turn(effect_key(agent, prompt, i), t);
+            // Numbered by the turns with the prompt before this one.
+            self.sent_by_turn(effect_key(agent, prompt, i, occurrence), t);
         }
         self.orchestrate(agent, prompt);
     }
@@ -1096,7 +1108,7 @@ impl Model {
         for (i, t, call) in done {
             match call {
                 None => {
-                    self.sent_by_turn(effect_key(agent, prompt, i), &t);
+                    self.sent_by_turn(self.effect(agent, prompt, i), &t);
                 }
                 Some(OrchCall::Send { .. }) if no_send => {}
                 Some(OrchCall::Send { to, payload }) => {
@@ -1337,8 +1349,9 @@ impl Model {
     /// A twin turn ([`Op::TwinTurn`]): the `of`-th completed turn without
     /// orchestration calls (over all agents, in name order) is run again
     /// by another live agent, the `agent`-th of those that never ran that
-    /// prompt (completed, or rolled back and awaiting `resume_turn`): the
-    /// same prompt, so the same calls word for word. A spawn or a send is
+    /// prompt (completed, or rolled back and awaiting `resume_turn`) or
+    /// that may repeat it (below): the same prompt, so the same calls
+    /// word for word. A spawn or a send is
     /// named by its prompt, so a turn with one is never twinned. The twin
     /// of a work turn is a work turn of the same work id (work ids are the
     /// caller's, per agent: two agents may run the same one), when its
@@ -1359,11 +1372,35 @@ impl Model {
                     matches!(w, Action::WorkTurn { agent, prompt, .. } if agent == name && *prompt == turn.prompt)
                 })
         };
+        // Or an agent runs its own completed prompt again (a repeat): the
+        // same calls, a second time — each a second effect, under the
+        // runtime's next turn identity. Only once every effect of its
+        // earlier runs showed (none of unknown fate, so the world's
+        // deliveries of the call come in order), never a work's or a
+        // fire's prompt (their work ids name them), and never while a
+        // turn with it is lost.
+        let repeats = |name: &String, a: &Agent| {
+            let done = a.turns.iter().filter(|t| t.prompt == turn.prompt).count();
+            done > 0
+                && !self.work_prompts.contains_key(&turn.prompt)
+                && !self
+                    .fire_work
+                    .values()
+                    .any(|w| matches!(w, Action::Fire { prompt, .. } if *prompt == turn.prompt))
+                && !matches!(self.lost_turns.get(name), Some(Action::RunTurn { prompt, .. }) if *prompt == turn.prompt)
+                && turn.tools.iter().enumerate().all(|(i, t)| {
+                    !(t.irreversible && t.ok)
+                        || (0..done).all(|n| {
+                            let effect = effect_key(name, &turn.prompt, i, n);
+                            self.state.outbox.contains(&effect) && !self.maybe_effects.contains(&effect)
+                        })
+                })
+        };
         let twins: Vec<&String> = self
             .state
             .agents
             .iter()
-            .filter(|(name, a)| *name != source && !ran(name, a))
+            .filter(|(name, a)| (*name != source && !ran(name, a)) || repeats(name, a))
             .map(|(name, _)| name)
             .collect();
         let twin = pick(&twins, agent)?.clone();
@@ -1651,12 +1688,21 @@ impl Model {
     /// (`runtime::tools::turn_identity`): the prompt and how many of the
     /// agent's completed turns had it.
     pub fn turn_identity(&self, agent: &str, prompt: &str) -> String {
-        let done = self
-            .state
+        format!("{agent}/{prompt}#{}", self.occurrence(agent, prompt))
+    }
+
+    /// How many of `agent`'s completed turns had `prompt`.
+    fn occurrence(&self, agent: &str, prompt: &str) -> usize {
+        self.state
             .agents
             .get(agent)
-            .map_or(0, |a| a.turns.iter().filter(|t| t.prompt == prompt).count());
-        format!("{agent}/{prompt}#{done}")
+            .map_or(0, |a| a.turns.iter().filter(|t| t.prompt == prompt).count())
+    }
+
+    /// The effect the `index`-th tool of `agent`'s next turn with `prompt`
+    /// has on the world ([`effect_key`]).
+    pub fn effect(&self, agent: &str, prompt: &str, index: usize) -> String {
+        effect_key(agent, prompt, index, self.occurrence(agent, prompt))
     }
 
     /// The state after `action`'s turn stopped at an irreversible call that
@@ -1724,7 +1770,7 @@ impl Model {
                 agent, prompt, tools, ..
             } => {
                 tools.first().is_some_and(|t| t.confirm)
-                    && !self.hook_released.contains(&effect_key(agent, prompt, 0))
+                    && !self.hook_released.contains(&self.effect(agent, prompt, 0))
                     // A failing first ask fails the turn before the call.
                     && self.failing_round(agent, prompt) != Some(0)
             }
