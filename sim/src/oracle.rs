@@ -196,7 +196,9 @@
 //!   ([`crate::loss::verify_agrees`]); and every log the boot cuts
 //!   a torn tail from, it lists as repaired at boot, and every log it
 //!   lists as repaired at boot the boot's report repaired
-//!   ([`verify_saw_cuts`]).
+//!   ([`verify_saw_cuts`]); and it accounts for every event log on the
+//!   disk, listed healthy or repaired at boot, or named by a finding
+//!   ([`verify_lists_every_log`]).
 //!   (A rotted file the boot
 //!   never reads is not asked about: `verify` reads every file, the boot
 //!   only what it needs.)
@@ -378,6 +380,39 @@ pub fn verify_saw_cuts(
             )
         })
         .chain(verify_listed_no_repair(verified, report, root))
+        .collect()
+}
+
+/// I7, the listing: `verify` accounts for every event log on the disk
+/// (`logs`, the disk's log files before the boot): each is listed healthy
+/// (with its entries and mark) or repaired at boot (a damaged last line
+/// `events.pending` replaces), or a finding names it or its session's
+/// directory — an operator
+/// reading the report sees every session, none silently left out.
+pub fn verify_lists_every_log<'a>(
+    verified: &durable_agent::recovery::verify::Verification,
+    logs: impl Iterator<Item = &'a std::path::PathBuf>,
+) -> Vec<String> {
+    logs.filter(|p| p.file_name().is_some_and(|n| n == durable_agent::log::EVENTS_FILE))
+        .filter(|log| {
+            let dir = log.parent();
+            !verified.healthy.iter().any(|c| &c.path == *log)
+                && !verified.repaired_at_boot.iter().any(|c| &c.path == *log)
+                && !verified.damaged.iter().any(|f| {
+                    &f.path == *log
+                        || dir.is_some_and(|d| f.path.starts_with(d))
+                        || f.session.as_ref().is_some_and(|s| dir.and_then(|d| d.file_name()) == Some(s.as_str().as_ref()))
+                })
+        })
+        .map(|log| {
+            format!(
+                "I7: `verify` does not account for {}: neither listed healthy or repaired at boot nor named by a finding (healthy: {:?}; repaired at boot: {:?}; damaged: {:?})",
+                log.display(),
+                verified.healthy.iter().map(|c| &c.path).collect::<Vec<_>>(),
+                verified.repaired_at_boot.iter().map(|c| &c.path).collect::<Vec<_>>(),
+                verified.damaged.iter().map(|f| &f.path).collect::<Vec<_>>()
+            )
+        })
         .collect()
 }
 

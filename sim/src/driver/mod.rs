@@ -399,6 +399,10 @@ impl Driver {
                     &report.runtime,
                     std::path::Path::new(ROOT),
                 ));
+                v.extend(crate::oracle::verify_lists_every_log(
+                    verified,
+                    logs_before.keys(),
+                ));
             }
             let decided = project::decided_calls(&logs_after);
             v.extend(project::undecided_effects(&decided, &self.world.deliveries()));
