@@ -167,6 +167,11 @@ pub struct Driver {
     /// [`Driver::check_answer`]; a trigger id: [`Driver::check_trigger_id`]),
     /// until the next [`Driver::state`].
     answer_violations: Vec<String>,
+    /// The answer each API work (agent name, work id) last completed with
+    /// in a live process: a retry of a done work is answered from the
+    /// log with it (`Runtime::work_outcome`, what `GET /runs/{id}` and the
+    /// retried `POST /agents/{a}/turn` return).
+    work_answers: BTreeMap<(String, String), TurnOutcome>,
     /// The id first answered for each emitted trigger's dedup key.
     trigger_ids: BTreeMap<String, String>,
     /// The key the last op's turn stopped at (`NeedsConfirmation`), with
@@ -249,6 +254,7 @@ impl Driver {
             verified: None,
             boot_logs: None,
             answer_violations: Vec::new(),
+            work_answers: BTreeMap::new(),
             trigger_ids: BTreeMap::new(),
             blocked: None,
             owners: BTreeMap::new(),
@@ -809,10 +815,36 @@ impl Driver {
                         misuse::drive_keeping(rt, &fs, task, step).map(|(outcome, misuse)| {
                             self.answer_violations.extend(misuse);
                             self.check_answer(agent, &outcome, tools, response);
+                            if !self.fs.crashed() {
+                                self.work_answers.insert((agent.clone(), work.clone()), outcome);
+                            }
                             true
                         })
                     }
-                    Ok(Started::AlreadyDone) => Ok(false),
+                    Ok(Started::AlreadyDone) => {
+                        // Answered from the log: with what the work
+                        // completed with (when a live process saw it).
+                        // Up to `invalid_args` (why a call's arguments
+                        // were unusable), which the conversation does not
+                        // keep: the stored answer says it in the call's
+                        // output only (noticed in issue 27, left alone).
+                        let plain = |o: &TurnOutcome| {
+                            let mut o = o.clone();
+                            o.tool_calls
+                                .iter_mut()
+                                .for_each(|(_, call, _)| call.invalid_args = None);
+                            o
+                        };
+                        let stored = rt.work_outcome(&id, work).map(|o| o.as_ref().map(plain));
+                        if let Some(first) = self.work_answers.get(&(agent.clone(), work.clone())) {
+                            if !self.fs.crashed() && stored.as_ref().ok() != Some(&Some(plain(first))) {
+                                self.answer_violations.push(format!(
+                                    "{work} of {agent} was answered as done, with the stored outcome {stored:?}, but it completed with {first:?}"
+                                ));
+                            }
+                        }
+                        Ok(false)
+                    }
                     Err(e) => Err(e),
                 };
                 match ran {
