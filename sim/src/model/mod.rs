@@ -1388,13 +1388,19 @@ impl Model {
                     .values()
                     .any(|w| matches!(w, Action::Fire { prompt, .. } if *prompt == turn.prompt))
                 && !matches!(self.lost_turns.get(name), Some(Action::RunTurn { prompt, .. }) if *prompt == turn.prompt)
-                && turn.tools.iter().enumerate().all(|(i, t)| {
-                    !(t.irreversible && t.ok)
-                        || (0..done).all(|n| {
+                // Each of its own turns with the prompt, as that turn did
+                // (a resumed step may have failed in one and not another).
+                && a.turns
+                    .iter()
+                    .filter(|t| t.prompt == turn.prompt)
+                    .enumerate()
+                    .all(|(n, own)| {
+                        own.tools.iter().enumerate().all(|(i, t)| {
                             let effect = effect_key(name, &turn.prompt, i, n);
-                            self.state.outbox.contains(&effect) && !self.maybe_effects.contains(&effect)
+                            !(t.irreversible && t.ok)
+                                || (self.state.outbox.contains(&effect) && !self.maybe_effects.contains(&effect))
                         })
-                })
+                    })
         };
         let twins: Vec<&String> = self
             .state
