@@ -399,8 +399,7 @@ pub fn verify_lists_every_log<'a>(
             !verified.healthy.iter().any(|c| &c.path == *log)
                 && !verified.repaired_at_boot.iter().any(|c| &c.path == *log)
                 && !verified.damaged.iter().any(|f| {
-                    &f.path == *log
-                        || dir.is_some_and(|d| f.path.starts_with(d))
+                    dir.is_some_and(|d| f.path.starts_with(d))
                         || f.session.as_ref().is_some_and(|s| dir.and_then(|d| d.file_name()) == Some(s.as_str().as_ref()))
                 })
         })

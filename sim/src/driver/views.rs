@@ -89,7 +89,7 @@ fn paged<T: PartialEq + std::fmt::Debug>(
 }
 
 /// V1–V3 over `conn`.
-fn violations(conn: &Connection, trigger_ids: BTreeSet<String>) -> Vec<String> {
+fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> {
     let mut out = Vec::new();
     let usage = paged(
         "usage by session",
@@ -143,7 +143,7 @@ fn violations(conn: &Connection, trigger_ids: BTreeSet<String>) -> Vec<String> {
     let ids = paged("trigger ids", |p| inspect::trigger_ids(conn, None, p), &mut out);
     if let Some(ids) = ids {
         let shown: BTreeSet<String> = ids.into_iter().collect();
-        if shown != trigger_ids {
+        if &shown != trigger_ids {
             out.push(format!(
                 "V2: view trigger ids: shows {shown:?}, the triggers there are {trigger_ids:?}"
             ));
@@ -192,7 +192,7 @@ impl Driver {
     /// the trigger store reads.
     pub(super) fn view_violations(&self, trigger_ids: &BTreeSet<String>) -> Vec<String> {
         match self.system() {
-            Ok(system) => violations(system.db().conn(), trigger_ids.clone()),
+            Ok(system) => violations(system.db().conn(), trigger_ids),
             Err(_) => Vec::new(),
         }
     }

@@ -1380,8 +1380,7 @@ impl Model {
         // fire's prompt (their work ids name them), and never while a
         // turn with it is lost.
         let repeats = |name: &String, a: &Agent| {
-            let done = a.turns.iter().filter(|t| t.prompt == turn.prompt).count();
-            done > 0
+            a.turns.iter().any(|t| t.prompt == turn.prompt)
                 && !self.work_prompts.contains_key(&turn.prompt)
                 && !self
                     .fire_work
