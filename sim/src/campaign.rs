@@ -12,6 +12,11 @@
 //! round's seeds are derived from it ([`round_seeds`]), never drawn at
 //! random, so `fuzz --seed S` replays a whole campaign round by round.
 //! Wall-clock time only decides when to stop, between rounds.
+//!
+//! A round's search and its sweeps share nothing but the round's seeds
+//! (the sweeps' sequences are generated from the sweep seed, not from
+//! what the search found), so a one-round campaign may run them in two
+//! processes ([`Stages`]) and judge exactly what one process would.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +39,22 @@ pub struct Plan {
     /// Keep going round after round until this much time has passed
     /// (checked between rounds); `None`: one round.
     pub budget: Option<Duration>,
+    /// Which stages of each round run here.
+    pub stages: Stages,
+}
+
+/// The stages of a round a campaign runs: both (a campaign), or one of
+/// them when a one-round campaign is split over two processes (the `ci`
+/// profile on a machine with two cores: `fuzz` without `--jobs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stages {
+    #[default]
+    Both,
+    /// The search only (with its persisted regressions).
+    Search,
+    /// The sweeps only (the tour in round 1, then the generated ones).
+    Sweeps,
 }
 
 /// Counts of a campaign (or of several, summed).
@@ -173,14 +194,18 @@ pub fn run(plan: &Plan, progress: &(dyn Fn(Progress) + Sync)) -> Outcome {
         p.seed = Some(search_seed);
         let searched = Instant::now();
         let base = t;
-        let out = search_with_progress(&p, &plan.canaries, persist, &|n| {
-            progress(Progress {
-                round,
-                cases: base.cases + n,
-                sequences: base.sequences,
-                judged: base.judged,
+        let out = if plan.stages == Stages::Sweeps {
+            crate::search::SearchOutcome::default()
+        } else {
+            search_with_progress(&p, &plan.canaries, persist, &|n| {
+                progress(Progress {
+                    round,
+                    cases: base.cases + n,
+                    sequences: base.sequences,
+                    judged: base.judged,
+                })
             })
-        });
+        };
         t.search_secs += searched.elapsed().as_secs_f64();
         t.cases += out.runs;
         t.points += out.points;
@@ -200,7 +225,10 @@ pub fn run(plan: &Plan, progress: &(dyn Fn(Progress) + Sync)) -> Outcome {
             };
         }
         let swept = Instant::now();
-        let failure = sweep_round(plan, round, sweep_seed, &mut t, progress);
+        let failure = match plan.stages {
+            Stages::Search => None,
+            Stages::Both | Stages::Sweeps => sweep_round(plan, round, sweep_seed, &mut t, progress),
+        };
         t.sweep_secs += swept.elapsed().as_secs_f64();
         if let Some(f) = failure {
             let report = f.report();

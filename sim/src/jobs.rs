@@ -39,6 +39,9 @@ pub struct WorkerSpec {
     /// `fuzz --no-verdict-cache`.
     #[serde(default)]
     pub no_verdict_cache: bool,
+    /// The stages of its rounds it runs (a split one-round campaign).
+    #[serde(default)]
+    pub stages: crate::campaign::Stages,
 }
 
 /// One line of a worker's stdout.

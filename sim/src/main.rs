@@ -58,8 +58,9 @@ enum Command {
         #[arg(long)]
         canary: Option<String>,
         /// Worker processes, each a campaign with its own seed (default:
-        /// 1 for the `ci` profile, the PR gate's one derandomized run;
-        /// else every core).
+        /// every core; for the `ci` profile the PR gate's one
+        /// derandomized campaign, its search and its sweeps in two
+        /// processes on two cores: `--jobs 1` runs it in one).
         #[arg(long)]
         jobs: Option<u32>,
         /// Campaign seed (decimal or 0x-hex): replays a whole campaign

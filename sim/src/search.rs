@@ -18,7 +18,7 @@ use crate::profile::Profile;
 use crate::report::Failure;
 
 /// What a search found.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct SearchOutcome {
     /// Cases run, shrink replays included.
     pub runs: u64,

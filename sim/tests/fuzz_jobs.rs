@@ -78,3 +78,65 @@ fn two_workers_find_a_canary_and_report_it_with_its_repro_command() {
     );
     assert!(summary.totals.cases > 0 && summary.cases_per_sec > 0.0);
 }
+
+/// `fuzz --profile ci` without `--jobs` on two cores runs the one round's
+/// search and sweeps in two processes: it judges exactly what `--jobs 1`
+/// judges in one (the same cases, recoveries, I/O points and crash points),
+/// and its replay command is the one-process run.
+#[test]
+fn the_ci_profile_split_over_two_processes_judges_what_one_process_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |jobs: &[&str], name: &str| -> Summary {
+        let json = dir.path().join(name);
+        let out = Command::new(BIN)
+            .args(["fuzz", "--profile", "ci", "--cases", "6"])
+            .args(jobs)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("run the fuzz binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "the clean runtime passes:\n{stdout}");
+        serde_json::from_slice(&std::fs::read(&json).expect("summary written")).expect("the summary is JSON")
+    };
+    let split = run(&[], "split.json");
+    let one = run(&["--jobs", "1"], "one.json");
+    let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    assert_eq!(split.split, two_cores, "split exactly when there are two cores");
+    assert!(!one.split, "--jobs 1 runs in one process");
+    if two_cores {
+        assert_eq!(split.workers.len(), 2, "a search process and a sweeps process");
+        assert!(
+            split.workers.iter().all(|w| w.seed == one.seed),
+            "both halves keep the campaign seed"
+        );
+    }
+    let (a, b) = (&split.totals, &one.totals);
+    assert_eq!(
+        (
+            a.cases,
+            a.restarts,
+            a.points,
+            a.sequences,
+            a.sweep_points,
+            a.judged,
+            a.reused
+        ),
+        (
+            b.cases,
+            b.restarts,
+            b.points,
+            b.sequences,
+            b.sweep_points,
+            b.judged,
+            b.reused
+        ),
+        "the same judgements"
+    );
+    assert!(a.cases > 0 && a.judged > 0, "both stages ran");
+    assert!(
+        split.replay.contains("--jobs 1"),
+        "the replay runs one process: {}",
+        split.replay
+    );
+}
