@@ -97,16 +97,16 @@ pub fn fuzz(args: FuzzArgs) -> Result<bool, String> {
     let seed = args.seed.or(profile.seed).unwrap_or_else(rand::random);
     let budget_secs = args.budget.map(|b| b.as_secs());
     let replay = replay_command(&args, &profile, seed, jobs);
+    let how = if split {
+        "search and sweeps in two processes".to_string()
+    } else {
+        format!("{jobs} job(s)")
+    };
     println!(
-        "fuzz: profile {}, {}, campaign seed {seed:#x}\n  replay: {replay}",
-        profile.name,
-        if split {
-            "one campaign, its search and its sweeps in two processes".to_string()
-        } else {
-            format!("{jobs} job(s)")
-        }
+        "fuzz: profile {}, {how}, campaign seed {seed:#x}\n  replay: {replay}",
+        profile.name
     );
-    let bar = progress_bar(&profile, jobs)?;
+    let bar = progress_bar(&profile, &how)?;
     let started = Instant::now();
     let mut workers = Vec::new();
     let mut failures = Vec::new();
@@ -271,13 +271,13 @@ fn replay_command(args: &FuzzArgs, profile: &Profile, seed: u64, jobs: u32) -> S
     cmd
 }
 
-fn progress_bar(profile: &Profile, jobs: u32) -> Result<ProgressBar, String> {
+fn progress_bar(profile: &Profile, how: &str) -> Result<ProgressBar, String> {
     let bar = ProgressBar::new_spinner();
     bar.set_style(
         ProgressStyle::with_template("{prefix} {elapsed_precise} {pos} cases ({per_sec}) {msg}")
             .map_err(|e| e.to_string())?,
     );
-    bar.set_prefix(format!("fuzz ({}, {jobs} job(s))", profile.name));
+    bar.set_prefix(format!("fuzz ({}, {how})", profile.name));
     Ok(bar)
 }
 
