@@ -24,7 +24,8 @@
 //!   same turn and context.
 //!
 //! Relaxation: as U1–U3 ([`super::usage`]), an agent alive at a GC (TTL
-//! 0) is not checked: the GC deletes the rows of settled sessions.
+//! 0) is not checked — the GC deletes the rows of settled sessions —
+//! unless its log ends in an open turn, whose session the GC keeps.
 //!
 //! [`ProviderFaults`]: crate::standins::ProviderFaults
 
@@ -66,7 +67,7 @@ impl Driver {
         self.faults.cut_since(since);
     }
 
-    /// E1–E2 for every live agent not alive at a GC.
+    /// E1–E2 for every live agent not alive at a GC (or open through it).
     pub(super) fn error_violations(&self) -> Vec<String> {
         let Ok(system) = self.system() else {
             return Vec::new();

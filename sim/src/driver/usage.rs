@@ -26,10 +26,16 @@
 //! Relaxation: a GC (TTL 0) deletes the rows of sessions whose work is
 //! settled, a rule the model does not state; an agent alive at any GC —
 //! one a crash cut short included — is no longer checked
-//! ([`Driver::forget_usage`]). Agents created after it are.
+//! ([`Driver::forget_usage`]), **unless its log ends in a turn still
+//! open** (started, never completed): its runtime holds that turn to
+//! resume, and a GC keeps the session of an agent with a turn to resume
+//! (`System::gc`'s keep), so its rows stay checked through that GC.
+//! Agents created after it are checked too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
+use durable_agent::log::{Event, LogEntry};
 use durable_agent::runtime::{AgentId, ConversationItem};
 use durable_agent::store::usage::UsageStore;
 
@@ -41,15 +47,62 @@ pub fn asks_of(prompt: &str) -> usize {
     crate::model::script_rounds(prompt).len() + 1
 }
 
+/// Whether a log's last turn is open, as the runtime's replay of it
+/// (`replay_turns`) leaves it: a `turn.start` with no `turn.complete`
+/// after it. Conservative: a resume that brings a parked turn back
+/// (`turn.resume` with a prompt), or a line that does not parse, answers
+/// `false` (the agent is then left unchecked, as before).
+fn ends_in_open_turn(log: &[u8]) -> bool {
+    let mut open = false;
+    for line in log.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        match LogEntry::parse(line).map(|e| e.event) {
+            Ok(Event::TurnStart { .. }) => open = true,
+            Ok(Event::TurnComplete { .. }) => open = false,
+            Ok(Event::TurnResume { prompt: Some(_), .. }) | Err(_) => return false,
+            Ok(_) => {}
+        }
+    }
+    open
+}
+
 /// The model the scripted provider names (`Provider::model`).
 const MODEL: &str = "scripted-1";
 
 impl Driver {
     /// From now on, the usage rows of every agent known so far are the GC's
-    /// to delete (called before a GC op starts, so a crash image forked
-    /// inside it knows too).
+    /// to delete, but those of a live agent whose log ends in an open turn
+    /// (called before a GC op starts, so a crash image forked inside it
+    /// knows too).
     pub fn forget_usage(&mut self) {
-        self.usage_unchecked.extend(self.names.keys().cloned());
+        let open = self.open_in_logs();
+        self.usage_unchecked
+            .extend(self.names.keys().filter(|id| !open.contains(*id)).cloned());
+    }
+
+    /// The live agents whose log, as the process wrote it, ends in an open
+    /// turn ([`ends_in_open_turn`]); none when no system is open.
+    fn open_in_logs(&self) -> BTreeSet<AgentId> {
+        let Ok(system) = self.system() else {
+            return BTreeSet::new();
+        };
+        let rt = system.runtime();
+        let logs = self
+            .fs
+            .disk_image_where(|p| p.file_name().is_some_and(|n| n == "events.jsonl"));
+        rt.tree()
+            .nodes()
+            .keys()
+            .filter(|id| {
+                rt.session_id(id).is_some_and(|session| {
+                    let path = Path::new(super::ROOT)
+                        .join("agents")
+                        .join(session.as_str())
+                        .join("events.jsonl");
+                    logs.get(&path).is_some_and(|log| ends_in_open_turn(log))
+                })
+            })
+            .cloned()
+            .collect()
     }
 
     /// U1–U3 for every live agent of `conversations` not alive at a GC.
