@@ -12,7 +12,9 @@
 //!   runs) two rows at a time visits exactly the rows one page of
 //!   [`MAX_LIMIT`] holds, in the same order, as many as its `total`;
 //! - **V2** each view holds what the stores hold: the usage of each
-//!   session is the sum of its `token_usage` rows, the errors are the
+//!   session is the sum of its `token_usage` rows, and so are the token
+//!   sums the app's run, agent and usage views read (`token_sum`, per
+//!   session and over every row) and the usage by model, the errors are the
 //!   `errors` rows, newest first, the trigger ids are the triggers there
 //!   are, and the user runs are the runs not named `session:…`;
 //! - **V3** every run of the tool-call ledger is found by its id, as the
@@ -96,22 +98,60 @@ fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> 
         |p| inspect::usage_by_session(conn, p),
         &mut out,
     );
-    for s in usage.unwrap_or_default() {
+    let triple = |t: inspect::TokenSum| (t.calls, t.input_tokens, t.output_tokens);
+    let mut all = (0, 0, 0);
+    let mut by_model: BTreeMap<Option<String>, (u64, u64, u64)> = BTreeMap::new();
+    let usage = usage.unwrap_or_default();
+    // Past one page the sessions listed are not all of them.
+    let every_session = usage.len() < MAX_LIMIT as usize;
+    for s in usage {
         match UsageStore.token_usage(conn, &s.session_id) {
             Ok(rows) => {
                 let sum = rows.iter().fold((0, 0, 0), |(c, i, o), r| {
                     (c + 1, i + r.input_tokens, o + r.output_tokens)
                 });
-                let shown = (s.sum.calls, s.sum.input_tokens, s.sum.output_tokens);
+                all = (all.0 + sum.0, all.1 + sum.1, all.2 + sum.2);
+                for r in &rows {
+                    let m = by_model.entry(r.model.clone()).or_insert((0, 0, 0));
+                    *m = (m.0 + 1, m.1 + r.input_tokens, m.2 + r.output_tokens);
+                }
+                let shown = triple(s.sum);
                 if shown != sum {
                     out.push(format!(
                         "V2: view usage by session: session {} shows (calls, input, output) {shown:?}, its rows sum to {sum:?}",
                         s.session_id
                     ));
                 }
+                match inspect::token_sum(conn, Some(&s.session_id)).map(triple) {
+                    Ok(summed) if summed == sum => {}
+                    Ok(summed) => out.push(format!(
+                        "V2: token sum of session {}: (calls, input, output) {summed:?}, its rows sum to {sum:?}",
+                        s.session_id
+                    )),
+                    Err(e) => out.push(format!("token sum of session {}: cannot be read: {e}", s.session_id)),
+                }
             }
             Err(e) => out.push(format!("usage of session {}: cannot be read: {e}", s.session_id)),
         }
+    }
+    match inspect::token_sum(conn, None).map(triple) {
+        Ok(summed) if summed == all || !every_session => {}
+        Ok(summed) => out.push(format!(
+            "V2: token sum of every session: (calls, input, output) {summed:?}, the sessions' rows sum to {all:?}"
+        )),
+        Err(e) => out.push(format!("token sum of every session: cannot be read: {e}")),
+    }
+    match inspect::usage_by_model(conn) {
+        Ok(models) => {
+            let shown: BTreeMap<Option<String>, (u64, u64, u64)> =
+                models.into_iter().map(|m| (m.model, triple(m.sum))).collect();
+            if every_session && shown != by_model {
+                out.push(format!(
+                    "V2: view usage by model: shows {shown:?}, the rows sum to {by_model:?} by model"
+                ));
+            }
+        }
+        Err(e) => out.push(format!("view usage by model: cannot be read: {e}")),
     }
     let errors = paged("errors", |p| inspect::errors(conn, None, p), &mut out).unwrap_or_default();
     let mut by_session: BTreeMap<&str, Vec<(u64, &str, &str, u32)>> = BTreeMap::new();
