@@ -105,6 +105,29 @@ pub fn installed_disk(canaries: &Canaries) -> Result<Arc<SimSnapshot>, String> {
     Ok(disk)
 }
 
+/// After a boot: `root.json` names the store the boot opened (its SQLite
+/// `application_id`), as the boot promises, so that a store swapped in
+/// later is refused (`StoreReplaced`) and a store lost is missed
+/// (`StoreMissing`). Read from a detached copy: no I/O point of the run.
+fn identity_violation(fs: &SimFs, store_id: rusqlite::Result<i32>) -> Option<String> {
+    use durable_agent::fs::SimConfig;
+    use durable_agent::store::manifest;
+    let root = std::path::Path::new(ROOT);
+    let copy = fs.detached(SimConfig::new(0));
+    let found = manifest::read(&copy, root);
+    match (found, store_id) {
+        (Ok(Some(m)), Ok(id)) if m.store_id == id as u32 => None,
+        (Ok(found), Ok(id)) => Some(format!(
+            "identity: after the boot {} reads {found:?}, the store's application_id is {id:#x}",
+            root.join(manifest::MANIFEST_FILE).display()
+        )),
+        (Err(e), _) => Some(format!("identity: {e}")),
+        (_, Err(e)) => Some(format!(
+            "identity: the store's application_id cannot be read: {e}"
+        )),
+    }
+}
+
 /// One system (runtime + stores + world) on one simulated disk.
 #[derive(Debug)]
 pub struct Driver {
@@ -433,9 +456,15 @@ impl Driver {
                 .gate()
                 .store()
                 .with_status(system.db().conn(), ActivityStatus::Intent);
+            let store_id: rusqlite::Result<i32> =
+                system
+                    .db()
+                    .conn()
+                    .pragma_query_value(None, "application_id", |r| r.get(0));
             if suspended {
                 self.fs.set_fault(armed);
             }
+            v.extend(identity_violation(&self.fs, store_id));
             let lost_at_boot: Vec<String> = self
                 .lost_replies
                 .lock()

@@ -14,11 +14,12 @@
 //! - **V2** each view holds what the stores hold: the usage of each
 //!   session is the sum of its `token_usage` rows, and so are the token
 //!   sums the app's run, agent and usage views read (`token_sum`, per
-//!   session and over every row) and the usage by model, the errors are the
-//!   `errors` rows, newest first, the trigger ids are the triggers there
+//!   session and over every row) and the usage by model, every session
+//!   with usage rows is listed, the errors are the `errors` rows (all of
+//!   them), newest first, the trigger ids are the triggers there
 //!   are, and the user runs are the runs not named `session:…`;
-//! - **V3** every run of the tool-call ledger is found by its id, as the
-//!   ledger reads it (session and status).
+//! - **V3** every run of the tool-call ledger (all of its `runs` rows) is
+//!   found by its id, as the ledger reads it (session and status).
 //!
 //! No relaxation: a view reads the same committed rows the stores read,
 //! in one process, with nothing in between.
@@ -90,6 +91,11 @@ fn paged<T: PartialEq + std::fmt::Debug>(
     Some(all)
 }
 
+/// A count the harness reads itself, beside the views' own.
+fn count(conn: &Connection, sql: &str) -> rusqlite::Result<u64> {
+    conn.query_row(sql, [], |r| r.get(0))
+}
+
 /// V1–V3 over `conn`.
 fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> {
     let mut out = Vec::new();
@@ -104,6 +110,14 @@ fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> 
     let usage = usage.unwrap_or_default();
     // Past one page the sessions listed are not all of them.
     let every_session = usage.len() < MAX_LIMIT as usize;
+    match count(conn, "SELECT COUNT(DISTINCT session_id) FROM token_usage") {
+        Ok(n) if n == usage.len() as u64 || !every_session => {}
+        Ok(n) => out.push(format!(
+            "V2: view usage by session: lists {} sessions, {n} sessions have usage rows",
+            usage.len()
+        )),
+        Err(e) => out.push(format!("usage: sessions cannot be counted: {e}")),
+    }
     for s in usage {
         match UsageStore.token_usage(conn, &s.session_id) {
             Ok(rows) => {
@@ -154,6 +168,15 @@ fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> 
         Err(e) => out.push(format!("view usage by model: cannot be read: {e}")),
     }
     let errors = paged("errors", |p| inspect::errors(conn, None, p), &mut out).unwrap_or_default();
+    // Every row, not only the sessions the view lists (compared below).
+    match count(conn, "SELECT COUNT(*) FROM errors") {
+        Ok(n) if n == errors.len() as u64 || n > u64::from(MAX_LIMIT) => {}
+        Ok(n) => out.push(format!(
+            "V2: view errors: lists {} rows, the errors table holds {n}",
+            errors.len()
+        )),
+        Err(e) => out.push(format!("errors: cannot be counted: {e}")),
+    }
     let mut by_session: BTreeMap<&str, Vec<(u64, &str, &str, u32)>> = BTreeMap::new();
     for e in &errors {
         by_session.entry(e.session_id.as_str()).or_default().push((
@@ -197,6 +220,14 @@ fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> 
             return out;
         }
     };
+    match count(conn, "SELECT COUNT(*) FROM runs") {
+        Ok(n) if n == runs.len() as u64 => {}
+        Ok(n) => out.push(format!(
+            "V3: the ledger lists {} runs, its runs table holds {n}",
+            runs.len()
+        )),
+        Err(e) => out.push(format!("runs: cannot be counted: {e}")),
+    }
     let user_runs = paged("user runs", |p| inspect::user_runs(conn, p), &mut out);
     if let Some(user_runs) = user_runs {
         let shown: BTreeSet<&str> = user_runs.iter().map(|r| r.run_id.as_str()).collect();
