@@ -33,7 +33,6 @@
 //! Agents created after it are checked too.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use durable_agent::log::{Event, LogEntry};
 use durable_agent::runtime::{AgentId, ConversationItem};
@@ -86,20 +85,14 @@ impl Driver {
             return BTreeSet::new();
         };
         let rt = system.runtime();
-        let logs = self
-            .fs
-            .disk_image_where(|p| p.file_name().is_some_and(|n| n == "events.jsonl"));
+        let logs = self.fs.disk_image_where(super::project::is_log_file);
         rt.tree()
             .nodes()
             .keys()
             .filter(|id| {
-                rt.session_id(id).is_some_and(|session| {
-                    let path = Path::new(super::ROOT)
-                        .join("agents")
-                        .join(session.as_str())
-                        .join("events.jsonl");
-                    logs.get(&path).is_some_and(|log| ends_in_open_turn(log))
-                })
+                rt.session_dir(id)
+                    .and_then(|dir| logs.get(&dir.join("events.jsonl")))
+                    .is_some_and(|log| ends_in_open_turn(log))
             })
             .cloned()
             .collect()

@@ -91,6 +91,14 @@ fn paged<T: PartialEq + std::fmt::Debug>(
     Some(all)
 }
 
+/// Provider calls, input tokens, output tokens.
+type Tokens = (u64, u64, u64);
+const NO_TOKENS: Tokens = (0, 0, 0);
+
+fn plus(a: Tokens, b: Tokens) -> Tokens {
+    (a.0 + b.0, a.1 + b.1, a.2 + b.2)
+}
+
 /// A count the harness reads itself, beside the views' own.
 fn count(conn: &Connection, sql: &str) -> rusqlite::Result<u64> {
     conn.query_row(sql, [], |r| r.get(0))
@@ -105,8 +113,8 @@ fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> 
         &mut out,
     );
     let triple = |t: inspect::TokenSum| (t.calls, t.input_tokens, t.output_tokens);
-    let mut all = (0, 0, 0);
-    let mut by_model: BTreeMap<Option<String>, (u64, u64, u64)> = BTreeMap::new();
+    let mut all = NO_TOKENS;
+    let mut by_model: BTreeMap<Option<String>, Tokens> = BTreeMap::new();
     let usage = usage.unwrap_or_default();
     // Past one page the sessions listed are not all of them.
     let every_session = usage.len() < MAX_LIMIT as usize;
@@ -121,14 +129,14 @@ fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> 
     for s in usage {
         match UsageStore.token_usage(conn, &s.session_id) {
             Ok(rows) => {
-                let sum = rows.iter().fold((0, 0, 0), |(c, i, o), r| {
-                    (c + 1, i + r.input_tokens, o + r.output_tokens)
-                });
-                all = (all.0 + sum.0, all.1 + sum.1, all.2 + sum.2);
+                let mut sum = NO_TOKENS;
                 for r in &rows {
-                    let m = by_model.entry(r.model.clone()).or_insert((0, 0, 0));
-                    *m = (m.0 + 1, m.1 + r.input_tokens, m.2 + r.output_tokens);
+                    let one = (1, r.input_tokens, r.output_tokens);
+                    sum = plus(sum, one);
+                    let m = by_model.entry(r.model.clone()).or_insert(NO_TOKENS);
+                    *m = plus(*m, one);
                 }
+                all = plus(all, sum);
                 let shown = triple(s.sum);
                 if shown != sum {
                     out.push(format!(
@@ -157,7 +165,7 @@ fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> 
     }
     match inspect::usage_by_model(conn) {
         Ok(models) => {
-            let shown: BTreeMap<Option<String>, (u64, u64, u64)> =
+            let shown: BTreeMap<Option<String>, Tokens> =
                 models.into_iter().map(|m| (m.model, triple(m.sum))).collect();
             if every_session && shown != by_model {
                 out.push(format!(
