@@ -23,10 +23,15 @@ struct Model {
     acked: BTreeMap<String, String>,
 }
 
+/// Action number `seq` of one task, keyed stably across restarts.
+fn mint_key(task_id: &str, seq: u64) -> String {
+    format!("activity:{task_id}:{seq}")
+}
+
 fn call(seq: u64) -> IrreversibleCall {
-    IrreversibleCall::minted(
+    IrreversibleCall::with_key(
+        &mint_key("task-1", seq),
         "task-1",
-        seq,
         "send_email",
         json!({ "to": "ops@example.com", "seq": seq }),
     )

@@ -1,9 +1,8 @@
 //! Loop checkpoints + messages (seeds 000/003), the tool-call ledger
-//! (seed 004), token usage, errors with attempts and retry backoff (seed 000).
+//! (seed 004), token usage, errors numbered by attempt (seed 000).
 
 use durable_agent::canary::{Canaries, Canary};
 use durable_agent::store::checkpoints::*;
-use durable_agent::store::retry::*;
 use durable_agent::store::schema::migrate;
 use durable_agent::store::tool_calls::*;
 use durable_agent::store::usage::*;
@@ -249,7 +248,7 @@ fn token_usage_totals_sum_per_session() {
 }
 
 #[test]
-fn retry_backs_off_base_times_two_to_the_attempt_and_persists_each_failure() {
+fn each_calls_failures_are_numbered_from_zero_in_the_errors_rows() {
     let conn = db();
     let usage = UsageStore;
     let at = TurnRef {
@@ -257,46 +256,27 @@ fn retry_backs_off_base_times_two_to_the_attempt_and_persists_each_failure() {
         agent_id: "a".into(),
         turn: 1,
     };
-    let policy = RetryPolicy {
-        base_ms: 500,
-        max_retries: 3,
-        cap_ms: 60_000,
-    };
-    let mut clock = LogicalClock::default();
-    let res: Result<(), RetryExhausted<String>> = call_with_retry(
-        &policy,
-        &mut clock,
-        |attempt, e: &String| {
+    let numbered: Vec<u32> = (0..4)
+        .map(|i| {
             usage
-                .persist_error(&conn, &at, "llm_complete", e, attempt, 0)
+                .persist_failed_attempt(&conn, &at, "llm_complete", &format!("overloaded #{i}"), i)
                 .unwrap()
-        },
-        |attempt| Err(format!("overloaded #{attempt}")),
-    );
-    let err = res.unwrap_err();
-    assert_eq!(err.attempts, 4, "max_retries 3 means 4 attempts");
+        })
+        .collect();
+    assert_eq!(numbered, [0, 1, 2, 3]);
+    // Another context of the same turn counts its own failures.
     assert_eq!(
-        clock.now_ms,
-        500 + 1_000 + 2_000,
-        "no wait after the last attempt"
+        usage.persist_failed_attempt(&conn, &at, "tool", "x", 9).unwrap(),
+        0
     );
     let attempts: Vec<u32> = usage
         .errors(&conn, "s1")
         .unwrap()
         .iter()
+        .filter(|e| e.context == "llm_complete")
         .map(|e| e.attempt)
         .collect();
     assert_eq!(attempts, [0, 1, 2, 3]);
-    assert_eq!(policy.backoff_ms(40), 60_000, "capped, no overflow");
-
-    let mut clock = LogicalClock::default();
-    let ok = call_with_retry(
-        &policy,
-        &mut clock,
-        |_, _: &String| {},
-        |a| if a < 2 { Err("x".to_string()) } else { Ok(a) },
-    );
-    assert_eq!((ok.unwrap(), clock.now_ms), (2, 1_500));
 }
 
 #[test]

@@ -72,6 +72,7 @@ use durable_agent::log::{Event, LogEntry, EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::verify::{FindingKind, Verification};
 use durable_agent::recovery::DamageError;
 use durable_agent::store::manifest::{ManifestError, MANIFEST_FILE};
+use durable_agent::store::schema::SCHEMA_VERSION;
 use durable_agent::system::SystemError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -411,7 +412,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         }
         (Loss::StoreReplaced | Loss::StoreOlder, _) => {
             let copy = match chosen.loss {
-                Loss::StoreOlder => older_copy()?,
+                Loss::StoreOlder => older_copy(crate::model::installed_by(seed))?,
                 _ => foreign_root()?,
             };
             let files = [store.to_path_buf(), beside("-wal"), beside("-journal")];
@@ -463,7 +464,8 @@ fn foreign_root() -> Option<&'static DiskBackup> {
     static FOREIGN: OnceLock<Option<DiskBackup>> = OnceLock::new();
     FOREIGN
         .get_or_init(|| {
-            let mut other = Driver::new(FOREIGN_SEED, Canaries::default());
+            let origin = durable_agent::store::schema::SCHEMA_VERSION;
+            let mut other = Driver::before_install(FOREIGN_SEED, Canaries::default(), origin).ok()?;
             other.set_step(FOREIGN_STEP);
             other.open().ok()?;
             other.shutdown(CrashKind::Process);
@@ -473,13 +475,16 @@ fn foreign_root() -> Option<&'static DiskBackup> {
 }
 
 /// This root's store as installed (before the first op, the same for every
-/// case): the older copy an operator restores from a backup. `None` if the
-/// install fails (then no store is replaced).
-fn older_copy() -> Option<&'static DiskBackup> {
-    static OLDER: OnceLock<Option<DiskBackup>> = OnceLock::new();
+/// case of one origin, [`crate::model::installed_by`]): the older copy an
+/// operator restores from a backup. `None` if the install fails (then no
+/// store is replaced).
+fn older_copy(origin: u32) -> Option<&'static DiskBackup> {
+    static OLDER: [OnceLock<Option<DiskBackup>>; SCHEMA_VERSION as usize] =
+        [const { OnceLock::new() }; SCHEMA_VERSION as usize];
     OLDER
+        .get(usize::try_from(origin).ok()?.checked_sub(1)?)?
         .get_or_init(|| {
-            let install = crate::driver::installed_disk(&Canaries::default()).ok()?;
+            let install = crate::driver::installed_disk(&Canaries::default(), origin).ok()?;
             let fs = SimFs::from_snapshot(&install, crate::driver::sim_config(0));
             Some(fs.backup())
         })

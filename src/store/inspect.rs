@@ -395,10 +395,10 @@ mod tests {
             ]
         );
         UsageStore
-            .persist_error(&conn, &at("a"), "llm", "boom 0", 0, 8)
+            .persist_failed_attempt(&conn, &at("a"), "llm", "boom 0", 8)
             .expect("error");
         UsageStore
-            .persist_error(&conn, &at("a"), "llm", "boom 1", 1, 9)
+            .persist_failed_attempt(&conn, &at("a"), "llm", "boom 1", 9)
             .expect("error");
         let (errs, total) = errors(&conn, Some("a"), Page::new(1, 0)).expect("errors");
         assert_eq!((total, errs[0].attempt), (2, 1));

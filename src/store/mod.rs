@@ -12,7 +12,6 @@ mod cached;
 pub mod checkpoints;
 pub mod inspect;
 pub mod manifest;
-pub mod retry;
 pub mod schema;
 pub mod session;
 pub mod tool_calls;

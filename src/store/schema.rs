@@ -200,8 +200,9 @@ pub fn user_version(conn: &Connection) -> rusqlite::Result<u32> {
 }
 
 /// Version 1: every store's tables (seeds 000, 001, 003, 004), as a
-/// version-1 database holds them (kept to check [`CURRENT`] against).
-#[cfg(test)]
+/// version-1 database holds them (kept to check [`CURRENT`] against, and
+/// to make the stores older builds left: [`older_schema`]).
+#[cfg(any(test, feature = "fakes"))]
 const V1: &str = r#"
 CREATE TABLE triggers (
     id TEXT PRIMARY KEY, source TEXT NOT NULL, dedup_key TEXT UNIQUE,
@@ -260,6 +261,23 @@ CREATE TABLE errors (
     attempt INTEGER NOT NULL, created_at INTEGER NOT NULL
 );
 "#;
+
+/// The tables of a store that a build of schema `version` created and
+/// left (1 ≤ `version` ≤ [`SCHEMA_VERSION`]): version 1's and each step
+/// after it up to `version`, without the `user_version` stamp; `None` for
+/// a version this build never had. For tests and the harness, which boot
+/// this build on an older build's store (an upgrade), so that [`migrate`]'s
+/// steps run, and crash, like any other I/O. Not for production: a store
+/// is only ever created at [`CURRENT`].
+#[cfg(any(test, feature = "fakes"))]
+pub fn older_schema(version: u32) -> Option<String> {
+    let steps = [V1, V2, V3, V4];
+    const _: () = assert!(SCHEMA_VERSION == 4, "add the new version's step to older_schema");
+    let upto = usize::try_from(version)
+        .ok()
+        .filter(|v| (1..=steps.len()).contains(v))?;
+    Some(steps[..upto].concat())
+}
 
 /// Version 2: a run records the job it runs and the run it was forked
 /// from (seed 004's `--job` / `--fork`).

@@ -114,3 +114,27 @@ fn a_version_3_database_migrates_to_the_current_schema_and_keeps_its_usage_rows(
         .unwrap();
     assert_eq!(row, (10, None));
 }
+
+#[test]
+fn every_older_schema_migrates_to_the_current_one() {
+    let fresh = Connection::open_in_memory().unwrap();
+    migrate(&fresh, "fresh").unwrap();
+    for version in 1..SCHEMA_VERSION {
+        let old = Connection::open_in_memory().unwrap();
+        old.execute_batch(&super::older_schema(version).unwrap()).unwrap();
+        old.pragma_update(None, "user_version", version).unwrap();
+        assert_eq!(migrate(&old, "old").unwrap(), version);
+        assert_eq!(schema(&fresh), schema(&old), "from version {version}");
+    }
+    let current = Connection::open_in_memory().unwrap();
+    current
+        .execute_batch(&super::older_schema(SCHEMA_VERSION).unwrap())
+        .unwrap();
+    assert_eq!(
+        schema(&fresh),
+        schema(&current),
+        "every step is the current schema"
+    );
+    assert_eq!(super::older_schema(0), None);
+    assert_eq!(super::older_schema(SCHEMA_VERSION + 1), None);
+}

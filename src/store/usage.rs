@@ -99,33 +99,6 @@ impl UsageStore {
         .map_err(sql("token usage total"))
     }
 
-    /// Record a failure of attempt `attempt` (0-indexed).
-    pub fn persist_error(
-        &self,
-        conn: &Connection,
-        at: &TurnRef,
-        context: &str,
-        message: &str,
-        attempt: u32,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        conn.execute_cached(
-            "INSERT INTO errors (session_id, agent_id, turn, context, message, attempt, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                at.session_id,
-                at.agent_id,
-                at.turn,
-                context,
-                message,
-                attempt,
-                now_ms
-            ],
-        )
-        .map_err(sql("error insert"))?;
-        Ok(())
-    }
-
     /// Record a failure of the call at (`at`, `context`), numbered by the
     /// rows already recorded for that call: the first failure is attempt
     /// 0, the next 1, … — whatever process recorded the earlier ones (the
@@ -339,7 +312,7 @@ mod tests {
                 .persist_token_usage(&conn, &at(session, 0), "m", 1, 1, time)
                 .expect("usage");
             usage
-                .persist_error(&conn, &at(session, 0), "llm", "boom", 0, time)
+                .persist_failed_attempt(&conn, &at(session, 0), "llm", "boom", time)
                 .expect("error");
         }
         let report = usage

@@ -30,6 +30,7 @@ use crate::oracle_context::ContextOracle;
 use crate::rot::{self, Rot};
 use durable_agent::system::{CorruptLine, LineFault};
 use std::path::PathBuf;
+mod collected;
 mod errors;
 mod misuse;
 mod project;
@@ -79,21 +80,24 @@ pub const SHORT_READ_PROBABILITY: f64 = 0.1;
 /// The seed the install is made with (any: the install does not use it).
 const INSTALL_SEED: u64 = 0;
 
-/// Installed disks by canary set (canaries may change the install's I/O).
-static INSTALLED: Mutex<Vec<(Canaries, Arc<SimSnapshot>)>> = Mutex::new(Vec::new());
+/// Installed disks by canary set and origin (canaries may change the
+/// install's I/O; an older origin's install migrates its store).
+static INSTALLED: Mutex<Vec<(Canaries, u32, Arc<SimSnapshot>)>> = Mutex::new(Vec::new());
 
-/// The disk right after installing the system with `canaries`: booted
-/// once on an empty disk (the store schema created, the loop's first
-/// checkpoint written), then stopped cleanly. The same for every seed
-/// (`tests/install.rs` checks it), so it is built once per canary set and
-/// copied: the fresh install (mostly SQLite parsing the schema's DDL)
-/// costs more than the rest of a short run.
-pub fn installed_disk(canaries: &Canaries) -> Result<Arc<SimSnapshot>, String> {
+/// The disk right after installing the system with `canaries` on the
+/// disk an `origin` build left ([`Driver::before_install`]): booted once
+/// (the store schema created, or an older build's store migrated; the
+/// loop's first checkpoint written), then stopped cleanly. The same for
+/// every seed of that origin (`tests/install.rs` checks it), so it is
+/// built once per canary set and origin and copied: the fresh install
+/// (mostly SQLite parsing the schema's DDL) costs more than the rest of a
+/// short run.
+pub fn installed_disk(canaries: &Canaries, origin: u32) -> Result<Arc<SimSnapshot>, String> {
     let mut cache = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, disk)) = cache.iter().find(|(c, _)| c == canaries) {
+    if let Some((_, _, disk)) = cache.iter().find(|(c, o, _)| c == canaries && *o == origin) {
         return Ok(Arc::clone(disk));
     }
-    let mut driver = Driver::new(INSTALL_SEED, canaries.clone());
+    let mut driver = Driver::before_install(INSTALL_SEED, canaries.clone(), origin)?;
     driver.open().map_err(|e| format!("installing the system: {e}"))?;
     driver.shutdown(CrashKind::Process);
     let disk = driver
@@ -101,7 +105,61 @@ pub fn installed_disk(canaries: &Canaries) -> Result<Arc<SimSnapshot>, String> {
         .snapshot()
         .map(Arc::new)
         .ok_or("installing the system: the disk is not quiet after a clean stop")?;
-    cache.push((canaries.clone(), disk.clone()));
+    cache.push((canaries.clone(), origin, disk.clone()));
+    Ok(disk)
+}
+
+/// Disks older builds left, by schema version ([`left_by`]).
+static LEFT: Mutex<Vec<(u32, SimFs)>> = Mutex::new(Vec::new());
+
+/// The disk this build is installed on when a build of schema `origin`
+/// ran there before ([`crate::model::installed_by`]): empty for this
+/// build's own schema; else that build's store, created at its schema
+/// (`store::schema::older_schema`, its `user_version` stamped, no rows,
+/// no `root.json`: builds of then wrote none) and closed cleanly, so all
+/// of it is durable. Its writes are not this run's: the run's disk is a
+/// detached copy ([`SimFs::detached`]), its I/O points counted from 0, and
+/// the first boot's migration is crashed like any other I/O.
+fn left_by(origin: u32, config: SimConfig) -> Result<SimFs, String> {
+    use durable_agent::store::schema::{older_schema, SCHEMA_VERSION};
+    use durable_agent::system::STORE_DB_FILE;
+    if origin == SCHEMA_VERSION {
+        return Ok(SimFs::new(config));
+    }
+    let mut cache = LEFT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, disk)) = cache.iter().find(|(o, _)| *o == origin) {
+        return Ok(disk.detached(config));
+    }
+    let ddl = older_schema(origin).ok_or_else(|| format!("no schema version {origin} to install from"))?;
+    let fs = SimFs::new(SimConfig::new(INSTALL_SEED));
+    let root = std::path::Path::new(ROOT);
+    let made = (|| -> Result<(), String> {
+        use durable_agent::fs::Fs;
+        let err = |e: std::io::Error| e.to_string();
+        fs.create_dir_all(root, "older build mkdir").map_err(err)?;
+        fs.sync_dir(std::path::Path::new("/"), "older build root dir fsync")
+            .map_err(err)?;
+        let db = durable_agent::sqlite::open(
+            Arc::new(fs.clone()),
+            &root.join(STORE_DB_FILE),
+            &durable_agent::sqlite::SqliteOptions::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        db.conn().execute_batch(&ddl).map_err(|e| e.to_string())?;
+        db.conn()
+            .pragma_update(None, "user_version", origin)
+            .map_err(|e| e.to_string())?;
+        drop(db);
+        fs.sync_dir(root, "older build store dir fsync").map_err(err)
+    })();
+    made.map_err(|e| format!("making a version-{origin} build's store: {e}"))?;
+    if fs.snapshot().is_none() {
+        return Err(format!(
+            "making a version-{origin} build's store: the disk is not quiet"
+        ));
+    }
+    let disk = fs.detached(config);
+    cache.push((origin, fs));
     Ok(disk)
 }
 
@@ -229,9 +287,21 @@ pub struct Names {
 }
 
 impl Driver {
-    /// A fresh disk; nothing is open yet (see [`Driver::open`]).
-    pub fn new(seed: u64, canaries: Canaries) -> Driver {
-        Driver::with_fs(seed, canaries, SimFs::new(sim_config(seed)))
+    /// The disk `seed`'s run is installed on: empty, or the store an
+    /// older build left ([`crate::model::installed_by`]); nothing is open
+    /// yet (see [`Driver::open`]).
+    pub fn new(seed: u64, canaries: Canaries) -> Result<Driver, String> {
+        Driver::before_install(seed, canaries, crate::model::installed_by(seed))
+    }
+
+    /// On the disk a build of schema `origin` left ([`left_by`]), before
+    /// this build's install; nothing is open yet.
+    pub fn before_install(seed: u64, canaries: Canaries, origin: u32) -> Result<Driver, String> {
+        Ok(Driver::with_fs(
+            seed,
+            canaries,
+            left_by(origin, sim_config(seed))?,
+        ))
     }
 
     /// A disk with the system installed on it ([`installed_disk`]);
@@ -240,7 +310,7 @@ impl Driver {
         Driver::with_fs(seed, canaries, SimFs::from_snapshot(install, sim_config(seed)))
     }
 
-    fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
+    pub(crate) fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
         let context = ContextOracle::new(seed, fs.clone());
         Driver {
             asks: Rewording {
@@ -1024,10 +1094,23 @@ impl Driver {
                 system.retry_trigger(&id).map_err(|e| e.to_string())?;
             }
             Action::Gc => {
-                let report = self.system()?.gc(0).map_err(|e| e.to_string())?;
+                let system = self.system()?;
+                let report = system.gc(0).map_err(|e| e.to_string())?;
+                let live: std::collections::BTreeSet<String> = system
+                    .runtime()
+                    .state()
+                    .agents
+                    .keys()
+                    .map(|a| a.as_str().to_string())
+                    .collect();
                 // A collected key may be emitted again, as a new row.
                 let gone = &report.triggers.deleted;
                 self.trigger_ids.retain(|_, id| !gone.contains(id));
+                // A doomed process's GC answered no one.
+                if !self.fs.crashed() {
+                    let mut left = self.collected_violations(&live, now);
+                    self.answer_violations.append(&mut left);
+                }
             }
             Action::Confirm { idem, delivered, .. } => {
                 let resolution = if *delivered {

@@ -9,10 +9,10 @@
 //! sweep point): replaying it gives the same trace and the same verdict.
 
 use durable_agent::canary::Canaries;
-use durable_agent::fs::Fault;
+use durable_agent::fs::{Fault, SimFs};
 use serde::{Deserialize, Serialize};
 
-use crate::driver::{installed_disk, Driver};
+use crate::driver::{installed_disk, sim_config, Driver};
 use crate::model::Model;
 use crate::op::{CrashKind, FaultKind, Op};
 use crate::oracle;
@@ -122,11 +122,12 @@ impl Exec {
         global: Option<GlobalCrash>,
         capture: bool,
     ) -> Result<Exec, Box<Failure>> {
+        let origin = crate::model::installed_by(seed);
         let mut exec = Exec {
             seed,
             canaries: canaries.clone(),
             global,
-            driver: Driver::new(seed, canaries.clone()),
+            driver: Driver::with_fs(seed, canaries.clone(), SimFs::new(sim_config(seed))),
             model: Model::for_seed(seed),
             armed: None,
             armed_fault: None,
@@ -143,7 +144,7 @@ impl Exec {
             answered_failure: false,
             in_chain: false,
         };
-        let install = match installed_disk(&canaries) {
+        let install = match installed_disk(&canaries, origin) {
             Ok(disk) => disk,
             Err(e) => return Err(exec.fail("installing the system failed", e, None)),
         };
@@ -153,6 +154,10 @@ impl Exec {
             // The capturing dry run installs too, so the install's points
             // get crash images like every other point.
             Some(g) if capture || g.point <= install.points() => {
+                exec.driver = match Driver::before_install(seed, canaries.clone(), origin) {
+                    Ok(driver) => driver,
+                    Err(e) => return Err(exec.fail("installing the system failed", e, None)),
+                };
                 exec.driver.fs.set_fault(Some(Fault::CrashAt(g.point)));
                 if capture {
                     exec.forks = Some(Vec::new());

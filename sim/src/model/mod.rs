@@ -358,6 +358,21 @@ pub fn dedup_world(seed: u64) -> bool {
     seed % 4 == 2
 }
 
+/// The schema version of the build that ran on the root before this one
+/// was installed there: this build's own for most seeds (a new install);
+/// for three seeds in eight an older build's (1, 2 or 3), whose store the
+/// install's boot migrates (an upgrade, crashed and judged like every
+/// other boot: the store then holds nothing the model does not, and every
+/// op after it must behave as on a new install). Drawn from bits of the
+/// seed [`dedup_world`] does not read.
+pub fn installed_by(seed: u64) -> u32 {
+    use durable_agent::store::schema::SCHEMA_VERSION;
+    match (seed >> 2) % 8 {
+        older @ 1..=3 => (older as u32).min(SCHEMA_VERSION - 1),
+        _ => SCHEMA_VERSION,
+    }
+}
+
 /// The effect the `index`-th tool of `agent`'s turn with `prompt` has on
 /// the world, when `occurrence` of the agent's completed turns had that
 /// prompt before it ([`Model::effect`]): agent-scoped, since two agents'

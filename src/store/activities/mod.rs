@@ -44,12 +44,6 @@ str_enum! {
     }
 }
 
-/// The stable key of action number `action_seq` of `task_id`: the same
-/// action after a restart mints the same key.
-pub fn mint_key(task_id: &str, action_seq: u64) -> String {
-    format!("activity:{task_id}:{action_seq}")
-}
-
 /// One irreversible action the runtime wants performed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IrreversibleCall {
@@ -61,16 +55,6 @@ pub struct IrreversibleCall {
 }
 
 impl IrreversibleCall {
-    /// Action number `action_seq` of `task_id`, keyed with [`mint_key`].
-    pub fn minted(task_id: &str, action_seq: u64, action: &str, payload: serde_json::Value) -> Self {
-        IrreversibleCall {
-            idem_key: mint_key(task_id, action_seq),
-            task_id: task_id.to_string(),
-            action: action.to_string(),
-            payload,
-        }
-    }
-
     /// With a key the caller already holds stably (the runtime's
     /// `ToolContext::idempotency_key`, derived from its event log).
     pub fn with_key(idem_key: &str, task_id: &str, action: &str, payload: serde_json::Value) -> Self {
