@@ -8,34 +8,56 @@
 //! M1: after every work turn the driver drives to completion, its task
 //! is handed a provider reply once more, and the answer must be that
 //! refusal, with no I/O.
+//!
+//! M2: while the driver holds the task of a turn not yet done, the
+//! runtime says the agent has a turn in flight (`Runtime::turn_in_flight`,
+//! what the worker reads to refuse a second turn on the agent); once the
+//! turn is done, it says none. Not judged once the disk crashed.
 
 use durable_agent::fs::SimFs;
 use durable_agent::runtime::{
     CallResult, ProviderError, Runtime, RuntimeError, TurnOutcome, TurnStep, TurnTask,
 };
 
-/// [`Runtime::drive`], step by step, keeping the task; then M1 on it. The
-/// outcome, and the probe's violation if any.
+/// [`Runtime::drive`], step by step, keeping the task, with M2 at every
+/// step; then M1 on it. The outcome, and the probes' violations.
 pub(super) fn drive_keeping(
     rt: &mut Runtime,
     fs: &SimFs,
     mut task: Box<TurnTask>,
     mut step: TurnStep,
-) -> Result<(TurnOutcome, Option<String>), RuntimeError> {
+) -> Result<(TurnOutcome, Vec<String>), RuntimeError> {
     let outside = rt.outside();
+    let mut violations = Vec::new();
+    let mut in_flight = |rt: &Runtime, task: &TurnTask, expected: bool| {
+        let said = rt.turn_in_flight(task.agent());
+        if !fs.crashed() && !matches!(said, Ok(b) if b == expected) {
+            violations.push(format!(
+                "M2: agent {} {} its turn, but the runtime says a turn is in flight: {said:?}",
+                task.agent(),
+                if expected {
+                    "is in the middle of"
+                } else {
+                    "has completed"
+                }
+            ));
+        }
+    };
     let outcome = loop {
         match step {
             TurnStep::Done(outcome) => break outcome,
             TurnStep::Call(call) => {
+                in_flight(rt, &task, true);
                 let result = outside.perform(&call);
                 step = rt.continue_turn(&mut task, result)?;
             }
         }
     };
+    in_flight(rt, &task, false);
     // A crash point the turn passed leaves a doomed process: nothing to
     // probe (its answers reach no one).
     if fs.crashed() {
-        return Ok((outcome, None));
+        return Ok((outcome, violations));
     }
     let points = fs.points();
     let stale = rt.continue_turn(
@@ -43,13 +65,13 @@ pub(super) fn drive_keeping(
         CallResult::Provider(Err(ProviderError("a reply for a turn that completed".into()))),
     );
     let io = fs.points() - points;
-    let violation = match stale {
-        Err(RuntimeError::TurnNotInFlight(_)) if io == 0 && !rt.is_poisoned() => None,
-        other => Some(format!(
+    match stale {
+        Err(RuntimeError::TurnNotInFlight(_)) if io == 0 && !rt.is_poisoned() => {}
+        other => violations.push(format!(
             "M1: a step handed to the task of a completed turn of agent {} answered {other:?} after {io} I/O point(s) (poisoned: {}); the promise is TurnNotInFlight, nothing written",
             task.agent(),
             rt.is_poisoned()
         )),
-    };
-    Ok((outcome, violation))
+    }
+    Ok((outcome, violations))
 }

@@ -1096,12 +1096,14 @@ impl Driver {
             Action::Gc => {
                 let system = self.system()?;
                 let report = system.gc(0).map_err(|e| e.to_string())?;
+                // The live agents and their sessions (an agent's rows are
+                // keyed by the one, its calls' runs by the other).
                 let live: std::collections::BTreeSet<String> = system
                     .runtime()
                     .state()
                     .agents
-                    .keys()
-                    .map(|a| a.as_str().to_string())
+                    .iter()
+                    .flat_map(|(a, view)| [a.as_str().to_string(), view.session_id.as_str().to_string()])
                     .collect();
                 // A collected key may be emitted again, as a new row.
                 let gone = &report.triggers.deleted;

@@ -19,7 +19,14 @@
 //!   them), newest first, the trigger ids are the triggers there
 //!   are, and the user runs are the runs not named `session:…`;
 //! - **V3** every run of the tool-call ledger (all of its `runs` rows) is
-//!   found by its id, as the ledger reads it (session and status).
+//!   found by its id, as the ledger reads it (session and status);
+//! - **V4** the reads the daemon and the API act on: the PENDING triggers
+//!   (`TriggerStore::pending`, what a boot rehydrates) are the `PENDING`
+//!   rows in run order (`fire_at`, priority, insertion), every trigger is
+//!   found by its id (`get`, `GET /triggers/{id}`) with its status, and
+//!   each run's in-flight calls (`ToolCallStore::in_flight`, what a
+//!   resume replays and `status` lists) are its `prepared`/`running`
+//!   rows, oldest first — each against the harness's own SQL.
 //!
 //! No relaxation: a view reads the same committed rows the stores read,
 //! in one process, with nothing in between.
@@ -28,6 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use durable_agent::store::inspect::{self, Page, MAX_LIMIT};
 use durable_agent::store::tool_calls::ToolCallStore;
+use durable_agent::store::triggers::TriggerStore;
 use durable_agent::store::usage::UsageStore;
 use durable_agent::store::StoreError;
 use rusqlite::Connection;
@@ -105,6 +113,79 @@ fn count(conn: &Connection, sql: &str) -> rusqlite::Result<u64> {
 }
 
 /// V1–V3 over `conn`.
+/// The ids `sql` selects (one text column, bound to `arg` if given).
+fn ids(conn: &Connection, sql: &str, arg: Option<&str>) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = match arg {
+        Some(a) => stmt.query_map([a], |r| r.get(0))?.collect(),
+        None => stmt.query_map([], |r| r.get(0))?.collect(),
+    };
+    rows
+}
+
+/// V4 (see the module doc) at `now` (ms).
+fn acted_on(
+    conn: &Connection,
+    triggers: &TriggerStore,
+    trigger_ids: &BTreeSet<String>,
+    runs: &[String],
+    now: u64,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let want = ids(
+        conn,
+        "SELECT id FROM triggers WHERE status = 'PENDING' ORDER BY fire_at, priority, rowid",
+        None,
+    );
+    match (triggers.pending(conn, now), want) {
+        (Ok(pending), Ok(want)) => {
+            let read: Vec<&str> = pending.iter().map(|t| t.id.as_str()).collect();
+            if read != want {
+                out.push(format!(
+                    "V4: the PENDING triggers read {read:?}, the rows in run order are {want:?}"
+                ));
+            }
+        }
+        (Err(e), _) => out.push(format!("pending triggers: cannot be read: {e}")),
+        (_, Err(e)) => out.push(format!("pending triggers: cannot be counted: {e}")),
+    }
+    for id in trigger_ids {
+        let status = conn.query_row("SELECT status FROM triggers WHERE id = ?1", [id], |r| {
+            r.get::<_, String>(0)
+        });
+        match (triggers.get(conn, id, now), status) {
+            (Ok(Some(t)), Ok(status)) if &t.id == id && t.status.as_str() == status => {}
+            (Ok(t), status) => out.push(format!(
+                "V4: trigger {id} read by its id is {:?}, its row's status {status:?}",
+                t.map(|t| (t.id, t.status))
+            )),
+            (Err(e), _) => out.push(format!("trigger {id}: cannot be read: {e}")),
+        }
+    }
+    let store = ToolCallStore::default();
+    for run in runs {
+        let want = ids(
+            conn,
+            "SELECT id FROM tool_calls WHERE run_id = ?1 AND status IN ('prepared', 'running') \
+             ORDER BY created_at, rowid",
+            Some(run),
+        );
+        match (store.in_flight(conn, run), want) {
+            (Ok(calls), Ok(want)) => {
+                let read: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+                if read != want {
+                    out.push(format!(
+                        "V4: run {run}'s in-flight calls read {read:?}, its rows are {want:?}"
+                    ));
+                }
+            }
+            (Err(e), _) => out.push(format!("in-flight calls of {run}: cannot be read: {e}")),
+            (_, Err(e)) => out.push(format!("in-flight calls of {run}: cannot be counted: {e}")),
+        }
+    }
+    out
+}
+
 fn violations(conn: &Connection, trigger_ids: &BTreeSet<String>) -> Vec<String> {
     let mut out = Vec::new();
     let usage = paged(
@@ -271,7 +352,16 @@ impl Driver {
     /// the trigger store reads.
     pub(super) fn view_violations(&self, trigger_ids: &BTreeSet<String>) -> Vec<String> {
         match self.system() {
-            Ok(system) => violations(system.db().conn(), trigger_ids),
+            Ok(system) => {
+                let db = system.db();
+                let conn = db.conn();
+                let mut out = violations(conn, trigger_ids);
+                match ToolCallStore::default().run_ids(conn) {
+                    Ok(runs) => out.extend(acted_on(conn, system.triggers(), trigger_ids, &runs, self.now())),
+                    Err(e) => out.push(format!("runs: cannot be read: {e}")),
+                }
+                out
+            }
             Err(_) => Vec::new(),
         }
     }
