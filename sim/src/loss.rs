@@ -420,9 +420,20 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         }
         (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
         (Loss::Manifest { store_too }, _) => {
-            // Cut anywhere before the closing brace: never JSON again.
-            let brace = disk.get(&chosen.path)?.iter().rposition(|&b| b == b'}')?;
-            fs.cut(&chosen.path, rng.random_range(0..=brace) as u64).ok()?;
+            let bytes = disk.get(&chosen.path)?;
+            match newer_version_digit(bytes) {
+                // One time in three, a newer build's `root.json` (a build
+                // rolled back over a root a newer one ran): valid JSON,
+                // its `schema_version` 9 — refused the same way.
+                Some(at) if rng.random_bool(1.0 / 3.0) => {
+                    fs.rot(&chosen.path, at as u64, bytes[at] ^ b'9').ok()?
+                }
+                // Cut anywhere before the closing brace: never JSON again.
+                _ => {
+                    let brace = bytes.iter().rposition(|&b| b == b'}')?;
+                    fs.cut(&chosen.path, rng.random_range(0..=brace) as u64).ok()?;
+                }
+            }
             if store_too {
                 let _ = fs.lose(store);
                 lose_sides();
@@ -451,6 +462,19 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         backup: Some(backup),
         cut_off: chosen.cut_off.clone(),
     })
+}
+
+/// The offset of the single digit of `root.json`'s `schema_version`
+/// (this build writes 1), if the bytes hold one that is not already 9.
+fn newer_version_digit(bytes: &[u8]) -> Option<usize> {
+    let key = b"\"schema_version\"";
+    let after = bytes.windows(key.len()).position(|w| w == key)? + key.len();
+    let at = after
+        + bytes[after..]
+            .iter()
+            .position(|b| !matches!(b, b':' | b' ' | b'\n'))?;
+    let single = bytes.get(at)?.is_ascii_digit() && !bytes.get(at + 1)?.is_ascii_digit();
+    (single && bytes[at] != b'9').then_some(at)
 }
 
 /// Another root's disk, stopped cleanly: a second system booted on a

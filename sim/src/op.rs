@@ -355,10 +355,14 @@ pub enum Op {
     /// if the world has it, else not delivered. The `pick`-th key a turn
     /// blocked on.
     Confirm { pick: u8 },
-    /// The daemon's garbage collection (`System::gc` with a TTL of 0:
-    /// every settled row before now): settled triggers, then settled
-    /// ledger rows, two transactions. What recovery, a resume or a
-    /// blocked trigger needs must stay.
+    /// One pass of the daemon's garbage collection (`worker::gc::collect`,
+    /// what its ticker and `durable-agent gc` run): collect, then strip.
+    /// Passes alternate (`model::Action::Gc`): one with TTLs of 1 ms
+    /// deletes every settled row before now — settled triggers, then
+    /// settled ledger rows, each table one transaction; the next finds no
+    /// row past its TTL and strips the bodies of every settled row past
+    /// its payload TTL. What recovery, a resume or a blocked trigger
+    /// needs must stay, whole.
     Gc,
     /// One tool round of a checkpointed agent loop (seed 003): an assistant
     /// message and `tools % 3` tool messages, then the loop checkpoint.
@@ -607,6 +611,6 @@ pub fn render(op: &Op) -> String {
         Op::StaleAck { trigger } => format!("stale_ack(#{trigger})"),
         Op::RetryTrigger { trigger } => format!("retry_trigger(#{trigger})"),
         Op::Confirm { pick } => format!("confirm(#{pick}, truthfully)"),
-        Op::Gc => "gc(ttl=0)".into(),
+        Op::Gc => "gc".into(),
     }
 }

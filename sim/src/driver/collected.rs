@@ -13,9 +13,18 @@
 //! resume, so only an unsettled run of its session keeps its usage and
 //! error rows (and a parked run its calls), and those are not checked.
 //!
-//! Read from a detached copy of the disk with the harness's own
-//! connection and SQL: no I/O point of the run, and nothing the product's
-//! queries say is taken on trust.
+//! **S1.** After a stripping pass that answered (no row past the TTL,
+//! every one past the payload TTL: `model::Action::Gc`), no settled row
+//! older than its cutoff of an agent that is no longer live keeps its
+//! body: not a `DONE`/`FAILED` activity's payload, not a
+//! `succeeded`/`failed` tool call's arguments or result (the seed's
+//! privacy note: the ledger holds message content). A parked run's calls
+//! are not checked (`System::strip_payloads` keeps them, as GC does).
+//!
+//! The pass's cutoff is the op's time less its TTL (1 ms). Read from a
+//! detached copy of the disk with the harness's own connection and SQL:
+//! no I/O point of the run, and nothing the product's queries say is
+//! taken on trust.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -23,10 +32,11 @@ use std::sync::Arc;
 
 use durable_agent::fs::SimConfig;
 use durable_agent::sqlite::SqliteOptions;
+use durable_agent::store::activities::STRIPPED_JSON;
 
 use super::{Driver, STORE_DB};
 
-/// Settled rows, by owning agent, that a GC at `?1` must have deleted
+/// Settled rows, by owning agent (or session), that a GC with cutoff `?1` must have deleted
 /// unless the agent is live: the table's name for the message, the query.
 const LEFT_BEHIND: [(&str, &str); 4] = [
     (
@@ -54,31 +64,66 @@ const LEFT_BEHIND: [(&str, &str); 4] = [
     ),
 ];
 
+/// Settled rows, by owning agent or session, that a stripping pass at `?1`
+/// must have stripped unless the owner is live (`?2`: the stripped body).
+const UNSTRIPPED: [(&str, &str); 2] = [
+    (
+        "DONE/FAILED activity payload",
+        "SELECT task_id, COUNT(*) FROM activity_log \
+         WHERE status IN ('DONE', 'FAILED') AND updated_at < ?1 AND payload_json <> ?2 \
+         GROUP BY task_id ORDER BY task_id",
+    ),
+    (
+        "settled tool call body",
+        "SELECT r.session_id, COUNT(*) FROM tool_calls c JOIN runs r ON c.run_id = r.run_id \
+         WHERE c.status IN ('succeeded', 'failed') AND c.updated_at < ?1 \
+         AND r.status != 'waiting_for_human' \
+         AND (c.input_json <> ?2 OR COALESCE(c.result_json, ?2) <> ?2) \
+         GROUP BY r.session_id ORDER BY r.session_id",
+    ),
+];
+
 impl Driver {
     /// G1 after a GC at `now` (ms) that answered, `live` holding the live
     /// agents and their sessions: a violation per agent (or session) that
     /// is not live and still has rows of a kind the GC must have deleted.
-    pub(super) fn collected_violations(&self, live: &BTreeSet<String>, now: u64) -> Vec<String> {
+    pub(super) fn collected_violations(&self, live: &BTreeSet<String>, now: u64, strip: bool) -> Vec<String> {
         let copy = self.fs.detached(SimConfig::new(self.seed));
         let db =
             match durable_agent::sqlite::open(Arc::new(copy), Path::new(STORE_DB), &SqliteOptions::default())
             {
                 Ok(db) => db,
-                Err(e) => return vec![format!("G1: the store after the GC cannot be opened: {e}")],
+                Err(e) => {
+                    return vec![format!(
+                        "G1/S1: the store after the GC pass cannot be opened: {e}"
+                    )]
+                }
             };
+        let cutoff = now.saturating_sub(1);
+        let (check, queries) = match strip {
+            false => ("G1", &LEFT_BEHIND[..]),
+            true => ("S1", &UNSTRIPPED[..]),
+        };
         let mut out = Vec::new();
-        for (what, sql) in LEFT_BEHIND {
+        for (what, sql) in queries {
             let rows = db.conn().prepare(sql).and_then(|mut stmt| {
-                stmt.query_map([now], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?
-                    .collect::<Result<Vec<_>, _>>()
+                let row = |r: &rusqlite::Row<'_>| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?));
+                match strip {
+                    false => stmt
+                        .query_map(rusqlite::params![cutoff], row)?
+                        .collect::<Result<Vec<_>, _>>(),
+                    true => stmt
+                        .query_map(rusqlite::params![cutoff, STRIPPED_JSON], row)?
+                        .collect::<Result<Vec<_>, _>>(),
+                }
             });
             match rows {
                 Ok(rows) => out.extend(rows.into_iter().filter(|(agent, _)| !live.contains(agent)).map(
                     |(agent, n)| {
-                        format!("G1: a GC at {now} ms left {n} {what} row(s) older than it of {agent}, which is not live")
+                        format!("{check}: a GC pass at {now} ms left {n} {what} row(s) older than its cutoff of {agent}, which is not live")
                     },
                 )),
-                Err(e) => out.push(format!("G1: reading the {what} rows after the GC: {e}")),
+                Err(e) => out.push(format!("{check}: reading the {what} rows after the GC pass: {e}")),
             }
         }
         out

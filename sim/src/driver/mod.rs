@@ -854,7 +854,7 @@ impl Driver {
                 | Action::StaleAck { .. }
                 | Action::Retry { .. }
                 | Action::Confirm { .. }
-                | Action::Gc
+                | Action::Gc { .. }
         ) {
             self.store_cache = None;
         }
@@ -1093,9 +1093,19 @@ impl Driver {
                     .ok_or_else(|| format!("no trigger {key} to retry"))?;
                 system.retry_trigger(&id).map_err(|e| e.to_string())?;
             }
-            Action::Gc => {
+            Action::Gc { strip } => {
+                use durable_agent::worker::gc::{collect, GcRequest};
                 let system = self.system()?;
-                let report = system.gc(0).map_err(|e| e.to_string())?;
+                // The daemon's pass, with TTLs of 1 ms (every settled row
+                // older than the op's time) — or, stripping, no row past
+                // the TTL (the cutoff is 0) and every one past the
+                // payload TTL.
+                let request = GcRequest {
+                    ttl_ms: if *strip { u64::MAX } else { 1 },
+                    payload_ttl_ms: 1,
+                };
+                let pass = collect(system, request).map_err(|e| e.to_string())?;
+                let report = pass.collected;
                 // The live agents and their sessions (an agent's rows are
                 // keyed by the one, its calls' runs by the other).
                 let live: std::collections::BTreeSet<String> = system
@@ -1110,7 +1120,7 @@ impl Driver {
                 self.trigger_ids.retain(|_, id| !gone.contains(id));
                 // A doomed process's GC answered no one.
                 if !self.fs.crashed() {
-                    let mut left = self.collected_violations(&live, now);
+                    let mut left = self.collected_violations(&live, now, *strip);
                     self.answer_violations.append(&mut left);
                 }
             }

@@ -325,7 +325,7 @@ impl Exec {
         if let Some((offset, kind)) = fault {
             self.driver.fs.set_fault(Some(kind.at(next + u64::from(offset))));
         }
-        if matches!(action, crate::model::Action::Gc) {
+        if matches!(action, crate::model::Action::Gc { strip: false }) {
             self.driver.forget_usage();
         }
         let names = self.names();

@@ -200,8 +200,15 @@ pub enum Action {
     Retry {
         key: String,
     },
-    /// Garbage collection of every settled row (see [`Model::collect`]).
-    Gc,
+    /// One pass of the daemon's GC (`worker::gc::collect`): a collecting
+    /// pass deletes every settled row (see [`Model::collect`]); a
+    /// stripping one (`strip`) runs when no settled row is past the TTL
+    /// yet but every one is past the payload TTL, so it deletes nothing
+    /// and strips the bodies of the settled rows no resume needs, which
+    /// the state does not show.
+    Gc {
+        strip: bool,
+    },
     /// A human's answer for the call with idempotency key `idem` (the
     /// effect `effect`): `delivered` when the world has it.
     Confirm {
@@ -1336,7 +1343,8 @@ impl Model {
             // A FAILED trigger whose blocking key the model does not know
             // may or may not still be blocked (kept or collected).
             Op::Gc if self.blocked_on.values().any(Option::is_none) => return None,
-            Op::Gc => Action::Gc,
+            // Every other GC pass strips (the op numbers alternate).
+            Op::Gc => Action::Gc { strip: n % 2 == 1 },
             Op::Confirm { pick } => {
                 // A trigger blocked on a key the model does not know might
                 // be re-pended by this answer: not predictable, skipped.
@@ -1574,7 +1582,8 @@ impl Model {
             Action::LoopRound { round, tools } => {
                 self.state.loop_messages.extend(round_messages(*round, *tools))
             }
-            Action::Gc => self.collect(),
+            Action::Gc { strip: false } => self.collect(),
+            Action::Gc { strip: true } => {}
             Action::Confirm {
                 idem,
                 effect,
