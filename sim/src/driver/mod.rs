@@ -767,18 +767,35 @@ impl Driver {
 
     /// Note a turn that stopped at a key needing confirmation, and the
     /// effect its ledger row names (what a human looks up in the world).
+    ///
+    /// B1: a live process's turn that stopped for a human left its key in
+    /// the list a human answers from (`System::needs_confirmation`, what
+    /// `durable-agent confirm` and `GET /confirm` show): a key missing
+    /// there can never be answered, and the work waits forever.
     fn note_blocked(&mut self, e: &RuntimeError) {
         if let RuntimeError::NeedsConfirmation { idem_key, .. } = e {
-            let effect = self.effect_of(idem_key);
+            let rows = self.system().ok().and_then(|s| s.needs_confirmation().ok());
+            if let Some(rows) = &rows {
+                if !self.fs.crashed() && !rows.iter().any(|r| &r.idem_key == idem_key) {
+                    self.answer_violations.push(format!(
+                        "B1: a turn stopped for a human at key {idem_key}, but the calls waiting for a human are {:?}",
+                        rows.iter().map(|r| r.idem_key.as_str()).collect::<Vec<_>>()
+                    ));
+                }
+            }
+            let effect = rows.and_then(|rows| self.effect_of(&rows, idem_key));
             self.blocked = Some((idem_key.clone(), effect));
         }
     }
 
     /// The effect (the world's key, `payload.key`, of the agent the row's
-    /// task names) of the NEEDS_CONFIRMATION row `idem_key`, as an
-    /// operator listing them sees it.
-    fn effect_of(&mut self, idem_key: &str) -> Option<String> {
-        let rows = self.system().ok()?.needs_confirmation().ok()?;
+    /// task names) of the NEEDS_CONFIRMATION row `idem_key` among `rows`,
+    /// as an operator listing them sees it.
+    fn effect_of(
+        &mut self,
+        rows: &[durable_agent::store::activities::ActivityRecord],
+        idem_key: &str,
+    ) -> Option<String> {
         let row = rows.iter().find(|r| r.idem_key == idem_key)?;
         let agent = self.names.get(&AgentId::from_hex(&row.task_id).ok()?)?;
         let effect = format!("{agent}/{}", row.payload.get("key")?.as_str()?);
