@@ -123,6 +123,23 @@ fn ids(conn: &Connection, sql: &str, arg: Option<&str>) -> rusqlite::Result<Vec<
     rows
 }
 
+/// V4 for one read: the ids a store read (`what`) are the ids the
+/// harness's SQL selects (`rows`), in the same order.
+fn same_ids(
+    what: &str,
+    rows: &str,
+    read: Result<Vec<String>, StoreError>,
+    want: rusqlite::Result<Vec<String>>,
+    out: &mut Vec<String>,
+) {
+    match (read, want) {
+        (Ok(read), Ok(want)) if read == want => {}
+        (Ok(read), Ok(want)) => out.push(format!("V4: {what} read {read:?}, {rows} are {want:?}")),
+        (Err(e), _) => out.push(format!("{what}: cannot be read: {e}")),
+        (_, Err(e)) => out.push(format!("{what}: cannot be counted: {e}")),
+    }
+}
+
 /// V4 (see the module doc) at `now` (ms).
 fn acted_on(
     conn: &Connection,
@@ -137,18 +154,16 @@ fn acted_on(
         "SELECT id FROM triggers WHERE status = 'PENDING' ORDER BY fire_at, priority, rowid",
         None,
     );
-    match (triggers.pending(conn, now), want) {
-        (Ok(pending), Ok(want)) => {
-            let read: Vec<&str> = pending.iter().map(|t| t.id.as_str()).collect();
-            if read != want {
-                out.push(format!(
-                    "V4: the PENDING triggers read {read:?}, the rows in run order are {want:?}"
-                ));
-            }
-        }
-        (Err(e), _) => out.push(format!("pending triggers: cannot be read: {e}")),
-        (_, Err(e)) => out.push(format!("pending triggers: cannot be counted: {e}")),
-    }
+    let read = triggers
+        .pending(conn, now)
+        .map(|ts| ts.into_iter().map(|t| t.id).collect());
+    same_ids(
+        "the PENDING triggers",
+        "the rows in run order",
+        read,
+        want,
+        &mut out,
+    );
     for id in trigger_ids {
         let status = conn.query_row("SELECT status FROM triggers WHERE id = ?1", [id], |r| {
             r.get::<_, String>(0)
@@ -170,18 +185,16 @@ fn acted_on(
              ORDER BY created_at, rowid",
             Some(run),
         );
-        match (store.in_flight(conn, run), want) {
-            (Ok(calls), Ok(want)) => {
-                let read: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
-                if read != want {
-                    out.push(format!(
-                        "V4: run {run}'s in-flight calls read {read:?}, its rows are {want:?}"
-                    ));
-                }
-            }
-            (Err(e), _) => out.push(format!("in-flight calls of {run}: cannot be read: {e}")),
-            (_, Err(e)) => out.push(format!("in-flight calls of {run}: cannot be counted: {e}")),
-        }
+        let read = store
+            .in_flight(conn, run)
+            .map(|cs| cs.into_iter().map(|c| c.id).collect());
+        same_ids(
+            &format!("run {run}'s in-flight calls"),
+            "its rows",
+            read,
+            want,
+            &mut out,
+        );
     }
     out
 }
