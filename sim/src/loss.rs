@@ -488,8 +488,7 @@ fn foreign_root() -> Option<&'static DiskBackup> {
     static FOREIGN: OnceLock<Option<DiskBackup>> = OnceLock::new();
     FOREIGN
         .get_or_init(|| {
-            let origin = durable_agent::store::schema::SCHEMA_VERSION;
-            let mut other = Driver::before_install(FOREIGN_SEED, Canaries::default(), origin).ok()?;
+            let mut other = Driver::before_install(FOREIGN_SEED, Canaries::default(), SCHEMA_VERSION).ok()?;
             other.set_step(FOREIGN_STEP);
             other.open().ok()?;
             other.shutdown(CrashKind::Process);

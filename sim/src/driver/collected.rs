@@ -3,8 +3,8 @@
 //! resume or a blocked trigger needs); this is the other half, so that a
 //! GC that keeps everything (a ledger that grows forever) fails too:
 //!
-//! **G1.** After a GC with TTL 0 that answered, no settled row older than
-//! the GC's `now` is left of an agent that is no longer live (terminated,
+//! **G1.** After a collecting GC pass that answered (TTLs of 1 ms:
+//! `model::Action::Gc`), no settled row older than its cutoff is left of an agent that is no longer live (terminated,
 //! or never acknowledged): not its `DONE`/`FAILED` activity rows, not its
 //! usage or error rows, not the `succeeded`/`failed` tool calls of its
 //! session's runs. `System::gc` keeps rows only for live agents with
@@ -84,10 +84,22 @@ const UNSTRIPPED: [(&str, &str); 2] = [
 ];
 
 impl Driver {
-    /// G1 after a GC at `now` (ms) that answered, `live` holding the live
-    /// agents and their sessions: a violation per agent (or session) that
-    /// is not live and still has rows of a kind the GC must have deleted.
-    pub(super) fn collected_violations(&self, live: &BTreeSet<String>, now: u64, strip: bool) -> Vec<String> {
+    /// G1 (S1 when `strip`) after a GC pass at `now` (ms) that answered:
+    /// a violation per agent (or session) that is not live and still has
+    /// rows the pass must have deleted (stripped).
+    pub(super) fn collected_violations(&self, now: u64, strip: bool) -> Vec<String> {
+        // The live agents and their sessions (an agent's rows are keyed by
+        // the one, its calls' runs by the other), as `System::gc` sees them.
+        let live: BTreeSet<String> = match self.system() {
+            Ok(system) => system
+                .runtime()
+                .state()
+                .agents
+                .iter()
+                .flat_map(|(a, view)| [a.as_str().to_string(), view.session_id.as_str().to_string()])
+                .collect(),
+            Err(e) => return vec![e],
+        };
         let copy = self.fs.detached(SimConfig::new(self.seed));
         let db =
             match durable_agent::sqlite::open(Arc::new(copy), Path::new(STORE_DB), &SqliteOptions::default())
@@ -106,16 +118,12 @@ impl Driver {
         };
         let mut out = Vec::new();
         for (what, sql) in queries {
+            let params = rusqlite::params![cutoff, STRIPPED_JSON];
+            // The stripping queries bind the stripped body as well.
+            let params = &params[..if strip { 2 } else { 1 }];
             let rows = db.conn().prepare(sql).and_then(|mut stmt| {
-                let row = |r: &rusqlite::Row<'_>| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?));
-                match strip {
-                    false => stmt
-                        .query_map(rusqlite::params![cutoff], row)?
-                        .collect::<Result<Vec<_>, _>>(),
-                    true => stmt
-                        .query_map(rusqlite::params![cutoff, STRIPPED_JSON], row)?
-                        .collect::<Result<Vec<_>, _>>(),
-                }
+                stmt.query_map(params, |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()
             });
             match rows {
                 Ok(rows) => out.extend(rows.into_iter().filter(|(agent, _)| !live.contains(agent)).map(

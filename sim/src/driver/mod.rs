@@ -1123,21 +1123,12 @@ impl Driver {
                 };
                 let pass = collect(system, request).map_err(|e| e.to_string())?;
                 let report = pass.collected;
-                // The live agents and their sessions (an agent's rows are
-                // keyed by the one, its calls' runs by the other).
-                let live: std::collections::BTreeSet<String> = system
-                    .runtime()
-                    .state()
-                    .agents
-                    .iter()
-                    .flat_map(|(a, view)| [a.as_str().to_string(), view.session_id.as_str().to_string()])
-                    .collect();
                 // A collected key may be emitted again, as a new row.
                 let gone = &report.triggers.deleted;
                 self.trigger_ids.retain(|_, id| !gone.contains(id));
                 // A doomed process's GC answered no one.
                 if !self.fs.crashed() {
-                    let mut left = self.collected_violations(&live, now, *strip);
+                    let mut left = self.collected_violations(now, *strip);
                     self.answer_violations.append(&mut left);
                 }
             }
