@@ -46,7 +46,18 @@
 //! - **manifest**: `root.json` torn at rest (cut before its closing
 //!   brace: no longer JSON), one time in two with `store.db` lost beside
 //!   it — refused as an invalid manifest naming `root.json` (the boot
-//!   cannot tell which store the root had, so it trusts none).
+//!   cannot tell which store the root had, so it trusts none);
+//! - **newer store**: `store.db` as a newer build leaves it (a build
+//!   rolled back over a root a newer one ran, its store kept): a loop
+//!   checkpoint's `schema_version` raised above this build's when the
+//!   store holds one (a newer checkpoint format under the same schema),
+//!   else the store's own schema version (`PRAGMA user_version`) —
+//!   refused with the typed version error (`StoreError::FutureCheckpoint`
+//!   naming the run, `StoreError::FutureSchema` naming `store.db`), never
+//!   resumed or migrated as this build's; `verify` reports it as
+//!   `NewerSchema` on `store.db`. Not damage, but nothing this build may
+//!   use either: it is put back like the losses (the operator runs the
+//!   newer build again, or restores a backup).
 //!
 //! `verify` (I7) must report the same: a finding of the same kind on the
 //! same file (for lost entries, at the first missing line); for a lost
@@ -64,14 +75,16 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use durable_agent::canary::Canaries;
-use durable_agent::fs::{DiskBackup, SimFs};
+use durable_agent::fs::{DiskBackup, SimConfig, SimFs};
 use durable_agent::log::{Event, LogEntry, EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::verify::{FindingKind, Verification};
 use durable_agent::recovery::DamageError;
+use durable_agent::sqlite::SqliteOptions;
 use durable_agent::store::manifest::{ManifestError, MANIFEST_FILE};
+use durable_agent::store::schema::StoreError;
 use durable_agent::store::schema::SCHEMA_VERSION;
 use durable_agent::system::SystemError;
 use rand::{Rng, SeedableRng};
@@ -107,7 +120,13 @@ pub enum Loss {
     /// `root.json` no longer JSON; `store.db` (with its WAL and journal)
     /// gone too when `store_too`.
     Manifest { store_too: bool },
+    /// `store.db` edited as a newer build leaves it: a loop checkpoint's
+    /// schema version raised (`checkpoint`), else the store's own.
+    Newer { checkpoint: bool },
 }
+
+/// The version a newer build's store or loop checkpoint carries here.
+pub const NEWER_VERSION: u32 = 9;
 
 /// The damage a boot refused with, as the harness compares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +142,17 @@ pub enum Refusal {
     MissingRecord(PathBuf),
     MissingCreated(PathBuf),
     ManifestInvalid(PathBuf),
+    /// The store's schema is a newer build's (`StoreError::FutureSchema`).
+    NewerStore {
+        db: PathBuf,
+        found: u32,
+    },
+    /// A loop checkpoint is a newer build's
+    /// (`StoreError::FutureCheckpoint`; the harness's store has one
+    /// checkpointed run, so its id is not compared).
+    NewerCheckpoint {
+        found: u32,
+    },
     /// Any other damage, with its message.
     Other(String),
 }
@@ -130,7 +160,19 @@ pub enum Refusal {
 /// The damage `e` refuses the root for, if it is one
 /// (`SystemError::Damaged`).
 pub fn refusal(e: &SystemError) -> Option<Refusal> {
-    let SystemError::Damaged(d) = e else { return None };
+    let d = match e {
+        SystemError::Damaged(d) => d,
+        SystemError::Store(StoreError::FutureSchema { db, found, .. }) => {
+            return Some(Refusal::NewerStore {
+                db: PathBuf::from(db),
+                found: *found,
+            })
+        }
+        SystemError::LoopResume(StoreError::FutureCheckpoint { found, .. }) => {
+            return Some(Refusal::NewerCheckpoint { found: *found })
+        }
+        _ => return None,
+    };
     Some(match d {
         DamageError::StoreMissing { path, .. } => Refusal::StoreMissing(path.clone()),
         DamageError::StoreReplaced { path, .. } => Refusal::StoreReplaced(path.clone()),
@@ -248,6 +290,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             Loss::StoreReplaced,
             Loss::Manifest { store_too: false },
             Loss::Manifest { store_too: true },
+            Loss::Newer { checkpoint: false },
         ] {
             let path = match loss {
                 Loss::Manifest { .. } => root.join(MANIFEST_FILE),
@@ -401,6 +444,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     let kind = if by_kind[4].is_empty() { drawn } else { &by_kind[4] };
     let chosen = &kind[rng.random_range(0..kind.len())];
     let backup = fs.backup();
+    let mut loss = chosen.loss;
     match (chosen.loss, chosen.cut_at) {
         (Loss::Store, _) => {
             if rng.random_bool(0.5) && disk.contains_key(store) {
@@ -439,6 +483,11 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
                 lose_sides();
             }
         }
+        (Loss::Newer { .. }, _) => {
+            loss = Loss::Newer {
+                checkpoint: newer_store(fs, rng.random_bool(0.5))?,
+            };
+        }
         (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
         (Loss::Created, _) => {
             fs.lose(&chosen.path).ok()?;
@@ -452,7 +501,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         _ => (0, 0),
     };
     Some(Rot {
-        damage: Damage::Lost(chosen.loss),
+        damage: Damage::Lost(loss),
         path: chosen.path.clone(),
         line,
         line_offset,
@@ -462,6 +511,43 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         backup: Some(backup),
         cut_off: chosen.cut_off.clone(),
     })
+}
+
+/// Make `fs`'s store (at rest) a newer build's: with `checkpoint`, every
+/// loop checkpoint's `schema_version` raised to [`NEWER_VERSION`] if the
+/// store holds one, else its own schema version (`PRAGMA user_version`).
+/// Edited by SQLite on a detached copy, whose store files then replace
+/// these (so the run's I/O points and draws are untouched). Returns
+/// whether a checkpoint was raised; `None` if the copy cannot be edited
+/// (then nothing is lost).
+fn newer_store(fs: &SimFs, checkpoint: bool) -> Option<bool> {
+    let copy = fs.detached(SimConfig::new(0));
+    let raised = {
+        let db = durable_agent::sqlite::open(
+            Arc::new(copy.clone()),
+            Path::new(STORE_DB),
+            &SqliteOptions::default(),
+        )
+        .ok()?;
+        let conn = db.conn();
+        let raised = checkpoint
+            && conn
+                .execute("UPDATE loop_checkpoints SET schema_version = ?1", [NEWER_VERSION])
+                .ok()?
+                > 0;
+        if !raised {
+            conn.pragma_update(None, "user_version", NEWER_VERSION).ok()?;
+        }
+        raised
+    };
+    let files = [
+        STORE_DB.to_string(),
+        format!("{STORE_DB}-wal"),
+        format!("{STORE_DB}-journal"),
+    ];
+    fs.copy_in(&copy.backup(), |p| files.iter().any(|f| Path::new(f) == p))
+        .ok()?;
+    Some(raised)
 }
 
 /// The offset of the single digit of `root.json`'s `schema_version`
@@ -568,6 +654,11 @@ fn wanted(loss: Loss, path: &Path) -> Refusal {
         Loss::Record => Refusal::MissingRecord(path),
         Loss::Created => Refusal::MissingCreated(path),
         Loss::Manifest { .. } => Refusal::ManifestInvalid(path),
+        Loss::Newer { checkpoint: true } => Refusal::NewerCheckpoint { found: NEWER_VERSION },
+        Loss::Newer { checkpoint: false } => Refusal::NewerStore {
+            db: path,
+            found: NEWER_VERSION,
+        },
         Loss::Parent { .. } => Refusal::Other("none: the boot terminates the sessions cut off".into()),
     }
 }
@@ -695,6 +786,7 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
         Loss::Record => (FindingKind::MissingRecord, None),
         Loss::Created => (FindingKind::MissingCreated, None),
         Loss::Manifest { .. } => (FindingKind::ManifestInvalid, None),
+        Loss::Newer { .. } => (FindingKind::NewerSchema, None),
         Loss::Parent { .. } => return Vec::new(), // answered above
     };
     // Lost entries: the finding also says where the log's readable part

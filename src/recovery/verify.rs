@@ -138,7 +138,8 @@ pub enum FindingKind {
     RecordDamaged,
     /// `session.json` and the log's `agent.created` name different agents.
     AgentMismatch,
-    /// A line or record from a newer durable-agent (not damage: upgrade).
+    /// A line, record or store (its schema, or a loop checkpoint's) from a
+    /// newer durable-agent (not damage: upgrade).
     NewerSchema,
     /// `root.json` says the root has a store; there is none (or it is empty).
     StoreMissing,
@@ -493,6 +494,15 @@ fn check_store_copy(
                 db_path,
                 message,
                 Remedy::AcceptStoreLoss,
+            ));
+            return None;
+        }
+        StoreRead::Newer(message) => {
+            v.damaged.push(finding(
+                FindingKind::NewerSchema,
+                db_path,
+                message,
+                Remedy::Manual,
             ));
             return None;
         }

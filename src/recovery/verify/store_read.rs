@@ -1,7 +1,8 @@
 //! What SQLite makes of a copy of the store: its identity and the tool-call
 //! ledger's call ids and idempotency keys ([`Ledger`]: an older copy of the
 //! store lacks rows the logs' settled calls prove), or why it is not a
-//! healthy store — remembered per thread for the copies read lately.
+//! healthy store, or why this build may not use it (a newer build's) —
+//! remembered per thread for the copies read lately.
 //!
 //! Why remembered: opening a store is SQLite's whole fixed cost (parse the
 //! schema, rebuild the WAL index, roll back a hot journal, walk every
@@ -26,7 +27,11 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use rusqlite::OptionalExtension;
+
 use crate::fs::{Fs, OpenMode, SimConfig, SimFs};
+use crate::store::checkpoints::LOOP_CHECKPOINT_SCHEMA_VERSION;
+use crate::store::schema::SCHEMA_VERSION;
 
 /// `store.db`'s bytes, its WAL's and its rollback journal's, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +67,11 @@ pub(super) enum StoreRead {
     Healthy { store_id: u32 },
     /// Not a healthy store: why, as the finding says it.
     Corrupt(String),
+    /// A healthy store a newer build wrote (its schema, or a loop
+    /// checkpoint's, is above this build's): why, as the finding says it.
+    /// The boot refuses it (`StoreError::FutureSchema`,
+    /// `StoreError::FutureCheckpoint`); it is not damage.
+    Newer(String),
     /// The copy could not be put in memory (nothing said of the store).
     CopyFailed(String),
 }
@@ -140,19 +150,70 @@ fn ledger_of(db: &crate::sqlite::Db) -> Result<Ledger, String> {
     Ok(Arc::new(out))
 }
 
+/// Why the store `db` is a newer build's, if it is: its schema version
+/// above this build's ([`crate::store::schema::SCHEMA_VERSION`]), or a
+/// loop checkpoint's above [`LOOP_CHECKPOINT_SCHEMA_VERSION`] — what the
+/// boot refuses before (`migrate`) and after (the loops' resume) it
+/// recovers the logs.
+fn newer_of(db: &crate::sqlite::Db) -> Result<Option<String>, String> {
+    let conn = db.conn();
+    let schema = crate::store::schema::user_version(conn).map_err(|e| e.to_string())?;
+    if schema > SCHEMA_VERSION {
+        return Ok(Some(format!(
+            "schema version {schema}, written by a newer durable-agent (this build supports at most \
+             {SCHEMA_VERSION}): the boot refuses it; run the newer build, or restore a backup this \
+             build wrote"
+        )));
+    }
+    // Not migrated yet (a crash inside the first boot's one migration
+    // transaction): no table to read. Every version has the checkpoints'.
+    if schema == 0 {
+        return Ok(None);
+    }
+    let newest: Option<(String, u32)> = conn
+        .query_row(
+            // Each run's latest checkpoint: the one the boot resumes.
+            "SELECT run_id, schema_version FROM loop_checkpoints c WHERE schema_version > ?1 \
+             AND id = (SELECT MAX(id) FROM loop_checkpoints WHERE run_id = c.run_id) \
+             ORDER BY run_id LIMIT 1",
+            [LOOP_CHECKPOINT_SCHEMA_VERSION],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| e.to_string())?;
+    Ok(newest.map(|(run, version)| {
+        format!(
+            "the loop checkpoint of run {run} has schema version {version}, written by a newer \
+             durable-agent (this build supports at most {LOOP_CHECKPOINT_SCHEMA_VERSION}): the boot \
+             refuses to resume it; run the newer build, or restore a backup this build wrote"
+        )
+    }))
+}
+
 /// Open `copy` on a fault-free in-memory disk, read its identity, run
-/// `integrity_check` and, when healthy, read its [`Ledger`].
+/// `integrity_check` and, when healthy, read its [`Ledger`] — or why a
+/// newer build wrote it.
 fn fresh(copy: &StoreCopy) -> (StoreRead, Ledger) {
     let (read, db) = fresh_read(copy);
-    match (&read, db) {
-        (StoreRead::Healthy { .. }, Some(db)) => match ledger_of(&db) {
-            Ok(ledger) => (read, ledger),
-            Err(e) => (
-                StoreRead::Corrupt(format!("cannot read the tool-call ledger: {e}")),
+    let (StoreRead::Healthy { .. }, Some(db)) = (&read, db) else {
+        return (read, Ledger::default());
+    };
+    match newer_of(&db) {
+        Ok(None) => {}
+        Ok(Some(why)) => return (StoreRead::Newer(why), Ledger::default()),
+        Err(e) => {
+            return (
+                StoreRead::Corrupt(format!("cannot read its schema versions: {e}")),
                 Ledger::default(),
-            ),
-        },
-        _ => (read, Ledger::default()),
+            )
+        }
+    }
+    match ledger_of(&db) {
+        Ok(ledger) => (read, ledger),
+        Err(e) => (
+            StoreRead::Corrupt(format!("cannot read the tool-call ledger: {e}")),
+            Ledger::default(),
+        ),
     }
 }
 
@@ -219,7 +280,7 @@ mod tests {
     use std::path::Path;
     use std::sync::Arc;
 
-    use super::{read, StoreCopy, StoreRead, READ};
+    use super::{read, StoreCopy, StoreRead, READ, SCHEMA_VERSION};
     use crate::fs::{Fs, SimConfig, SimFs};
 
     /// A store whose `application_id` is `id`, as its files' bytes.
@@ -264,6 +325,61 @@ mod tests {
         assert!(matches!(first, StoreRead::Corrupt(_)), "{first:?}");
         assert_eq!(read(garbage), first);
         assert_eq!(READ.with_borrow(Vec::len), 3);
+    }
+
+    /// A migrated store holding one loop checkpoint per `versions` entry
+    /// (in that order, all of run `r`), its own schema version then set to
+    /// `schema` when given.
+    fn migrated(versions: &[u32], schema: Option<u32>) -> StoreCopy {
+        let fs = Arc::new(SimFs::new(SimConfig::new(1)));
+        let path = Path::new("/s/store.db");
+        fs.create_dir_all(Path::new("/s"), "test mkdir").expect("mkdir");
+        let db = crate::store::schema::open_store(fs.clone(), path, &crate::sqlite::SqliteOptions::default())
+            .expect("open");
+        for v in versions {
+            db.conn()
+                .execute(
+                    "INSERT INTO loop_checkpoints (run_id, session_id, turn, last_msg_id, messages_json, \
+                     usage_json, tool_calls_count, schema_version, created_at) \
+                     VALUES ('r', 's', 1, 0, '[]', '{}', 0, ?1, 0)",
+                    [v],
+                )
+                .expect("checkpoint");
+        }
+        if let Some(schema) = schema {
+            db.conn()
+                .pragma_update(None, "user_version", schema)
+                .expect("user_version");
+        }
+        let copy = StoreCopy {
+            db: fs.read(path, "test read db").expect("db"),
+            wal: fs.read(Path::new("/s/store.db-wal"), "test read wal").ok(),
+            journal: None,
+        };
+        drop(db);
+        copy
+    }
+
+    #[test]
+    fn a_newer_builds_store_or_latest_checkpoint_is_newer_and_nothing_else_is() {
+        READ.with_borrow_mut(Vec::clear);
+        let newer = |copy| match read(copy) {
+            StoreRead::Newer(why) => Some(why),
+            StoreRead::Healthy { .. } => None,
+            other => panic!("neither healthy nor newer: {other:?}"),
+        };
+        assert_eq!(newer(migrated(&[], None)), None);
+        assert_eq!(newer(migrated(&[1, 1], None)), None);
+        let why = newer(migrated(&[1, 2], None)).expect("a newer latest checkpoint");
+        assert!(why.contains("run r has schema version 2"), "{why}");
+        // Only the latest checkpoint of a run is resumed, so only it counts.
+        assert_eq!(newer(migrated(&[2, 1], None)), None);
+        let why = newer(migrated(&[], Some(SCHEMA_VERSION + 1))).expect("a newer schema");
+        assert!(
+            why.contains(&format!("schema version {}", SCHEMA_VERSION + 1)),
+            "{why}"
+        );
+        assert_eq!(newer(migrated(&[], Some(SCHEMA_VERSION))), None);
     }
 
     #[test]
