@@ -1,6 +1,6 @@
 //! Garbage collection of settled rows with a TTL (seed 001 §7, §9 phase 5):
 //! `TriggerStore::gc` collects DONE/FAILED/DEAD triggers and
-//! `ActivityStore::gc` DONE/FAILED ledger rows last updated more than the
+//! `ActivityStore::gc_keeping` (nothing kept) DONE/FAILED ledger rows last updated more than the
 //! TTL ago — never a PENDING/CLAIMED trigger, never an INTENT or
 //! NEEDS_CONFIRMATION row, never the newest trigger (ids derive from
 //! `MAX(rowid)`) — each in one transaction, so a crash at any I/O point
@@ -181,7 +181,7 @@ fn activity_gc_collects_done_and_failed_but_never_intent_or_needs_confirmation()
     let a = ActivityStore::default();
     let f = activity_fixture(&c, &a);
     // However late: INTENT and NEEDS_CONFIRMATION stay.
-    let report = a.gc(&c, u64::MAX >> 2, TTL_MS).expect("gc");
+    let report = a.gc_keeping(&c, u64::MAX >> 2, TTL_MS, &[]).expect("gc");
     assert_eq!(
         report.deleted.iter().cloned().collect::<BTreeSet<_>>(),
         &f.collectable | &["done-young".to_string()].into()
@@ -201,9 +201,19 @@ fn a_row_exactly_ttl_old_is_kept_and_one_ms_older_is_collected() {
     activity_fixture(&c, &a);
     let exactly = OLD_MS + TTL_MS;
     assert!(s.gc(&c, exactly, TTL_MS).expect("gc").deleted.is_empty());
-    assert!(a.gc(&c, exactly, TTL_MS).expect("gc").deleted.is_empty());
+    assert!(a
+        .gc_keeping(&c, exactly, TTL_MS, &[])
+        .expect("gc")
+        .deleted
+        .is_empty());
     assert_eq!(s.gc(&c, exactly + 1, TTL_MS).expect("gc").deleted.len(), 3);
-    assert_eq!(a.gc(&c, exactly + 1, TTL_MS).expect("gc").deleted.len(), 2);
+    assert_eq!(
+        a.gc_keeping(&c, exactly + 1, TTL_MS, &[])
+            .expect("gc")
+            .deleted
+            .len(),
+        2
+    );
 }
 
 #[test]
@@ -224,10 +234,18 @@ fn gc_is_idempotent() {
     trigger_fixture(&c, &s);
     activity_fixture(&c, &a);
     assert!(!s.gc(&c, NOW_MS, TTL_MS).expect("gc").deleted.is_empty());
-    assert!(!a.gc(&c, NOW_MS, TTL_MS).expect("gc").deleted.is_empty());
+    assert!(!a
+        .gc_keeping(&c, NOW_MS, TTL_MS, &[])
+        .expect("gc")
+        .deleted
+        .is_empty());
     let (ids, keys) = (trigger_ids(&c, &s), activity_keys(&c).expect("keys"));
     assert!(s.gc(&c, NOW_MS, TTL_MS).expect("gc").deleted.is_empty());
-    assert!(a.gc(&c, NOW_MS, TTL_MS).expect("gc").deleted.is_empty());
+    assert!(a
+        .gc_keeping(&c, NOW_MS, TTL_MS, &[])
+        .expect("gc")
+        .deleted
+        .is_empty());
     assert_eq!(
         (trigger_ids(&c, &s), activity_keys(&c).expect("keys")),
         (ids, keys)
@@ -283,7 +301,7 @@ fn after_gc_the_ledger_no_longer_deduplicates_the_key() {
             ..
         }
     ));
-    a.gc(&c, NOW_MS, TTL_MS).expect("gc");
+    a.gc_keeping(&c, NOW_MS, TTL_MS, &[]).expect("gc");
     assert!(matches!(
         run(NOW_MS),
         ActivityOutcome::Done {
@@ -358,7 +376,7 @@ fn gc_crashed_at_every_io_point_collects_all_or_nothing_and_never_a_live_row() {
         let e = |e: StoreError| e.to_string();
         s.gc(db.conn(), NOW_MS, TTL_MS).map_err(e)?;
         m.triggers = true;
-        a.gc(db.conn(), NOW_MS, TTL_MS).map_err(e)?;
+        a.gc_keeping(db.conn(), NOW_MS, TTL_MS, &[]).map_err(e)?;
         m.activities = true;
         Ok(())
     };

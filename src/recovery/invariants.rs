@@ -10,6 +10,11 @@
 //!   `agent.created`, and its parent session is live (no orphan children,
 //!   no dangling parent references).
 //!
+//! An oracle, not a step of the product: the harness (`cargo sim`'s view,
+//! the fuzzer's projection) and the tests call it; no boot, command or
+//! API does. So it is built only with the `fakes` feature, beside the
+//! stand-ins, and mutation testing leaves it out (`.cargo/mutants.toml`).
+//!
 //! Invariant of this module: it only reads.
 
 use std::collections::BTreeMap;

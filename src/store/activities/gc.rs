@@ -1,7 +1,7 @@
 //! Garbage collection of settled ledger rows with a TTL (seed 001 §7 and
 //! §10: the ledger may hold message content; do not keep it forever).
 //!
-//! Invariant: [`ActivityStore::gc`] deletes only DONE and FAILED rows whose
+//! Invariant: [`ActivityStore::gc_keeping`] deletes only DONE and FAILED rows whose
 //! `updated_at` is more than `ttl_ms` before `now_ms`, in one transaction
 //! (after a crash: all of them gone or none). Never an INTENT row — its
 //! outcome is unknown and boot recovery must still decide it — and never a
@@ -42,15 +42,11 @@ use crate::store::triggers::{cutoff_and_kept, cutoff_ms};
 
 impl ActivityStore {
     /// Delete DONE/FAILED rows last updated more than `ttl_ms` before
-    /// `now_ms`, in one transaction (see the module docs).
-    pub fn gc(&self, conn: &Connection, now_ms: u64, ttl_ms: u64) -> Result<GcReport, StoreError> {
-        self.gc_keeping(conn, now_ms, ttl_ms, &[])
-    }
-
-    /// [`ActivityStore::gc`], except that rows whose `task_id` is in
-    /// `keep_task_ids` are kept whatever their age (the system passes the
-    /// agents with an interrupted turn: resuming it re-runs keys of its
-    /// partial round, which must still be answered from the ledger).
+    /// `now_ms`, in one transaction (see the module docs), except that
+    /// rows whose `task_id` is in `keep_task_ids` are kept whatever their
+    /// age (the system passes the agents with an interrupted turn:
+    /// resuming it re-runs keys of its partial round, which must still be
+    /// answered from the ledger). Nothing kept: an empty slice.
     pub fn gc_keeping(
         &self,
         conn: &Connection,

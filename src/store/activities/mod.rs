@@ -11,7 +11,7 @@
 //!
 //! A human answers NEEDS_CONFIRMATION with [`ActivityStore::confirm`]
 //! (`confirm.rs`: delivered, not delivered, abandon); settled rows are
-//! collected after a TTL by [`ActivityStore::gc`] (`gc.rs`: never INTENT or
+//! collected after a TTL by [`ActivityStore::gc_keeping`] (`gc.rs`: never INTENT or
 //! NEEDS_CONFIRMATION), their payloads stripped after a shorter one by
 //! [`ActivityStore::strip_payloads`] (same rows, same rules).
 
