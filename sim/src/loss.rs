@@ -47,6 +47,13 @@
 //!   brace: no longer JSON), one time in two with `store.db` lost beside
 //!   it — refused as an invalid manifest naming `root.json` (the boot
 //!   cannot tell which store the root had, so it trusts none);
+//! - **rotted store**: `store.db` damaged at rest outside SQLite's
+//!   reach (a bad sector, a stray write): its 16-byte header overwritten
+//!   (no longer a SQLite file) or the rest of its first page (the
+//!   schema) smashed, its WAL folded into it first so the damage is what
+//!   SQLite reads — refused as a corrupt store naming `store.db`
+//!   (`SqliteError::NotADatabase` or `SqliteError::Corrupt`, never a
+//!   generic SQLite error), and `verify` reports `StoreCorrupt`;
 //! - **newer store**: `store.db` as a newer build leaves it (a build
 //!   rolled back over a root a newer one ran, its store kept): a loop
 //!   checkpoint's `schema_version` raised above this build's when the
@@ -78,11 +85,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use durable_agent::canary::Canaries;
-use durable_agent::fs::{DiskBackup, SimConfig, SimFs};
+use durable_agent::fs::{DiskBackup, Fs, OpenMode, SimConfig, SimFs};
 use durable_agent::log::{Event, LogEntry, EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::verify::{FindingKind, Verification};
 use durable_agent::recovery::DamageError;
-use durable_agent::sqlite::SqliteOptions;
+use durable_agent::sqlite::{SqliteError, SqliteOptions};
 use durable_agent::store::manifest::{ManifestError, MANIFEST_FILE};
 use durable_agent::store::schema::StoreError;
 use durable_agent::store::schema::SCHEMA_VERSION;
@@ -123,6 +130,9 @@ pub enum Loss {
     /// `store.db` edited as a newer build leaves it: a loop checkpoint's
     /// schema version raised (`checkpoint`), else the store's own.
     Newer { checkpoint: bool },
+    /// `store.db` rotted at rest: its header (`header`), else the rest of
+    /// its first page.
+    StoreRot { header: bool },
 }
 
 /// The version a newer build's store or loop checkpoint carries here.
@@ -142,6 +152,10 @@ pub enum Refusal {
     MissingRecord(PathBuf),
     MissingCreated(PathBuf),
     ManifestInvalid(PathBuf),
+    /// The store is not a healthy SQLite database: typed
+    /// `SqliteError::NotADatabase` or `Corrupt` (or `StoreError::Corrupt`),
+    /// naming it.
+    StoreCorrupt(PathBuf),
     /// The store's schema is a newer build's (`StoreError::FutureSchema`).
     NewerStore {
         db: PathBuf,
@@ -170,6 +184,12 @@ pub fn refusal(e: &SystemError) -> Option<Refusal> {
         }
         SystemError::LoopResume(StoreError::FutureCheckpoint { found, .. }) => {
             return Some(Refusal::NewerCheckpoint { found: *found })
+        }
+        SystemError::Store(StoreError::Open(
+            SqliteError::NotADatabase { path, .. } | SqliteError::Corrupt { path, .. },
+        )) => return Some(Refusal::StoreCorrupt(path.clone())),
+        SystemError::Store(StoreError::Corrupt { db, .. }) => {
+            return Some(Refusal::StoreCorrupt(PathBuf::from(db)))
         }
         _ => return None,
     };
@@ -272,7 +292,7 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
     };
     let disk = fs.disk_image_where(named);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ point.rotate_left(23) ^ 0x6c6f_7374);
-    let mut by_kind: [Vec<Candidate>; 5] = Default::default();
+    let mut by_kind: [Vec<Candidate>; 6] = Default::default();
     let beside = |suffix: &str| PathBuf::from(format!("{STORE_DB}{suffix}"));
     // A store lost whole: its WAL and journal go with it.
     let lose_sides = || {
@@ -290,14 +310,20 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             Loss::StoreReplaced,
             Loss::Manifest { store_too: false },
             Loss::Manifest { store_too: true },
+            // The store's own bytes, not a file lost: a kind of its own,
+            // so each is drawn as often as a whole kind's share allows.
+            Loss::Newer { checkpoint: true },
             Loss::Newer { checkpoint: false },
+            Loss::StoreRot { header: true },
+            Loss::StoreRot { header: false },
         ] {
-            let path = match loss {
-                Loss::Manifest { .. } => root.join(MANIFEST_FILE),
-                _ => store.to_path_buf(),
+            let (path, kind) = match loss {
+                Loss::Manifest { .. } => (root.join(MANIFEST_FILE), 0),
+                Loss::Newer { .. } | Loss::StoreRot { .. } => (store.to_path_buf(), 5),
+                _ => (store.to_path_buf(), 0),
             };
             if loss != Loss::StoreReplaced || foreign {
-                by_kind[0].push(Candidate {
+                by_kind[kind].push(Candidate {
                     loss,
                     path,
                     cut_at: None,
@@ -483,9 +509,11 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
                 lose_sides();
             }
         }
-        (Loss::Newer { .. }, _) => {
+        (Loss::StoreRot { header }, _) => rot_store(fs, header)?,
+        // A store with no loop checkpoint yet gets a newer schema instead.
+        (Loss::Newer { checkpoint }, _) => {
             loss = Loss::Newer {
-                checkpoint: newer_store(fs, rng.random_bool(0.5))?,
+                checkpoint: newer_store(fs, checkpoint)?,
             };
         }
         (Loss::Entries { .. } | Loss::Record | Loss::Parent { .. }, _) => fs.lose(&chosen.path).ok()?,
@@ -516,30 +544,74 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
 /// Make `fs`'s store (at rest) a newer build's: with `checkpoint`, every
 /// loop checkpoint's `schema_version` raised to [`NEWER_VERSION`] if the
 /// store holds one, else its own schema version (`PRAGMA user_version`).
-/// Edited by SQLite on a detached copy, whose store files then replace
-/// these (so the run's I/O points and draws are untouched). Returns
-/// whether a checkpoint was raised; `None` if the copy cannot be edited
-/// (then nothing is lost).
+/// Returns whether a checkpoint was raised; `None` if the copy cannot be
+/// edited (then nothing is lost).
 fn newer_store(fs: &SimFs, checkpoint: bool) -> Option<bool> {
+    edit_store(
+        fs,
+        |conn| {
+            let raised = checkpoint
+                && conn
+                    .execute("UPDATE loop_checkpoints SET schema_version = ?1", [NEWER_VERSION])
+                    .ok()?
+                    > 0;
+            if !raised {
+                conn.pragma_update(None, "user_version", NEWER_VERSION).ok()?;
+            }
+            Some(raised)
+        },
+        |_| Some(()),
+    )
+}
+
+/// Rot `fs`'s store at rest: its WAL folded into `store.db` first (so
+/// what is smashed is what SQLite reads), then its 16-byte header
+/// (`header`) or the rest of its first page (the schema) overwritten.
+/// `None` if the copy cannot be edited (then nothing is lost).
+fn rot_store(fs: &SimFs, header: bool) -> Option<()> {
+    edit_store(
+        fs,
+        |conn| {
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .ok()
+        },
+        |copy| {
+            let db = Path::new(STORE_DB);
+            let (at, bytes) = match header {
+                true => (0, b"not sqlite! rot.".to_vec()),
+                false => (100, vec![0xFF; FIRST_PAGE - 100]),
+            };
+            copy.open(db, OpenMode::Existing, "rot store.db (harness)").ok()?;
+            copy.write_at(db, at, &bytes, "rot store.db (harness)").ok()
+        },
+    )
+}
+
+/// The store's page size (the product's default): the first page holds
+/// the header and the schema's root.
+const FIRST_PAGE: usize = 4096;
+
+/// Edit `fs`'s store at rest on a detached copy — `sql` on SQLite's
+/// connection, then `bytes` on the closed copy's files — whose store
+/// files then replace these (`store.db`, its WAL and journal), so the
+/// run's I/O points and draws are untouched. `None` if either step fails
+/// (then `fs` is unchanged).
+fn edit_store<T>(
+    fs: &SimFs,
+    sql: impl FnOnce(&rusqlite::Connection) -> Option<T>,
+    bytes: impl FnOnce(&SimFs) -> Option<()>,
+) -> Option<T> {
     let copy = fs.detached(SimConfig::new(0));
-    let raised = {
+    let out = {
         let db = durable_agent::sqlite::open(
             Arc::new(copy.clone()),
             Path::new(STORE_DB),
             &SqliteOptions::default(),
         )
         .ok()?;
-        let conn = db.conn();
-        let raised = checkpoint
-            && conn
-                .execute("UPDATE loop_checkpoints SET schema_version = ?1", [NEWER_VERSION])
-                .ok()?
-                > 0;
-        if !raised {
-            conn.pragma_update(None, "user_version", NEWER_VERSION).ok()?;
-        }
-        raised
+        sql(db.conn())?
     };
+    bytes(&copy)?;
     let files = [
         STORE_DB.to_string(),
         format!("{STORE_DB}-wal"),
@@ -547,7 +619,7 @@ fn newer_store(fs: &SimFs, checkpoint: bool) -> Option<bool> {
     ];
     fs.copy_in(&copy.backup(), |p| files.iter().any(|f| Path::new(f) == p))
         .ok()?;
-    Some(raised)
+    Some(out)
 }
 
 /// The offset of the single digit of `root.json`'s `schema_version`
@@ -654,6 +726,7 @@ fn wanted(loss: Loss, path: &Path) -> Refusal {
         Loss::Record => Refusal::MissingRecord(path),
         Loss::Created => Refusal::MissingCreated(path),
         Loss::Manifest { .. } => Refusal::ManifestInvalid(path),
+        Loss::StoreRot { .. } => Refusal::StoreCorrupt(path),
         Loss::Newer { checkpoint: true } => Refusal::NewerCheckpoint { found: NEWER_VERSION },
         Loss::Newer { checkpoint: false } => Refusal::NewerStore {
             db: path,
@@ -787,6 +860,7 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
         Loss::Created => (FindingKind::MissingCreated, None),
         Loss::Manifest { .. } => (FindingKind::ManifestInvalid, None),
         Loss::Newer { .. } => (FindingKind::NewerSchema, None),
+        Loss::StoreRot { .. } => (FindingKind::StoreCorrupt, None),
         Loss::Parent { .. } => return Vec::new(), // answered above
     };
     // Lost entries: the finding also says where the log's readable part
