@@ -172,7 +172,8 @@ pub enum Refusal {
 }
 
 /// The damage `e` refuses the root for, if it is one
-/// (`SystemError::Damaged`).
+/// (`SystemError::Damaged`), or the store's typed refusal: a newer
+/// build's schema or loop checkpoint, or SQLite corruption naming it.
 pub fn refusal(e: &SystemError) -> Option<Refusal> {
     let d = match e {
         SystemError::Damaged(d) => d,
