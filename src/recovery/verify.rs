@@ -486,28 +486,27 @@ fn check_store_copy(
         }
     };
     let (read, ledger) = store_read::read_with_ledger(copy);
+    // A store this build cannot use: its finding, and nothing more to check.
     let found = match read {
-        StoreRead::Healthy { store_id } => store_id,
-        StoreRead::Corrupt(message) => {
-            v.damaged.push(finding(
-                FindingKind::StoreCorrupt,
-                db_path,
-                message,
-                Remedy::AcceptStoreLoss,
-            ));
-            return None;
-        }
-        StoreRead::Newer(message) => {
-            v.damaged.push(finding(
-                FindingKind::NewerSchema,
-                db_path,
-                message,
-                Remedy::Manual,
-            ));
-            return None;
-        }
-        StoreRead::CopyFailed(message) => {
-            v.damaged.push(unreadable(db_path, message));
+        StoreRead::Healthy { store_id } => Ok(store_id),
+        StoreRead::Corrupt(message) => Err(finding(
+            FindingKind::StoreCorrupt,
+            db_path,
+            message,
+            Remedy::AcceptStoreLoss,
+        )),
+        StoreRead::Newer(message) => Err(finding(
+            FindingKind::NewerSchema,
+            db_path,
+            message,
+            Remedy::Manual,
+        )),
+        StoreRead::CopyFailed(message) => Err(unreadable(db_path, message)),
+    };
+    let found = match found {
+        Ok(store_id) => store_id,
+        Err(f) => {
+            v.damaged.push(f);
             return None;
         }
     };

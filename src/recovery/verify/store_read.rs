@@ -295,14 +295,18 @@ mod tests {
                 "PRAGMA application_id = {id}; CREATE TABLE t(x); INSERT INTO t VALUES (1);"
             ))
             .expect("write");
-        let wal = fs.read(Path::new("/s/store.db-wal"), "test read wal").ok();
-        let copy = StoreCopy {
-            db: fs.read(path, "test read db").expect("db"),
-            wal,
-            journal: None,
-        };
+        let copy = copy_of(&fs);
         drop(db);
         copy
+    }
+
+    /// The bytes of the test store at `/s/store.db` and its WAL.
+    fn copy_of(fs: &SimFs) -> StoreCopy {
+        StoreCopy {
+            db: fs.read(Path::new("/s/store.db"), "test read db").expect("db"),
+            wal: fs.read(Path::new("/s/store.db-wal"), "test read wal").ok(),
+            journal: None,
+        }
     }
 
     #[test]
@@ -351,11 +355,7 @@ mod tests {
                 .pragma_update(None, "user_version", schema)
                 .expect("user_version");
         }
-        let copy = StoreCopy {
-            db: fs.read(path, "test read db").expect("db"),
-            wal: fs.read(Path::new("/s/store.db-wal"), "test read wal").ok(),
-            journal: None,
-        };
+        let copy = copy_of(&fs);
         drop(db);
         copy
     }
