@@ -1,12 +1,12 @@
 //! `durable-agent run`: a job as ONE work turn `run:{run_id}` on its own
 //! root agent, recorded in the runs table; `--resume` and `--fork`.
 //!
-//! Order of a new run: the root agent is created (durable), then the run
-//! is recorded (`create_job_run`, status `running`, with the job as JSON),
-//! then the work turn runs, then the status becomes `succeeded` or
-//! `failed`. A crash between the first two leaves an agent with no run
-//! (harmless: nothing refers to it); after the second, `--resume` finds
-//! everything it needs in the runs table.
+//! The run's bookkeeping (its root agent, its row, its final status, its
+//! RESUME trigger settled) is the library's
+//! ([`durable_agent::system::System::start_job_run`] and `finish_job_run`:
+//! the order, and what a crash between two steps leaves), the same the
+//! fuzzer's `job_run` op crashes. This module adds the job file, the ids,
+//! `--resume`/`--fork`, telemetry and the summary.
 //!
 //! Invariant: a run's turn is only ever run through
 //! `run_work_turn(agent, prompt, "run:{run_id}")`, so a resumed run either
@@ -27,9 +27,9 @@
 use std::path::Path;
 
 use durable_agent::runtime::{AgentId, ConversationItem, RuntimeError, WorkTurn};
-use durable_agent::store::tool_calls::{RunRecord, RunStatus, ToolCallStore};
+use durable_agent::store::tool_calls::{RunRecord, ToolCallStore};
 use durable_agent::store::StoreError;
-use durable_agent::system::System;
+use durable_agent::system::{job_work, settled_status, JobRunError, JobStart, System};
 use serde::Serialize;
 
 pub use crate::effects::CallSummary;
@@ -156,11 +156,7 @@ pub fn run(
         RunMode::Resume { run_id } => {
             let run = stored_run(system, run_id)?;
             let job = Job::from_stored(run_id, run.job_json.as_deref())?;
-            let agent = agent_of(system, &run)?;
-            if run.status != RunStatus::Running {
-                let now = system.now_ms();
-                store.set_run_status(system.db().conn(), run_id, RunStatus::Running, now)?;
-            }
+            let (run, agent) = system.resume_job_run(run_id).map_err(job_error)?;
             tracing::info!(run_id, agent = %agent, was = run.status.as_str(), "resuming run");
             progress.line(&format!(
                 "run {run_id}: resuming (agent {} ({agent}), was {})",
@@ -200,7 +196,8 @@ pub fn run(
     Ok(summary)
 }
 
-/// Create the run's root agent, then record the run.
+/// Create the run's root agent, then record the run
+/// ([`System::start_job_run`]).
 fn start(
     system: &mut System,
     lifecycle: &Lifecycle,
@@ -210,31 +207,19 @@ fn start(
     parent_run_id: Option<String>,
     instructions: &str,
 ) -> Result<(RunRecord, Job, AgentId), RunError> {
-    let store = ToolCallStore::default();
-    if store.get_run(system.db().conn(), &run_id)?.is_some() {
-        return Err(RunError::Exists { run_id });
-    }
-    let agent = system
-        .runtime_mut()
-        .create_root(&job.agent, instructions)
-        .map_err(|source| unknown_or_runtime(&run_id, source))?;
-    lifecycle.agent_start(system, &agent, &job.agent, None);
-    let session_id = system
-        .runtime()
-        .state()
-        .agents
-        .get(&agent)
-        .map(|a| a.session_id.to_string())
-        .unwrap_or_default();
-    let run = RunRecord {
-        run_id,
-        session_id,
-        status: RunStatus::Running,
-        parent_run_id,
+    let started = system.start_job_run(&JobStart {
+        run_id: &run_id,
+        agent: &job.agent,
+        instructions,
+        parent_run_id: parent_run_id.as_deref(),
         job_json: Some(job.to_json()),
-    };
-    let now = system.now_ms();
-    store.create_job_run(system.db().conn(), &run, now)?;
+    });
+    let (run, agent) = started.map_err(|e| match e {
+        // Creating the root agent: its outcome may be unknown.
+        JobRunError::Runtime(e) => unknown_or_runtime(&run_id, e),
+        e => job_error(e),
+    })?;
+    lifecycle.agent_start(system, &agent, &job.agent, None);
     progress.line(&format!(
         "run {}: agent {} ({agent}){}",
         run.run_id,
@@ -267,7 +252,7 @@ fn execute(
         error: None,
         needs_confirmation: Vec::new(),
     };
-    let work = format!("run:{}", run.run_id);
+    let work = job_work(&run.run_id);
     progress.watch(agent, system.runtime().session_id(agent), &work);
     let result = lifecycle.turn(
         system,
@@ -280,12 +265,19 @@ fn execute(
         },
     );
     let mut outcome = None;
-    let status = match result {
+    // A stop's provider error is not the turn's own end: the run stays
+    // `running` for `--resume`.
+    let interrupted = matches!(&result, Err(RuntimeError::Provider { source, .. }) if source.0 == INTERRUPTED || stop.requested());
+    let status = if interrupted {
+        None
+    } else {
+        settled_status(&result)
+    };
+    match result {
         Ok(WorkTurn::Ran(ran)) => {
             summary.outcome = RunOutcome::Succeeded;
             summary.response = Some(ran.response.clone());
             outcome = Some(ran);
-            Some(RunStatus::Succeeded)
         }
         Ok(WorkTurn::AlreadyDone) => {
             // The stored response and calls, not only "done".
@@ -298,15 +290,13 @@ fn execute(
                 Some(done) => Some(done.response.clone()),
                 None => last_response(system, agent),
             };
-            Some(RunStatus::Succeeded)
         }
-        Err(RuntimeError::Provider { source, .. }) if source.0 == INTERRUPTED || stop.requested() => {
+        Err(RuntimeError::Provider { .. }) if interrupted => {
             summary.outcome = RunOutcome::Interrupted;
             summary.error = Some(format!(
                 "stopped before the turn completed; `durable-agent run --resume {}` finishes it",
                 run.run_id
             ));
-            None
         }
         Err(e) if e.is_unknown_outcome() || matches!(e, RuntimeError::Poisoned { .. }) => {
             return Err(unknown_or_runtime(&run.run_id, e))
@@ -317,27 +307,15 @@ fn execute(
                 "{e}; `durable-agent confirm <key> --delivered|--not-delivered|--abandon`, then `durable-agent run --resume {}`",
                 run.run_id
             ));
-            Some(RunStatus::WaitingForHuman)
         }
         Err(e @ (RuntimeError::Provider { .. } | RuntimeError::TooManyToolRounds { .. })) => {
             summary.outcome = RunOutcome::Failed;
             summary.error = Some(e.to_string());
-            Some(RunStatus::Failed)
         }
         Err(e) => return Err(RunError::Runtime(e)),
-    };
-    if let Some(status) = status {
-        let now = system.now_ms();
-        ToolCallStore::default().set_run_status(system.db().conn(), &run.run_id, status, now)?;
     }
-    if status == Some(RunStatus::Succeeded) {
-        // The work is done: the RESUME trigger a boot emitted for it (a
-        // run interrupted before) must not stay PENDING as if it were not.
-        // After the status: a crash in between leaves the trigger, whose
-        // firing finds the work done and only acks.
-        if let Some(t) = system.settle_resume(agent, &work)? {
-            tracing::info!(run_id = %run.run_id, trigger = %t.id, "the run's RESUME trigger settled");
-        }
+    if let Some(status) = status {
+        system.finish_job_run(&run.run_id, agent, status)?;
     }
     // Every effect: the outcome's calls, and what the ledgers hold of a
     // turn that stopped before it completed.
@@ -380,37 +358,33 @@ fn disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 fn stored_run(system: &System, run_id: &str) -> Result<RunRecord, RunError> {
-    let store = ToolCallStore::default();
-    let conn = system.db();
-    match store.get_run(conn.conn(), run_id)? {
-        Some(run) => Ok(run),
-        None => {
-            let known = store.run_ids(conn.conn())?;
-            Err(RunError::NoSuchRun {
-                run_id: run_id.to_string(),
-                known: if known.is_empty() {
-                    "none".into()
-                } else {
-                    known.join(", ")
-                },
-            })
-        }
-    }
+    system.job_run(run_id).map_err(job_error)
 }
 
 /// The live agent whose session the run records.
 fn agent_of(system: &System, run: &RunRecord) -> Result<AgentId, RunError> {
-    system
-        .runtime()
-        .state()
-        .agents
-        .into_iter()
-        .find(|(_, view)| view.session_id.as_str() == run.session_id)
-        .map(|(id, _)| id)
-        .ok_or_else(|| RunError::AgentGone {
-            run_id: run.run_id.clone(),
-            session_id: run.session_id.clone(),
-        })
+    system.job_agent(run).ok_or_else(|| RunError::AgentGone {
+        run_id: run.run_id.clone(),
+        session_id: run.session_id.clone(),
+    })
+}
+
+/// The library's job-run error as this command reports it.
+fn job_error(e: JobRunError) -> RunError {
+    match e {
+        JobRunError::Exists { run_id } => RunError::Exists { run_id },
+        JobRunError::NoSuchRun { run_id, known } => RunError::NoSuchRun {
+            run_id,
+            known: if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            },
+        },
+        JobRunError::AgentGone { run_id, session_id } => RunError::AgentGone { run_id, session_id },
+        JobRunError::Store(e) => RunError::Store(e),
+        JobRunError::Runtime(e) => RunError::Runtime(e),
+    }
 }
 
 fn last_response(system: &System, agent: &AgentId) -> Option<String> {

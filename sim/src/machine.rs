@@ -51,8 +51,13 @@ impl ReferenceStateMachine for RefMachine {
 
     fn transitions(state: &RefState) -> BoxedStrategy<Op> {
         if state.model.state.agents.is_empty() {
-            // Nothing to act on yet: build, or crash an empty runtime.
-            prop_oneof![4 => Just(Op::CreateRoot), 1 => op_strategy()].boxed()
+            // Nothing to act on yet: build, or crash an empty runtime —
+            // or go on with the trigger chain, which needs no agent (a
+            // zombie's ack after a restart, a claim's order).
+            match trigger_steer(state) {
+                Some(steer) => prop_oneof![4 => Just(Op::CreateRoot), 1 => steer, 1 => op_strategy()].boxed(),
+                None => prop_oneof![4 => Just(Op::CreateRoot), 1 => op_strategy()].boxed(),
+            }
         } else if let Some(retry) = work_retry(state) {
             // Before the trigger steer: the work's RESUME trigger is due
             // too, and its fire would take the retry's place.
@@ -194,12 +199,15 @@ impl StateMachineTest for SimTest {
 /// learned that it started (a missing RESUME trigger shows there).
 fn work_retry(state: &RefState) -> Option<BoxedStrategy<Op>> {
     let model = &state.model;
-    let (agent, work) = model.works.values().find_map(|w| match w {
-        Action::WorkTurn { agent, work, .. } => Some((agent, work)),
+    // An API work (a job run's work is resumed by `job_resume` or its
+    // RESUME trigger).
+    let (agent, k) = model.works.values().find_map(|w| match w {
+        Action::WorkTurn { agent, work, .. } => {
+            Some((agent, work.strip_prefix("api:w")?.parse::<u8>().ok()?))
+        }
         _ => None,
     })?;
     let i = model.state.agents.keys().position(|n| n == agent)?;
-    let k: u8 = work.strip_prefix("api:w")?.parse().ok()?;
     let agent = AgentRef(u8::try_from(i).ok()?);
     Some(
         prop::collection::vec(crate::op::tool_step(), 0..3)
@@ -218,7 +226,7 @@ fn work_retry(state: &RefState) -> Option<BoxedStrategy<Op>> {
 /// generic offsets, 0..40, stop short of its last commits, turn.complete
 /// and the ack), then that fire; after a fire ran with a crash armed, a
 /// turn of its agent (so its turn count moves on) and its re-fire; with a
-/// claim held, a restart; with zombie claims around (a restart reclaimed
+/// claim held, a restart (and, a row due, a claim); with zombie claims around (a restart reclaimed
 /// leases), a fresh claim and a stale ack; with a row not yet due, an emit
 /// due at once, and with two due rows the later emitted due first, a claim
 /// (the claim's order among due rows).
@@ -265,6 +273,11 @@ fn trigger_steer(state: &RefState) -> Option<BoxedStrategy<Op>> {
             })
             .boxed(),
         );
+    }
+    if due {
+        // A due row is claimed (a daemon claims promptly): a claim held
+        // across a restart is what leaves a zombie.
+        arms.push(Just(Op::ClaimTrigger).boxed());
     }
     if due && any_agent {
         arms.push(

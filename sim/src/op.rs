@@ -367,6 +367,18 @@ pub enum Op {
     /// One tool round of a checkpointed agent loop (seed 003): an assistant
     /// message and `tools % 3` tool messages, then the loop checkpoint.
     LoopRound { tools: u8 },
+    /// A new job run (`durable-agent run`: `System::start_job_run`, its
+    /// work turn `run:{id}`, `System::finish_job_run`): a root agent of
+    /// its own, its row in the runs table `running`, the work turn (the
+    /// provider asks for `tools`), then `succeeded`. A run a crash cut
+    /// stays `running` until the daemon fires its RESUME trigger
+    /// (`worker::ops::fire::settle_fire` settles the status).
+    JobRun { tools: Vec<ToolStep> },
+    /// Resume a job run (`durable-agent run --resume`: `System::resume_job_run`,
+    /// its work turn, `System::finish_job_run`): the `run`-th of the runs
+    /// whose agent is live, in any status. A run a crash cut is continued
+    /// from its logged decisions; a finished one is answered from the log.
+    JobResume { run: u8 },
     /// Arm a crash inside the NEXT op: at its `offset`-th I/O point (from
     /// 0). If that op has fewer points, the process dies right after it.
     /// Either way the disk gets `kind` and the runtime recovers.
@@ -482,7 +494,10 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => agent_ref().prop_map(|agent| Op::Evict { agent }),
         2 => agent_ref().prop_map(|agent| Op::Restore { agent }),
         2 => agent_ref().prop_map(|agent| Op::Terminate { agent }),
-        3 => ((0u16..40), crash_kind()).prop_map(|(offset, kind)| Op::Crash { offset, kind }),
+        // Mostly inside an op's first few dozen points; now and then deep
+        // enough into a turn to cut its tool calls (a turn's first call
+        // starts 40–70 points in: its INTENT, its effect, its result).
+        3 => (prop_oneof![3 => 0u16..40, 1 => 40u16..120], crash_kind()).prop_map(|(offset, kind)| Op::Crash { offset, kind }),
         1 => Just(Op::Recover),
         // Mostly inside an op's few dozen points; now and then far enough
         // into a `recover` to reach the logs (a boot crosses 40–160 points,
@@ -503,6 +518,8 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         1 => any::<u8>().prop_map(|pick| Op::Confirm { pick }),
         1 => Just(Op::Gc),
         2 => (agent_ref(), any::<u8>()).prop_map(|(agent, of)| Op::TwinTurn { agent, of }),
+        2 => prop::collection::vec(tool_step(), 0..3).prop_map(|tools| Op::JobRun { tools }),
+        1 => any::<u8>().prop_map(|run| Op::JobResume { run }),
     ]
     .boxed()
 }
@@ -612,5 +629,7 @@ pub fn render(op: &Op) -> String {
         Op::RetryTrigger { trigger } => format!("retry_trigger(#{trigger})"),
         Op::Confirm { pick } => format!("confirm(#{pick}, truthfully)"),
         Op::Gc => "gc".into(),
+        Op::JobRun { tools } => format!("job_run(tools={})", render_tools(tools)),
+        Op::JobResume { run } => format!("job_resume(#{run})"),
     }
 }

@@ -92,6 +92,23 @@
 //!   a crash caught in flight; a succeeding call, or an irreversible one
 //!   (the activity ledger decides it, never a replay), is never relaxed.
 //!
+//! - **R10 A job run's inner states.** A job run (`Action::JobRun`: its
+//!   root agent → its row `running` → its work turn `run:{id}` → its
+//!   status) commits four times; a crash between them leaves the root
+//!   alone (no row), the row `running` with no turn, the turn started
+//!   (R7), or the turn complete with the row still `running`
+//!   ([`Model::job_midpoints`]). The fire of a job run's RESUME trigger
+//!   settles the run after its ack (`settle_fire`): a crash in between
+//!   leaves the trigger acked and the run as it was. A resume
+//!   (`Action::JobResume`, `run --resume`: the row `running` again → the
+//!   turn → `succeeded` → the PENDING RESUME trigger DONE) may be cut
+//!   between any two ([`Model::resume_midpoints`]; R4, R7 and R8 for a
+//!   turn not complete). A collecting GC pass
+//!   deletes every settled run whose agent is no longer live, and may
+//!   delete or keep one whose agent is live (`System::gc` keeps the runs
+//!   of an agent that may still resume, which the model does not track
+//!   exactly): the next reading decides ([`Model::learn_runs`]).
+//!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
 //!   that may be acknowledged, so "acknowledged means durable" cannot be
@@ -579,6 +596,7 @@ fn against(
     lost_msgs: &BTreeSet<(String, Msg)>,
 ) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
+    adopted.learn_runs(recovered);
     let records = adopted.records(); // every one SUSPENDED (R1)
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
@@ -671,6 +689,12 @@ fn against(
             want.triggers, recovered.triggers
         ));
     }
+    if want.runs != recovered.runs {
+        return Err(format!(
+            "job runs differ: expected {:?}, recovered {:?}",
+            want.runs, recovered.runs
+        ));
+    }
     // R4: the candidate's outbox, then possibly effects of the lost turn;
     // effects of unknown fate may sit anywhere, at most once (I4).
     let maybe = &adopted.maybe_effects;
@@ -706,6 +730,16 @@ pub fn effects_of(model: &Model, action: Option<&Action>) -> BTreeSet<String> {
             }
             | Action::WorkTurn {
                 agent, prompt, tools, ..
+            }
+            | Action::JobRun {
+                agent, prompt, tools, ..
+            }
+            | Action::JobResume {
+                agent,
+                prompt,
+                tools,
+                done: false,
+                ..
             },
         ) => tools
             .iter()
@@ -725,7 +759,14 @@ pub fn messages_of(action: Option<&Action>) -> BTreeSet<(String, Msg)> {
         Some(
             Action::RunTurn { agent, prompt, .. }
             | Action::Fire { agent, prompt, .. }
-            | Action::WorkTurn { agent, prompt, .. },
+            | Action::WorkTurn { agent, prompt, .. }
+            | Action::JobRun { agent, prompt, .. }
+            | Action::JobResume {
+                agent,
+                prompt,
+                done: false,
+                ..
+            },
         ) => crate::model::orch_calls(prompt)
             .into_iter()
             .filter_map(|c| match c {
@@ -794,15 +835,58 @@ pub fn judge(
     } else {
         BTreeSet::new()
     };
+    // R10: a job run is four commits (its root agent, its row, its turn,
+    // its status); the states between them are candidates too (the turn's
+    // start below, with R7's).
+    if let (Some(after), Some(job @ Action::JobRun { .. })) = (after, action) {
+        if let Some([rooted, recorded, turned]) = before.job_midpoints(after, job) {
+            if let Ok(adopted) = against(&turned, recovered, &BTreeSet::new(), &BTreeSet::new()) {
+                return Ok(Accepted {
+                    side: Side::After,
+                    adopted,
+                });
+            }
+            for m in [recorded, rooted] {
+                if let Ok(adopted) = against(&m, recovered, &BTreeSet::new(), &BTreeSet::new()) {
+                    return Ok(Accepted {
+                        side: Side::Before,
+                        adopted,
+                    });
+                }
+            }
+        }
+    }
+    // ... and its resume three or four (the row `running` again, its
+    // turn, its status, its RESUME trigger settled).
+    if let (Some(after), Some(resume @ Action::JobResume { .. })) = (after, action) {
+        if let Some([statused, turned, reset]) = before.resume_midpoints(after, resume) {
+            let none = (BTreeSet::new(), BTreeSet::new());
+            // (With the turn not complete, R4 and R8 for what it sent.)
+            for (m, side, (lost, msgs)) in [
+                (statused, Side::After, &none),
+                (turned, Side::After, &none),
+                (reset, Side::Before, &(lost.clone(), msgs.clone())),
+            ] {
+                if let Ok(adopted) = against(&m, recovered, lost, msgs) {
+                    return Ok(Accepted { side, adopted });
+                }
+            }
+        }
+    }
     // R5: a fire is three commits (claim, the turn, the ack); the two
     // states between them are candidates too.
     if let (Some(after), Some(fire @ Action::Fire { .. })) = (after, action) {
         let (turned, claimed) = fire_midpoints(before, after, fire);
-        if let Ok(adopted) = against(&turned, recovered, &BTreeSet::new(), &BTreeSet::new()) {
-            return Ok(Accepted {
-                side: Side::After,
-                adopted,
-            });
+        // A job run's RESUME trigger: its run's status is a fourth commit,
+        // after the ack (`settle_fire`).
+        let acked = unsettled_job(before, after, fire);
+        for m in [Some(turned), acked].into_iter().flatten() {
+            if let Ok(adopted) = against(&m, recovered, &BTreeSet::new(), &BTreeSet::new()) {
+                return Ok(Accepted {
+                    side: Side::After,
+                    adopted,
+                });
+            }
         }
         if let Ok(adopted) = against(&claimed, recovered, &lost, &msgs) {
             return Ok(Accepted {
@@ -814,11 +898,15 @@ pub fn judge(
     // A re-run turn may stop at a key needing confirmation (R4); a fire
     // then acks its trigger FAILED, which a crash may find committed.
     if let Some(blocked) = action.and_then(|a| before.blocked(a)) {
-        if let Ok(adopted) = against(&blocked, recovered, &lost, &msgs) {
-            return Ok(Accepted {
-                side: Side::Before,
-                adopted,
-            });
+        // (A job run's RESUME trigger acked FAILED, its run not yet parked.)
+        let unsettled = action.and_then(|a| unsettled_job(before, &blocked, a));
+        for m in [Some(blocked), unsettled].into_iter().flatten() {
+            if let Ok(adopted) = against(&m, recovered, &lost, &msgs) {
+                return Ok(Accepted {
+                    side: Side::Before,
+                    adopted,
+                });
+            }
         }
     }
     // A fresh work turn cut after its `turn.start` became durable: boot
@@ -881,7 +969,7 @@ fn fire_midpoints(before: &Model, after: &Model, fire: &Action) -> (Model, Model
             t.status = crate::model::TriggerStatus::Claimed;
         }
     };
-    let mut turned = after.clone();
+    let mut turned = unsettled_job(before, after, fire).unwrap_or_else(|| after.clone());
     claimed_row(&mut turned);
     let mut claimed = before.clone();
     if let Some(t) = claimed.state.triggers.iter_mut().find(|t| &t.key == key) {
@@ -890,6 +978,23 @@ fn fire_midpoints(before: &Model, after: &Model, fire: &Action) -> (Model, Model
     claimed_row(&mut claimed);
     claimed.fire_work.insert(key.clone(), fire.clone());
     (turned, claimed)
+}
+
+/// `after` with the job run a fire's RESUME trigger resumed still in
+/// its status of `before` (the fire acked, its run not settled yet), when
+/// the fire changes it.
+fn unsettled_job(before: &Model, after: &Model, fire: &Action) -> Option<Model> {
+    let Action::Fire { key, .. } = fire else {
+        return None;
+    };
+    let run = crate::model::job_of_key(key)?;
+    let was = before.state.runs.get(run)?;
+    if after.state.runs.get(run) == Some(was) {
+        return None;
+    }
+    let mut m = after.clone();
+    m.state.runs.insert(run.to_string(), was.clone());
+    Some(m)
 }
 
 /// I1 and I4 on a state (any step). Returns the violations.

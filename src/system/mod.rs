@@ -33,6 +33,7 @@
 
 mod admin;
 mod calls;
+mod job_run;
 mod outbox;
 mod resume;
 mod tools;
@@ -66,6 +67,7 @@ use crate::world::Outbox;
 
 pub use admin::{Confirmed, Resolution, SystemGcReport, SystemStripReport, WaitingRun, DEFAULT_GC_TTL_MS};
 pub use calls::StoreCallLog;
+pub use job_run::{job_work, settled_status, JobRunError, JobStart};
 pub use outbox::OutboxRoutes;
 pub use resume::{resume_key, resume_key_parts};
 pub use tools::{session_run, SystemTools};

@@ -17,11 +17,14 @@ use std::sync::{Arc, Mutex};
 
 use durable_agent::canary::Canaries;
 use durable_agent::fs::{Fault, SimConfig, SimFs, SimSnapshot};
+use durable_agent::runtime::WorkTurn;
 use durable_agent::runtime::{AgentId, MessageId, Runtime, RuntimeError, Started, TurnKind, TurnOutcome};
 use durable_agent::store::activities::ActivityStatus;
 use durable_agent::store::triggers::{Trigger, TriggerSource, TriggerSpec};
 use durable_agent::store::StoreError;
+use durable_agent::system::{job_work, settled_status, JobStart};
 use durable_agent::system::{Deps, Resolution, System, SystemConfig, SystemError};
+use durable_agent::worker::ops::{settle_fire, FireResult};
 use durable_agent::world::World;
 
 use crate::model::{Action, Msg, TriggerRow};
@@ -57,6 +60,10 @@ pub const LEASE_MS: u64 = 3_600_000;
 /// The checkpointed loop's run and session ids.
 pub const LOOP_RUN: &str = "run-0";
 pub const LOOP_SESSION: &str = "loop-0";
+
+/// One reading of the stores the projection compares: the trigger rows,
+/// the checkpointed loop's messages, the job runs (id, status).
+type StoreReading = (Vec<TriggerRow>, Vec<String>, BTreeMap<String, String>);
 
 /// Where the runtime lives on the simulated disk.
 pub const ROOT: &str = "/da";
@@ -207,7 +214,7 @@ pub struct Driver {
     msgs: BTreeMap<MessageId, Msg>,
     /// Last reading of the stores (triggers, loop messages); `None` after
     /// a boot or a store op.
-    store_cache: Option<(Vec<TriggerRow>, Vec<String>)>,
+    store_cache: Option<StoreReading>,
     /// The operator's views are judged at the next projection (after a
     /// boot: [`views`]).
     views_due: bool,
@@ -774,9 +781,16 @@ impl Driver {
     /// there can never be answered, and the work waits forever.
     fn note_blocked(&mut self, e: &RuntimeError) {
         if let RuntimeError::NeedsConfirmation { idem_key, .. } = e {
+            self.note_blocked_key(idem_key);
+        }
+    }
+
+    /// [`Driver::note_blocked`] by the key the turn stopped at.
+    fn note_blocked_key(&mut self, idem_key: &str) {
+        {
             let rows = self.system().ok().and_then(|s| s.needs_confirmation().ok());
             if let Some(rows) = &rows {
-                if !self.fs.crashed() && !rows.iter().any(|r| &r.idem_key == idem_key) {
+                if !self.fs.crashed() && !rows.iter().any(|r| r.idem_key == idem_key) {
                     self.answer_violations.push(format!(
                         "B1: a turn stopped for a human at key {idem_key}, but the calls waiting for a human are {:?}",
                         rows.iter().map(|r| r.idem_key.as_str()).collect::<Vec<_>>()
@@ -784,7 +798,7 @@ impl Driver {
                 }
             }
             let effect = rows.and_then(|rows| self.effect_of(&rows, idem_key));
-            self.blocked = Some((idem_key.clone(), effect));
+            self.blocked = Some((idem_key.to_string(), effect));
         }
     }
 
@@ -872,6 +886,8 @@ impl Driver {
                 | Action::Retry { .. }
                 | Action::Confirm { .. }
                 | Action::Gc { .. }
+                | Action::JobRun { .. }
+                | Action::JobResume { .. }
         ) {
             self.store_cache = None;
         }
@@ -977,6 +993,80 @@ impl Driver {
                     Ok(_) => {}
                 }
             }
+            Action::JobRun {
+                run,
+                agent,
+                prompt,
+                tools,
+                response,
+            } => {
+                // The app's `run` of a new job, through the same library
+                // calls (`app/src/run.rs`): its telemetry and summary aside.
+                let system = self.system.as_mut().ok_or("harness: system not open")?;
+                let start = JobStart {
+                    run_id: run,
+                    agent,
+                    instructions: "root",
+                    parent_run_id: None,
+                    job_json: None,
+                };
+                let (_, id) = system.start_job_run(&start).map_err(|e| e.to_string())?;
+                self.names.insert(id.clone(), agent.clone());
+                let ran = system.runtime_mut().run_work_turn(&id, prompt, &job_work(run));
+                if let Some(status) = settled_status(&ran) {
+                    system
+                        .finish_job_run(run, &id, status)
+                        .map_err(|e| e.to_string())?;
+                }
+                match ran {
+                    Ok(WorkTurn::Ran(outcome)) => self.check_answer(agent, &outcome, tools, response),
+                    Ok(WorkTurn::AlreadyDone) => {
+                        return Err(format!("the new job run {run} was answered as done"))
+                    }
+                    Err(e) => {
+                        self.note_blocked(&e);
+                        return Err(e.to_string());
+                    }
+                }
+            }
+            Action::JobResume {
+                run,
+                agent,
+                prompt,
+                tools,
+                response,
+                done,
+            } => {
+                // The app's `run --resume` (`app/src/run.rs`), through the
+                // same library calls. The job's prompt: a started work
+                // runs the one it started with whatever it is asked.
+                let system = self.system.as_mut().ok_or("harness: system not open")?;
+                let (_, id) = system.resume_job_run(run).map_err(|e| e.to_string())?;
+                let ran = system.runtime_mut().run_work_turn(&id, prompt, &job_work(run));
+                if let Some(status) = settled_status(&ran) {
+                    system
+                        .finish_job_run(run, &id, status)
+                        .map_err(|e| e.to_string())?;
+                }
+                match ran {
+                    Ok(WorkTurn::Ran(_)) if *done => {
+                        return Err(format!(
+                            "job run {run} completed before, and its resume ran it again"
+                        ))
+                    }
+                    Ok(WorkTurn::Ran(outcome)) => self.check_answer(agent, &outcome, tools, response),
+                    Ok(WorkTurn::AlreadyDone) if !*done => {
+                        return Err(format!(
+                            "job run {run}'s resume was answered as done, and did not run"
+                        ))
+                    }
+                    Ok(WorkTurn::AlreadyDone) => {}
+                    Err(e) => {
+                        self.note_blocked(&e);
+                        return Err(e.to_string());
+                    }
+                }
+            }
             Action::SendMessage { from, to, payload } => {
                 let (f, t) = (self.id(from)?, self.id(to)?);
                 let mid = self
@@ -1078,18 +1168,27 @@ impl Driver {
                 };
                 self.check_trigger_id(key, &claim.id);
                 let system = self.system.as_mut().ok_or("harness: system not open")?;
-                match system.fire(&claim, &id, prompt) {
-                    Ok(_) => {}
-                    Err(SystemError::Runtime(e @ RuntimeError::NeedsConfirmation { .. })) => {
-                        // What a daemon does with a blocked firing: FAILED,
-                        // the key in its last error, until a human answers.
-                        let error = e.to_string();
-                        system
-                            .triggers()
-                            .ack_failed(system.db().conn(), &claim, now, &error, false)
-                            .map_err(|e| e.to_string())?;
-                        self.note_blocked(&e);
+                let fired = system.fire(&claim, &id, prompt);
+                let blocked = match &fired {
+                    Err(SystemError::Runtime(RuntimeError::NeedsConfirmation { idem_key, .. })) => {
+                        Some(idem_key.clone())
+                    }
+                    _ => None,
+                };
+                // The daemon's settling of the firing (`worker::ops::fire`):
+                // a blocked one acked FAILED, the key in its last error,
+                // until a human answers; a job run's RESUME trigger
+                // settles the run's status.
+                match settle_fire(system, &claim, fired) {
+                    Ok(Some(FireResult::Fired { .. })) => {}
+                    Ok(Some(FireResult::Failed { error, .. })) => {
+                        if let Some(idem_key) = blocked {
+                            self.note_blocked_key(&idem_key);
+                        }
                         return Err(error);
+                    }
+                    Ok(Some(FireResult::Interrupted { .. }) | None) => {
+                        return Err("the firing was interrupted".into())
                     }
                     Err(e) => return Err(e.to_string()),
                 }

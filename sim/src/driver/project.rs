@@ -70,6 +70,18 @@ impl Driver {
         Ok(msgs.into_iter().map(|m| m.message.content).collect())
     }
 
+    /// The job runs, as the operator's runs view lists them (`GET /runs`,
+    /// `durable-agent runs`: `store::inspect::user_runs`), by id.
+    fn job_runs(&self) -> Result<BTreeMap<String, String>, String> {
+        use durable_agent::store::inspect::{user_runs, Page, MAX_LIMIT};
+        let system = self.system()?;
+        let (rows, _) = user_runs(system.db().conn(), Page::new(MAX_LIMIT, 0)).map_err(|e| e.to_string())?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.run_id, r.status.as_str().to_string()))
+            .collect())
+    }
+
     /// A trigger's dedup key as the model writes it: a RESUME key names
     /// its agent by id (`resume:{work}@{id}`), the model by name.
     pub(super) fn model_key(&self, dedup_key: Option<&str>, id: &str) -> String {
@@ -131,14 +143,14 @@ impl Driver {
         };
         // The stores change only through store ops and boots, which drop
         // this cache; other ops reuse the last reading (SQL is the cost).
-        let (triggers, loop_messages) = match self.store_cache.clone() {
+        let (triggers, loop_messages, runs) = match self.store_cache.clone() {
             Some(cached) => cached,
             None => {
                 let read = self
                     .trigger_rows()
-                    .and_then(|(t, ids)| Ok((t, self.loop_messages()?, ids)));
+                    .and_then(|(t, ids)| Ok((t, self.loop_messages()?, self.job_runs()?, ids)));
                 match read {
-                    Ok((rows, loop_messages, ids)) => {
+                    Ok((rows, loop_messages, runs, ids)) => {
                         // A key whose row is gone (collected by a GC, even
                         // one a crash cut short and recovery kept) may be
                         // emitted again as a new row: forget the old id.
@@ -150,13 +162,13 @@ impl Driver {
                         if std::mem::take(&mut self.views_due) {
                             violations.extend(self.view_violations(&ids));
                         }
-                        let fresh = (rows, loop_messages);
+                        let fresh = (rows, loop_messages, runs);
                         self.store_cache = Some(fresh.clone());
                         fresh
                     }
                     Err(e) => {
                         violations.push(format!("the stores cannot be read: {e}"));
-                        (Vec::new(), Vec::new())
+                        (Vec::new(), Vec::new(), BTreeMap::new())
                     }
                 }
             }
@@ -189,6 +201,7 @@ impl Driver {
             triggers,
             loop_messages,
             records,
+            runs,
         };
         for (id, view) in &rs.agents {
             let pending: Vec<Msg> = rs

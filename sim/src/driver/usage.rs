@@ -29,7 +29,11 @@
 //! ([`Driver::forget_usage`]), **unless its log ends in a turn still
 //! open** (started, never completed): its runtime holds that turn to
 //! resume, and a GC keeps the session of an agent with a turn to resume
-//! (`System::gc`'s keep), so its rows stay checked through that GC.
+//! (`System::gc`'s keep), so its rows stay checked through that GC —
+//! **nor if its session has a run still unsettled** (a job run
+//! `running`, or any run `waiting_for_human`: `System::gc` keeps that
+//! session's rows too, for the operator who resumes it; read from a
+//! detached copy of the disk with the harness's own SQL).
 //! Agents created after it are checked too.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -73,9 +77,47 @@ impl Driver {
     /// (called before a GC op starts, so a crash image forked inside it
     /// knows too).
     pub fn forget_usage(&mut self) {
-        let open = self.open_in_logs();
+        let mut kept = self.open_in_logs();
+        kept.extend(self.unsettled_run_agents());
         self.usage_unchecked
-            .extend(self.names.keys().filter(|id| !open.contains(*id)).cloned());
+            .extend(self.names.keys().filter(|id| !kept.contains(*id)).cloned());
+    }
+
+    /// The live agents whose session has a run a GC must keep the session
+    /// of: a job run still `running`, or any run `waiting_for_human`. Read
+    /// from a detached copy of the disk (no I/O point of the run) with the
+    /// harness's own SQL; an unreadable store keeps none (the agents are
+    /// then left unchecked, as before).
+    fn unsettled_run_agents(&self) -> BTreeSet<AgentId> {
+        use durable_agent::sqlite::SqliteOptions;
+        use durable_agent::store::inspect::BOOKKEEPING_RUN_PREFIX;
+        let Ok(system) = self.system() else {
+            return BTreeSet::new();
+        };
+        let copy = self.fs.detached(durable_agent::fs::SimConfig::new(self.seed));
+        let path = std::path::Path::new(super::STORE_DB);
+        let Ok(db) = durable_agent::sqlite::open(std::sync::Arc::new(copy), path, &SqliteOptions::default())
+        else {
+            return BTreeSet::new();
+        };
+        let sessions: BTreeSet<String> = db
+            .conn()
+            .prepare(
+                "SELECT session_id FROM runs WHERE status = 'waiting_for_human' \
+                 OR (status = 'running' AND run_id NOT LIKE ?1 || '%')",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map([BOOKKEEPING_RUN_PREFIX], |r| r.get::<_, String>(0))?
+                    .collect::<Result<_, _>>()
+            })
+            .unwrap_or_default();
+        let rt = system.runtime();
+        rt.tree()
+            .nodes()
+            .keys()
+            .filter(|id| rt.session_id(id).is_some_and(|s| sessions.contains(s.as_str())))
+            .cloned()
+            .collect()
     }
 
     /// The live agents whose log, as the process wrote it, ends in an open

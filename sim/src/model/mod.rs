@@ -85,6 +85,10 @@ pub struct State {
     /// ([`Model::records`]) where a state is compared.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub records: BTreeMap<String, Record>,
+    /// The job runs (the runs table's user runs, `durable-agent runs`) by
+    /// id, with their status as the table spells it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub runs: BTreeMap<String, String>,
 }
 
 /// A session record's fields the harness can predict (the provider's
@@ -221,6 +225,46 @@ pub enum Action {
         round: u64,
         tools: u8,
     },
+    /// A new job run `run` ([`Op::JobRun`]): root `agent`, then its row
+    /// (`running`), then the work [`job_work`] with `prompt`, then
+    /// `succeeded`. Its states between those commits are the oracle's
+    /// candidates ([`Model::job_midpoints`]).
+    JobRun {
+        run: String,
+        agent: String,
+        prompt: String,
+        tools: Vec<ToolStep>,
+        response: String,
+    },
+    /// `durable-agent run --resume {run}` ([`Op::JobResume`]): the run
+    /// `running` again if it was not, its work turn run again — answered
+    /// from the log when it completed (`done`), else continued (a started
+    /// work: the prompt, calls and messages it started with) or run (a
+    /// work that never started: the job's prompt) —, then `succeeded`,
+    /// and its RESUME trigger settled DONE if PENDING.
+    JobResume {
+        run: String,
+        agent: String,
+        prompt: String,
+        tools: Vec<ToolStep>,
+        response: String,
+        done: bool,
+    },
+}
+
+/// A run's status as the runs table spells it.
+pub const RUNNING: &str = "running";
+pub const SUCCEEDED: &str = "succeeded";
+pub const WAITING_FOR_HUMAN: &str = "waiting_for_human";
+
+/// The work id of job run `run` (`durable_agent::system::job_work`).
+pub fn job_work(run: &str) -> String {
+    durable_agent::system::job_work(run)
+}
+
+/// The job run whose work a RESUME trigger's key (a [`work_key`]) names.
+pub fn job_of_key(key: &str) -> Option<&str> {
+    key.strip_prefix("resume:run:")?.split('@').next()
 }
 
 /// The messages of loop round `round`: the assistant's, then each tool's.
@@ -884,6 +928,19 @@ pub struct Model {
     /// it ([`Model::must_block`]). Bookkeeping.
     #[serde(default)]
     pub hook_released: BTreeSet<String>,
+    /// Settled job runs of live agents a collecting GC pass may have
+    /// deleted: `System::gc` keeps the runs of an agent that may still
+    /// resume (an open turn, an unfinished work, a call not completed),
+    /// which the model does not track exactly, so it learns each one's
+    /// fate from the next reading of the store ([`Model::learn_runs`]).
+    /// A settled run of an agent no longer live must go (G1's rule).
+    /// Bookkeeping.
+    #[serde(default)]
+    pub runs_maybe_collected: BTreeSet<String>,
+    /// Each job run as it was made (its [`Action::JobRun`]), by run: a
+    /// resume runs its prompt. Bookkeeping.
+    #[serde(default)]
+    pub jobs: BTreeMap<String, Action>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -1183,6 +1240,137 @@ impl Model {
         false
     }
 
+    /// Work `work` of `agent` completed (durably) with this turn.
+    fn complete_work(
+        &mut self,
+        agent: &str,
+        work: &str,
+        prompt: &str,
+        tools: &[ToolStep],
+        response: &str,
+        reads: &[Msg],
+    ) {
+        let key = work_key(agent, work);
+        self.works.remove(&key);
+        self.works_done.insert(key.clone(), agent.to_string());
+        self.work_prompts.insert(prompt.to_string(), work.to_string());
+        // Its RESUME trigger, if boot emitted one, only acks.
+        self.done_work.insert(key);
+        self.add_turn(agent, prompt, tools, response);
+        self.deliver_read(agent, reads);
+    }
+
+    /// The job run whose RESUME trigger `key` is, if its row exists, gets
+    /// `status` (`settle_fire`'s `settle_run`).
+    fn settle_job(&mut self, key: &str, status: &str) {
+        if let Some(run) = job_of_key(key) {
+            if let Some(s) = self.state.runs.get_mut(run) {
+                *s = status.to_string();
+            }
+        }
+    }
+
+    /// The candidate states inside a job run (`action`, from this model),
+    /// in the order of its commits, before the turn: `rooted` (the root
+    /// agent created, no row: harmless, nothing refers to it) and
+    /// `recorded` (the row `running`, the turn not started). The turn's
+    /// start is [`Model::started_work`]'s candidate; `turned` is `after`
+    /// with the row still `running` (the turn completed, its status not
+    /// set yet).
+    /// Job run `run`'s agent.
+    fn job_agent(&self, run: &str) -> Option<&String> {
+        match self.jobs.get(run) {
+            Some(Action::JobRun { agent, .. }) => Some(agent),
+            _ => None,
+        }
+    }
+
+    /// The candidate states inside a job run's resume (`action`, from
+    /// this model), later commits first: `statused` (the run `succeeded`,
+    /// its RESUME trigger not settled yet), `turned` (the turn complete,
+    /// the run `running`), `reset` (the run `running` again, no turn).
+    /// The turn's start is [`Model::started_work`]'s candidate.
+    pub fn resume_midpoints(&self, after: &Model, action: &Action) -> Option<[Model; 3]> {
+        let Action::JobResume { run, .. } = action else {
+            return None;
+        };
+        let mut statused = after.clone();
+        statused.state.triggers = self.state.triggers.clone();
+        let mut turned = statused.clone();
+        turned.state.runs.insert(run.clone(), RUNNING.into());
+        let mut reset = self.clone();
+        reset.state.runs.insert(run.clone(), RUNNING.into());
+        Some([statused, turned, reset])
+    }
+
+    pub fn job_midpoints(&self, after: &Model, action: &Action) -> Option<[Model; 3]> {
+        let Action::JobRun { run, agent, .. } = action else {
+            return None;
+        };
+        let mut rooted = self.clone();
+        rooted.counter += 1;
+        rooted.make_room(None);
+        rooted.lru.push(agent.clone());
+        rooted.state.agents.insert(
+            agent.clone(),
+            Agent {
+                parent: None,
+                status: Status::Resident,
+                turns: Vec::new(),
+                pending: Vec::new(),
+                delivered: Vec::new(),
+            },
+        );
+        let mut recorded = rooted.clone();
+        recorded.state.runs.insert(run.clone(), RUNNING.into());
+        recorded.jobs.insert(run.clone(), action.clone());
+        let mut turned = after.clone();
+        turned.state.runs.insert(run.clone(), RUNNING.into());
+        Some([rooted, recorded, turned])
+    }
+
+    /// The work turn a job run runs, as a [`Action::WorkTurn`] of its
+    /// agent.
+    pub fn job_turn(action: &Action) -> Option<Action> {
+        let (Action::JobRun {
+            run,
+            agent,
+            prompt,
+            tools,
+            response,
+        }
+        | Action::JobResume {
+            run,
+            agent,
+            prompt,
+            tools,
+            response,
+            ..
+        }) = action
+        else {
+            return None;
+        };
+        Some(Action::WorkTurn {
+            agent: agent.clone(),
+            work: job_work(run),
+            asked: prompt.clone(),
+            prompt: prompt.clone(),
+            tools: tools.clone(),
+            response: response.clone(),
+            reads: Vec::new(),
+        })
+    }
+
+    /// Learn from `read` (the store as read now) which of the job runs a
+    /// GC pass may have deleted ([`Model::runs_maybe_collected`]) it did.
+    pub fn learn_runs(&mut self, read: &State) {
+        for run in std::mem::take(&mut self.runs_maybe_collected) {
+            if !read.runs.contains_key(&run) {
+                self.state.runs.remove(&run);
+            }
+        }
+    }
+
     /// A completed work turn delivers the messages it read that are still
     /// pending (a `deliver` may have taken some since it first started),
     /// in their pending order.
@@ -1201,6 +1389,16 @@ impl Model {
     /// boot emitted the work's RESUME trigger (PENDING, last in emit
     /// order), and the work is known started. `None` for anything else.
     pub fn started_work(&self, action: &Action) -> Option<Model> {
+        if let Action::JobRun { .. } = action {
+            let turn = Model::job_turn(action)?;
+            let [_, recorded, _] = self.job_midpoints(self, action)?;
+            return recorded.started_work(&turn);
+        }
+        if let Action::JobResume { done: false, .. } = action {
+            let turn = Model::job_turn(action)?;
+            let [_, _, reset] = self.resume_midpoints(self, action)?;
+            return reset.started_work(&turn);
+        }
         let Action::WorkTurn { agent, work, .. } = action else {
             return None;
         };
@@ -1365,6 +1563,71 @@ impl Model {
                 round: n,
                 tools: tools % 3,
             },
+            Op::JobResume { run } => {
+                // A run whose agent is live (else `run --resume` refuses:
+                // its agent is gone), in any status.
+                let runs: Vec<&String> = self
+                    .state
+                    .runs
+                    .keys()
+                    .filter(|r| {
+                        self.job_agent(r)
+                            .is_some_and(|a| self.state.agents.contains_key(a))
+                    })
+                    .collect();
+                let run = pick(&runs, *run)?.clone();
+                let Some(Action::JobRun {
+                    agent,
+                    prompt,
+                    tools,
+                    response,
+                    ..
+                }) = self.jobs.get(&run).cloned()
+                else {
+                    return None;
+                };
+                let key = work_key(&agent, &job_work(&run));
+                match self.works.get(&key) {
+                    // Started: the turn it started with.
+                    Some(Action::WorkTurn {
+                        prompt,
+                        tools,
+                        response,
+                        ..
+                    }) => Action::JobResume {
+                        run,
+                        agent,
+                        prompt: prompt.clone(),
+                        tools: tools.clone(),
+                        response: response.clone(),
+                        done: false,
+                    },
+                    _ => Action::JobResume {
+                        done: self.works_done.contains_key(&key),
+                        run,
+                        agent,
+                        prompt,
+                        tools,
+                        response,
+                    },
+                }
+            }
+            Op::JobRun { tools } => {
+                let tools: &[ToolStep] = &normalized(tools);
+                let agent = format!("a{n:03}");
+                // Its turn may send to any live agent, itself included (it
+                // exists by then), in name order as ever.
+                let mut names = all.clone();
+                names.push(&agent);
+                names.sort();
+                Action::JobRun {
+                    run: format!("j{n:03}"),
+                    prompt: script_prompt(n, tools, &names, &[], 0),
+                    tools: self.within_depth(&agent, tools),
+                    agent,
+                    response: format!("r{n}"),
+                }
+            }
             Op::Crash { .. } | Op::Fault { .. } | Op::Recover => return None,
         })
     }
@@ -1518,15 +1781,44 @@ impl Model {
                 response,
                 reads,
                 ..
+            } => self.complete_work(agent, work, prompt, tools, response, reads),
+            Action::JobRun {
+                run,
+                agent,
+                prompt,
+                tools,
+                response,
             } => {
-                let key = work_key(agent, work);
-                self.works.remove(&key);
-                self.works_done.insert(key.clone(), agent.clone());
-                self.work_prompts.insert(prompt.clone(), work.clone());
-                // Its RESUME trigger, if boot emitted one, only acks.
-                self.done_work.insert(key);
-                self.add_turn(agent, prompt, tools, response);
-                self.deliver_read(agent, reads);
+                self.make_room(None);
+                self.lru.push(agent.clone());
+                self.state.agents.insert(agent.clone(), fresh(None));
+                self.complete_work(agent, &job_work(run), prompt, tools, response, &[]);
+                self.state.runs.insert(run.clone(), SUCCEEDED.into());
+                self.jobs.insert(run.clone(), action.clone());
+            }
+            Action::JobResume {
+                run,
+                agent,
+                prompt,
+                tools,
+                response,
+                done,
+            } => {
+                let work = job_work(run);
+                if !*done {
+                    self.complete_work(agent, &work, prompt, tools, response, &[]);
+                }
+                self.state.runs.insert(run.clone(), SUCCEEDED.into());
+                let key = work_key(agent, &work);
+                if let Some(t) = self
+                    .state
+                    .triggers
+                    .iter_mut()
+                    .find(|t| t.key == key && t.status == TriggerStatus::Pending)
+                {
+                    t.status = TriggerStatus::Done;
+                    t.not_before = 0;
+                }
             }
             Action::WorkDone { .. } => {}
             Action::Fire {
@@ -1547,6 +1839,9 @@ impl Model {
                 }
                 self.fire_work.insert(key.clone(), action.clone());
                 self.apply_trigger(action);
+                // The daemon settles a job run its RESUME trigger resumed
+                // (`settle_fire`), done now or before.
+                self.settle_job(key, SUCCEEDED);
             }
             Action::SendMessage { from, to, payload } => {
                 if let Some(a) = agents.get_mut(to) {
@@ -1651,6 +1946,25 @@ impl Model {
             .collect();
         let mut keep = keep.into_iter();
         self.state.triggers.retain(|_| keep.next().unwrap_or(true));
+        // Settled job runs: gone with their agent; else kept exactly while
+        // the agent may resume, which the next reading tells.
+        let settled: Vec<String> = self
+            .state
+            .runs
+            .iter()
+            .filter(|(_, status)| status.as_str() == SUCCEEDED)
+            .map(|(run, _)| run.clone())
+            .collect();
+        for run in settled {
+            let live = self
+                .job_agent(&run)
+                .is_some_and(|agent| self.state.agents.contains_key(agent));
+            if live {
+                self.runs_maybe_collected.insert(run);
+            } else {
+                self.state.runs.remove(&run);
+            }
+        }
     }
 
     /// A turn (`action`) stopped at the call `idem` (effect `effect`, when
@@ -1772,6 +2086,14 @@ impl Model {
             Action::WorkTurn { agent, work, .. } if self.works.contains_key(&work_key(agent, work)) => {
                 m.touch(agent)
             }
+            // A resumed job run's started work: the run waits for a human
+            // (`run --resume` answers NeedsConfirmation).
+            Action::JobResume { run, agent, .. }
+                if self.works.contains_key(&work_key(agent, &job_work(run))) =>
+            {
+                m.touch(agent);
+                m.state.runs.insert(run.clone(), WAITING_FOR_HUMAN.into());
+            }
             Action::Fire { key, agent, .. }
                 if (self.fire_work.get(key) == Some(action) || self.works.contains_key(key))
                     && !self.done_work.contains(key) =>
@@ -1782,6 +2104,8 @@ impl Model {
                 t.attempts += 1;
                 // Blocked on a key the ledger names ([`Model::note_needs_human`]).
                 m.blocked_on.insert(key.clone(), None);
+                // A job run's RESUME trigger parks its run (`settle_fire`).
+                m.settle_job(key, WAITING_FOR_HUMAN);
             }
             _ => return None,
         }
