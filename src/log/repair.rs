@@ -183,11 +183,23 @@ impl LogInspection {
     /// before it was written, but the log (or what repair keeps of it)
     /// has fewer.
     pub fn lost_entries(&self) -> Option<(u64, u64)> {
-        let found = self.entries.len() as u64;
-        match self.pending_seq {
-            Some(seq) if seq > found || (seq == found && !self.log_exists) => Some((seq + 1, found)),
-            _ => None,
-        }
+        lost_entries(self.pending_seq, self.entries.len() as u64, self.log_exists)
+    }
+}
+
+/// The one rule for lost entries ([`LogInspection::lost_entries`], which
+/// the boot's preflight asks, and [`repair`]'s own check): `(expected,
+/// found)` when `events.pending` holds this session's entry `pending_seq`
+/// (so entries `0..=pending_seq` were acknowledged, or the last is the
+/// append in flight) and the log, of `found` entries, ends before it —
+/// or is gone while the mark names its next entry. A `found` that
+/// counts the pending entry replayed (`inspect`'s) answers as one that
+/// does not (`repair`'s, before it replays): the replay is exactly the
+/// `seq == found` with the log there that is not a loss.
+fn lost_entries(pending_seq: Option<u64>, found: u64, log_exists: bool) -> Option<(u64, u64)> {
+    match pending_seq {
+        Some(seq) if seq > found || (seq == found && !log_exists) => Some((seq + 1, found)),
+        _ => None,
     }
 }
 
@@ -359,15 +371,13 @@ pub fn repair(
     // Before anything changes: a log that ends before the acknowledged
     // `seq` events.pending holds lost entries (see the module doc).
     let pending_bytes = read_pending(fs, dir)?;
-    if let Some(e) = pending_bytes
+    let pending_seq = pending_bytes
         .as_deref()
         .and_then(pending_entry)
         .filter(|e| &e.session_id == session_id)
-    {
-        let found = parsed.entries.len() as u64;
-        if e.seq > found || (e.seq == found && !exists) {
-            return Err(lost_entries_error(dir, e.seq + 1, found, parsed.valid_len));
-        }
+        .map(|e| e.seq);
+    if let Some((expected, found)) = lost_entries(pending_seq, parsed.entries.len() as u64, exists) {
+        return Err(lost_entries_error(dir, expected, found, parsed.valid_len));
     }
     if parsed.partial_tail_bytes > 0 && !canaries.has(Canary::NoPartialLineRepair) {
         fs.truncate(&path, parsed.valid_len, "events.jsonl truncate partial line")
