@@ -836,41 +836,40 @@ pub fn judge(
         BTreeSet::new()
     };
     // R10: a job run is four commits (its root agent, its row, its turn,
-    // its status); the states between them are candidates too (the turn's
-    // start below, with R7's).
-    if let (Some(after), Some(job @ Action::JobRun { .. })) = (after, action) {
-        if let Some([rooted, recorded, turned]) = before.job_midpoints(after, job) {
-            if let Ok(adopted) = against(&turned, recovered, &BTreeSet::new(), &BTreeSet::new()) {
-                return Ok(Accepted {
-                    side: Side::After,
-                    adopted,
-                });
+    // its status), its resume three or four (the row `running` again, its
+    // turn, its status, its RESUME trigger settled); the states between
+    // them are candidates too, later commits first (a turn's start is
+    // R7's, below). `true`: the turn is not complete (R4, R8 for what it
+    // sent).
+    let job_states =
+        match (after, action) {
+            (Some(after), Some(job @ Action::JobRun { .. })) => {
+                before
+                    .job_midpoints(after, job)
+                    .map(|[rooted, recorded, turned]| {
+                        vec![
+                            (turned, Side::After, false),
+                            (recorded, Side::Before, false),
+                            (rooted, Side::Before, false),
+                        ]
+                    })
             }
-            for m in [recorded, rooted] {
-                if let Ok(adopted) = against(&m, recovered, &BTreeSet::new(), &BTreeSet::new()) {
-                    return Ok(Accepted {
-                        side: Side::Before,
-                        adopted,
-                    });
-                }
-            }
-        }
-    }
-    // ... and its resume three or four (the row `running` again, its
-    // turn, its status, its RESUME trigger settled).
-    if let (Some(after), Some(resume @ Action::JobResume { .. })) = (after, action) {
-        if let Some([statused, turned, reset]) = before.resume_midpoints(after, resume) {
-            let none = (BTreeSet::new(), BTreeSet::new());
-            // (With the turn not complete, R4 and R8 for what it sent.)
-            for (m, side, (lost, msgs)) in [
-                (statused, Side::After, &none),
-                (turned, Side::After, &none),
-                (reset, Side::Before, &(lost.clone(), msgs.clone())),
-            ] {
-                if let Ok(adopted) = against(&m, recovered, lost, msgs) {
-                    return Ok(Accepted { side, adopted });
-                }
-            }
+            (Some(after), Some(resume @ Action::JobResume { .. })) => before
+                .resume_midpoints(after, resume)
+                .map(|[statused, turned, reset]| {
+                    vec![
+                        (statused, Side::After, false),
+                        (turned, Side::After, false),
+                        (reset, Side::Before, true),
+                    ]
+                }),
+            _ => None,
+        };
+    for (m, side, cut) in job_states.into_iter().flatten() {
+        let whole = (BTreeSet::new(), BTreeSet::new());
+        let (lost, msgs) = if cut { (&lost, &msgs) } else { (&whole.0, &whole.1) };
+        if let Ok(adopted) = against(&m, recovered, lost, msgs) {
+            return Ok(Accepted { side, adopted });
         }
     }
     // R5: a fire is three commits (claim, the turn, the ack); the two

@@ -22,19 +22,15 @@
 //! are not checked (`System::strip_payloads` keeps them, as GC does).
 //!
 //! The pass's cutoff is the op's time less its TTL (1 ms). Read from a
-//! detached copy of the disk with the harness's own connection and SQL:
+//! detached copy of the disk ([`Driver::store_copy`]) with the harness's own connection and SQL:
 //! no I/O point of the run, and nothing the product's queries say is
 //! taken on trust.
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::sync::Arc;
 
-use durable_agent::fs::SimConfig;
-use durable_agent::sqlite::SqliteOptions;
 use durable_agent::store::activities::STRIPPED_JSON;
 
-use super::{Driver, STORE_DB};
+use super::Driver;
 
 /// Settled rows, by owning agent (or session), that a GC with cutoff `?1` must have deleted
 /// unless the agent is live: the table's name for the message, the query.
@@ -100,17 +96,14 @@ impl Driver {
                 .collect(),
             Err(e) => return vec![e],
         };
-        let copy = self.fs.detached(SimConfig::new(self.seed));
-        let db =
-            match durable_agent::sqlite::open(Arc::new(copy), Path::new(STORE_DB), &SqliteOptions::default())
-            {
-                Ok(db) => db,
-                Err(e) => {
-                    return vec![format!(
-                        "G1/S1: the store after the GC pass cannot be opened: {e}"
-                    )]
-                }
-            };
+        let db = match self.store_copy() {
+            Ok(db) => db,
+            Err(e) => {
+                return vec![format!(
+                    "G1/S1: the store after the GC pass cannot be opened: {e}"
+                )]
+            }
+        };
         let cutoff = now.saturating_sub(1);
         let (check, queries) = match strip {
             false => ("G1", &LEFT_BEHIND[..]),

@@ -640,6 +640,19 @@ impl Driver {
         )
     }
 
+    /// The store as the disk holds it now, opened on a detached copy
+    /// ([`SimFs::detached`]) with the harness's own connection: the run's
+    /// points, draws and armed fault are untouched.
+    fn store_copy(&self) -> Result<durable_agent::sqlite::Db, String> {
+        let copy = self.fs.detached(durable_agent::fs::SimConfig::new(self.seed));
+        durable_agent::sqlite::open(
+            Arc::new(copy),
+            std::path::Path::new(STORE_DB),
+            &durable_agent::sqlite::SqliteOptions::default(),
+        )
+        .map_err(|e| e.to_string())
+    }
+
     /// The rot the next boot must detect, if one is pending.
     pub fn take_rot(&mut self) -> Option<Rot> {
         self.rot.take()
@@ -770,6 +783,26 @@ impl Driver {
     /// whether that turn may block ([`crate::model::Model::blocked`]).
     pub fn take_blocked(&mut self) -> Option<(String, Option<String>)> {
         self.blocked.take()
+    }
+
+    /// Job run `run`'s work turn on `agent`, then its status as the turn's
+    /// end settles it (`System::finish_job_run`), as the app's `run` does.
+    /// `Err` only when the status cannot be written; the turn's own
+    /// result is returned for the caller to judge.
+    fn job_turn(
+        &mut self,
+        run: &str,
+        agent: &AgentId,
+        prompt: &str,
+    ) -> Result<Result<WorkTurn, RuntimeError>, String> {
+        let system = self.system.as_mut().ok_or("harness: system not open")?;
+        let ran = system.runtime_mut().run_work_turn(agent, prompt, &job_work(run));
+        if let Some(status) = settled_status(&ran) {
+            system
+                .finish_job_run(run, agent, status)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(ran)
     }
 
     /// Note a turn that stopped at a key needing confirmation, and the
@@ -1012,13 +1045,7 @@ impl Driver {
                 };
                 let (_, id) = system.start_job_run(&start).map_err(|e| e.to_string())?;
                 self.names.insert(id.clone(), agent.clone());
-                let ran = system.runtime_mut().run_work_turn(&id, prompt, &job_work(run));
-                if let Some(status) = settled_status(&ran) {
-                    system
-                        .finish_job_run(run, &id, status)
-                        .map_err(|e| e.to_string())?;
-                }
-                match ran {
+                match self.job_turn(run, &id, prompt)? {
                     Ok(WorkTurn::Ran(outcome)) => self.check_answer(agent, &outcome, tools, response),
                     Ok(WorkTurn::AlreadyDone) => {
                         return Err(format!("the new job run {run} was answered as done"))
@@ -1042,13 +1069,7 @@ impl Driver {
                 // runs the one it started with whatever it is asked.
                 let system = self.system.as_mut().ok_or("harness: system not open")?;
                 let (_, id) = system.resume_job_run(run).map_err(|e| e.to_string())?;
-                let ran = system.runtime_mut().run_work_turn(&id, prompt, &job_work(run));
-                if let Some(status) = settled_status(&ran) {
-                    system
-                        .finish_job_run(run, &id, status)
-                        .map_err(|e| e.to_string())?;
-                }
-                match ran {
+                match self.job_turn(run, &id, prompt)? {
                     Ok(WorkTurn::Ran(_)) if *done => {
                         return Err(format!(
                             "job run {run} completed before, and its resume ran it again"

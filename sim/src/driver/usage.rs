@@ -89,15 +89,11 @@ impl Driver {
     /// harness's own SQL; an unreadable store keeps none (the agents are
     /// then left unchecked, as before).
     fn unsettled_run_agents(&self) -> BTreeSet<AgentId> {
-        use durable_agent::sqlite::SqliteOptions;
         use durable_agent::store::inspect::BOOKKEEPING_RUN_PREFIX;
         let Ok(system) = self.system() else {
             return BTreeSet::new();
         };
-        let copy = self.fs.detached(durable_agent::fs::SimConfig::new(self.seed));
-        let path = std::path::Path::new(super::STORE_DB);
-        let Ok(db) = durable_agent::sqlite::open(std::sync::Arc::new(copy), path, &SqliteOptions::default())
-        else {
+        let Ok(db) = self.store_copy() else {
             return BTreeSet::new();
         };
         let sessions: BTreeSet<String> = db

@@ -1025,6 +1025,24 @@ impl Model {
             .any(|a| a.parent.as_deref() == Some(name))
     }
 
+    /// A new agent `name` under `parent`: resident, most recently used,
+    /// nothing in it yet (a create or a spawn takes a slot, evicting the
+    /// least recently used if none is free).
+    fn add_agent(&mut self, name: &str, parent: Option<String>) {
+        self.make_room(None);
+        self.lru.push(name.to_string());
+        self.state.agents.insert(
+            name.to_string(),
+            Agent {
+                parent,
+                status: Status::Resident,
+                turns: Vec::new(),
+                pending: Vec::new(),
+                delivered: Vec::new(),
+            },
+        );
+    }
+
     /// Suspend least recently used agents (never `keep`) until one more
     /// fits in the [`SLOTS`] (the runtime's `make_room`).
     fn make_room(&mut self, keep: Option<&str>) {
@@ -1309,18 +1327,7 @@ impl Model {
         };
         let mut rooted = self.clone();
         rooted.counter += 1;
-        rooted.make_room(None);
-        rooted.lru.push(agent.clone());
-        rooted.state.agents.insert(
-            agent.clone(),
-            Agent {
-                parent: None,
-                status: Status::Resident,
-                turns: Vec::new(),
-                pending: Vec::new(),
-                delivered: Vec::new(),
-            },
-        );
+        rooted.add_agent(agent, None);
         let mut recorded = rooted.clone();
         recorded.state.runs.insert(run.clone(), RUNNING.into());
         recorded.jobs.insert(run.clone(), action.clone());
@@ -1731,26 +1738,9 @@ impl Model {
     pub fn apply(&mut self, action: &Action) {
         self.counter += 1;
         let agents = &mut self.state.agents;
-        let fresh = |parent: Option<String>| Agent {
-            parent,
-            status: Status::Resident,
-            turns: Vec::new(),
-            pending: Vec::new(),
-            delivered: Vec::new(),
-        };
         match action {
-            Action::CreateRoot { name } => {
-                self.make_room(None);
-                self.lru.push(name.clone());
-                self.state.agents.insert(name.clone(), fresh(None));
-            }
-            Action::SpawnChild { parent, name } => {
-                self.make_room(None);
-                self.lru.push(name.clone());
-                self.state
-                    .agents
-                    .insert(name.clone(), fresh(Some(parent.clone())));
-            }
+            Action::CreateRoot { name } => self.add_agent(name, None),
+            Action::SpawnChild { parent, name } => self.add_agent(name, Some(parent.clone())),
             Action::RunTurn {
                 agent,
                 prompt,
@@ -1789,9 +1779,7 @@ impl Model {
                 tools,
                 response,
             } => {
-                self.make_room(None);
-                self.lru.push(agent.clone());
-                self.state.agents.insert(agent.clone(), fresh(None));
+                self.add_agent(agent, None);
                 self.complete_work(agent, &job_work(run), prompt, tools, response, &[]);
                 self.state.runs.insert(run.clone(), SUCCEEDED.into());
                 self.jobs.insert(run.clone(), action.clone());
