@@ -52,7 +52,7 @@ use crate::sqlite::Db;
 use crate::store::activities::{ActivityRecord, ActivityStatus, StripReport};
 use crate::store::inspect::BOOKKEEPING_RUN_PREFIX;
 use crate::store::tool_calls::{RunRecord, RunStatus, ToolCall, ToolCallGcReport, ToolCallStore};
-use crate::store::triggers::{GcReport, Trigger, TriggerStatus};
+use crate::store::triggers::{scheduled, GcReport, Trigger, TriggerStatus};
 use crate::store::usage::{UsageGcReport, UsageStore};
 use crate::store::StoreError;
 
@@ -215,8 +215,9 @@ impl System {
 
     /// Collect settled rows older than `ttl_ms` (use [`DEFAULT_GC_TTL_MS`]
     /// unless you know every retry and resume horizon is shorter): DONE,
-    /// FAILED and DEAD triggers — except those blocked on a confirmation
-    /// and the given-up RESUME triggers of unfinished work — then DONE and
+    /// FAILED and DEAD triggers — except those blocked on a confirmation,
+    /// the given-up RESUME triggers of unfinished work and each schedule's
+    /// newest bucket — then DONE and
     /// FAILED activity rows, settled tool calls with their attempts and
     /// settled runs, and usage and error rows — except everything [`Keep`]
     /// names (the rows of agents that may still resume, which resuming
@@ -230,6 +231,7 @@ impl System {
         let keep = self.keep()?;
         let mut kept = self.blocked_triggers()?;
         kept.extend(self.given_up_resumes()?);
+        kept.extend(self.schedule_marks()?);
         let db = self.db();
         let conn = db.conn();
         let triggers = self.triggers().gc_keeping(conn, now, ttl_ms, &kept)?;
@@ -254,6 +256,19 @@ impl System {
             .into_iter()
             .filter(|t| keys.iter().any(|k| blocked_on(t, &k.idem_key)))
             .map(|t| t.id)
+            .collect())
+    }
+
+    /// The newest bucket row of each schedule: the only record that the
+    /// bucket was emitted (`store::triggers::scheduled`). Collected while
+    /// the bucket is current (a period longer than the TTL), the next boot
+    /// would emit and fire the bucket again (found reading the schedule's
+    /// "at most once" against GC; `worker::tests`).
+    fn schedule_marks(&self) -> Result<Vec<String>, SystemError> {
+        let all = self.triggers().all(self.db().conn(), self.now_ms())?;
+        Ok(scheduled::newest_buckets(&all)
+            .into_values()
+            .map(|(_, id)| id)
             .collect())
     }
 

@@ -20,7 +20,11 @@
 //! - missed buckets are coalesced: only the current bucket is ever emitted,
 //!   and when earlier ones were skipped (the daemon was down) its prompt
 //!   carries a note saying how many. A new schedule fires in its current
-//!   bucket, i.e. right away.
+//!   bucket, i.e. right away, due when it was added (so not "late");
+//! - what a schedule emitted last is read back from the triggers table
+//!   at boot: its newest bucket row of its own period
+//!   (`store::triggers::scheduled`), which GC keeps. A schedule deleted
+//!   and added again with another period starts afresh.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +32,7 @@ use std::sync::Arc;
 
 use crate::canary::Canary;
 use crate::fs::{Fs, OpenMode};
+use crate::store::triggers::scheduled::{bucket_key, newest_buckets};
 use crate::store::triggers::{TriggerSource, TriggerSpec};
 use crate::store::StoreError;
 use crate::system::System;
@@ -63,7 +68,7 @@ pub struct Schedule {
 impl Schedule {
     /// The dedup key of `bucket`'s trigger.
     pub fn key(&self, bucket: u64) -> String {
-        format!("scheduled:{}:{bucket}", self.id)
+        bucket_key(&self.id, bucket)
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -258,6 +263,15 @@ impl Schedules {
                 ));
             }
             let key = schedule.key(bucket);
+            // Due at the bucket's start, but a schedule's first bucket is
+            // due when it was added: it is not late, and the claim's
+            // catch-up note ("fires late after a restart or backlog; use
+            // judgment whether it still applies") would tell the agent it
+            // may skip it.
+            let fire_at_ms = match last {
+                Some(_) => bucket.saturating_mul(schedule.period_ms),
+                None => now,
+            };
             let spec = TriggerSpec {
                 source: TriggerSource::Scheduled,
                 // The bucket's key is what makes it fire once across restarts
@@ -265,12 +279,13 @@ impl Schedules {
                 dedup_key: (!system.config().canaries.has(Canary::ScheduleBucketWithoutKey))
                     .then(|| key.clone()),
                 session_id: None,
-                fire_at_ms: bucket.saturating_mul(schedule.period_ms),
+                fire_at_ms,
                 priority: 0,
                 description: format!("schedule {} bucket {bucket}", schedule.id),
                 payload: json!({
                     "agent": schedule.agent, "prompt": prompt,
                     "schedule": schedule.id, "bucket": bucket, "missed": missed,
+                    "period_ms": schedule.period_ms,
                 }),
             };
             let outcome = system.triggers().emit(system.db().conn(), &spec, now)?;
@@ -282,29 +297,21 @@ impl Schedules {
     }
 
     /// The last bucket of each schedule whose trigger is committed, from
-    /// the triggers table (after a boot, the memory is empty).
+    /// the triggers table (after a boot, the memory is empty): its newest
+    /// mark of the schedule's own period (`store::triggers::scheduled`).
     fn read_back(&mut self, system: &System) -> Result<(), StoreError> {
         let now = system.now_ms();
-        let mut last: BTreeMap<String, u64> = BTreeMap::new();
-        for trigger in system.triggers().all(system.db().conn(), now)? {
-            let Some((id, bucket)) = trigger.dedup_key.as_deref().and_then(parse_key) else {
-                continue;
-            };
-            let entry = last.entry(id.to_string()).or_insert(bucket);
-            *entry = (*entry).max(bucket);
-        }
-        for id in self.defs.keys() {
-            self.emitted.insert(id.clone(), last.get(id).copied());
+        let marks = newest_buckets(&system.triggers().all(system.db().conn(), now)?);
+        for (id, schedule) in &self.defs {
+            let last = marks
+                .iter()
+                .filter(|(mark, _)| mark.is_of(id, schedule.period_ms))
+                .map(|(_, (bucket, _))| *bucket)
+                .max();
+            self.emitted.insert(id.clone(), last);
         }
         Ok(())
     }
-}
-
-/// `scheduled:{id}:{bucket}` → (id, bucket).
-fn parse_key(key: &str) -> Option<(&str, u64)> {
-    let rest = key.strip_prefix("scheduled:")?;
-    let (id, bucket) = rest.rsplit_once(':')?;
-    Some((id, bucket.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -349,12 +356,5 @@ mod tests {
         let err = Schedules::load(fs, dir.path()).expect_err("corrupt");
         assert!(err.to_string().contains(SCHEDULES_FILE), "{err}");
         Ok(())
-    }
-
-    #[test]
-    fn keys_parse_back_to_their_bucket() {
-        assert_eq!(parse_key(&schedule("a.b-c", 10).key(42)), Some(("a.b-c", 42)));
-        assert_eq!(parse_key("remind-ada"), None);
-        assert_eq!(parse_key("scheduled:x:notanumber"), None);
     }
 }

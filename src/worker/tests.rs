@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::fs::{Fs, SimConfig, SimFs};
-use crate::runtime::{FakeProvider, PureTools};
+use crate::runtime::{ConversationItem, FakeProvider, PureTools};
 use crate::system::{Deps, LogicalClock, System, SystemConfig};
 use crate::world::World;
 
@@ -197,5 +197,203 @@ fn a_schedule_fires_each_bucket_once_and_a_stopped_worker_refuses_requests(
         matches!(refused.as_slice(), [(4, Err(OpError::Conflict(_)))]),
         "{refused:?}"
     );
+    Ok(())
+}
+
+/// A period longer than the GC's TTL: bucket 0's DONE trigger is old
+/// enough to collect while bucket 0 is still current. The daemon is then
+/// down for two whole periods; the boot's firing of bucket 3 must still
+/// say that two were missed: the newest bucket row is the schedule's only
+/// record of its progress, and GC keeps it.
+#[test]
+fn a_schedule_counts_the_periods_it_missed_though_gc_ran_after_its_last_firing(
+) -> Result<(), Box<dyn std::error::Error>> {
+    use super::gc::GcRequest;
+    let clock = Arc::new(Manual::default());
+    let fs = SimFs::new(SimConfig::new(7));
+    let fs: Arc<dyn Fs> = Arc::new(fs);
+    let boot = |fs: &Arc<dyn Fs>| -> Result<Worker, Box<dyn std::error::Error>> {
+        let deps = Deps {
+            provider: Arc::new(FakeProvider::new(7)),
+            tools: Arc::new(PureTools),
+            outbox: Arc::new(World::with_dedup()),
+            clock: clock.clone(),
+        };
+        let (system, _) = System::boot(fs.clone(), SystemConfig::new("/root", 7), deps)?;
+        let schedules = Schedules::load(fs.clone(), std::path::Path::new("/root"))?;
+        let settings = Settings {
+            poll_ms: 100,
+            lease_ms: 60_000,
+            slots: 2,
+            wake: false,
+            gc: None,
+            gc_period_ms: 60_000,
+        };
+        Ok(Worker::new(system, schedules, Box::new(Silent), settings))
+    };
+    let weekly_turns = |w: &Worker| {
+        let state = w.system().runtime().state();
+        state
+            .conversations
+            .values()
+            .flatten()
+            .filter_map(|i| match i {
+                ConversationItem::Prompt { text } if text.starts_with("the weekly report") => {
+                    Some(text.clone())
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let day = 24 * 3_600_000;
+    let mut w = boot(&fs)?;
+    w.handle_request(
+        1,
+        Request::CreateAgent(CreateAgent {
+            name: "ada".into(),
+            instructions: String::new(),
+            parent: None,
+        }),
+    )?;
+    let weekly = Schedule {
+        id: "weekly".into(),
+        agent: "ada".into(),
+        prompt: "the weekly report".into(),
+        period_ms: 7 * day,
+    };
+    w.handle_request(2, Request::AddSchedule(weekly))?;
+    settle(&mut w)?;
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    assert_eq!(
+        trigger_status(&mut w, "scheduled:weekly:0")?.as_deref(),
+        Some("DONE")
+    );
+    // A later one-shot trigger, so the bucket's row is not the newest.
+    let emit = EmitRequest {
+        dedup_key: "other".into(),
+        fire_at_ms: None,
+        delay_ms: Some(0),
+        agent: "ada".into(),
+        prompt: "something else".into(),
+    };
+    clock.0.store(day, Ordering::SeqCst);
+    w.handle_request(3, Request::Emit(emit))?;
+    settle(&mut w)?;
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    clock.0.store(3 * day, Ordering::SeqCst);
+    w.handle_request(
+        4,
+        Request::Gc(GcRequest {
+            ttl_ms: day,
+            payload_ttl_ms: day,
+        }),
+    )?;
+    settle(&mut w)?;
+    assert_eq!(weekly_turns(&w).len(), 1);
+    drop(w.into_system());
+    // Down for buckets 1 and 2; back in bucket 3.
+    clock.0.store(22 * day, Ordering::SeqCst);
+    let mut w = boot(&fs)?;
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    let turns = weekly_turns(&w);
+    assert_eq!(turns.len(), 2, "{turns:?}");
+    assert!(
+        turns[1].contains("missed 2 earlier period(s)"),
+        "bucket 3's prompt does not count the periods missed: {:?}",
+        turns[1]
+    );
+    Ok(())
+}
+
+/// A schedule deleted and added again under the same id with a longer
+/// period is a new schedule: it fires in its current bucket, though the
+/// old one's bucket numbers (of a shorter period) run higher.
+#[test]
+fn a_schedule_added_again_with_a_longer_period_fires_in_its_current_bucket(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let clock = Arc::new(Manual::default());
+    let mut w = worker(&clock)?;
+    w.handle_request(
+        1,
+        Request::CreateAgent(CreateAgent {
+            name: "ada".into(),
+            instructions: String::new(),
+            parent: None,
+        }),
+    )?;
+    let day = 24 * 3_600_000;
+    let every = |period_ms| Schedule {
+        id: "digest".into(),
+        agent: "ada".into(),
+        prompt: "the digest".into(),
+        period_ms,
+    };
+    clock.0.store(10 * day, Ordering::SeqCst);
+    w.handle_request(2, Request::AddSchedule(every(day)))?;
+    settle(&mut w)?;
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    assert_eq!(
+        trigger_status(&mut w, "scheduled:digest:10")?.as_deref(),
+        Some("DONE")
+    );
+    clock.0.store(11 * day + 1, Ordering::SeqCst);
+    w.handle_request(3, Request::DeleteSchedule("digest".into()))?;
+    w.handle_request(4, Request::AddSchedule(every(7 * day)))?;
+    settle(&mut w)?;
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    assert_eq!(
+        trigger_status(&mut w, "scheduled:digest:1")?.as_deref(),
+        Some("DONE"),
+        "the weekly schedule did not fire in its first bucket"
+    );
+    Ok(())
+}
+
+/// A schedule added in the middle of its period fires at once, and its
+/// agent is not told the firing is late (no restart or backlog delayed
+/// it): the catch-up note is for a bucket the daemon was down for.
+#[test]
+fn a_new_schedule_fires_at_once_without_a_catch_up_note() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = Arc::new(Manual::default());
+    let mut w = worker(&clock)?;
+    w.handle_request(
+        1,
+        Request::CreateAgent(CreateAgent {
+            name: "ada".into(),
+            instructions: String::new(),
+            parent: None,
+        }),
+    )?;
+    let day = 24 * 3_600_000;
+    // 15:00 on day 100.
+    clock.0.store(100 * day + 15 * 3_600_000, Ordering::SeqCst);
+    let daily = Schedule {
+        id: "daily".into(),
+        agent: "ada".into(),
+        prompt: "the daily digest".into(),
+        period_ms: day,
+    };
+    w.handle_request(2, Request::AddSchedule(daily))?;
+    settle(&mut w)?;
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    let prompts: Vec<String> = w
+        .system()
+        .runtime()
+        .state()
+        .conversations
+        .values()
+        .flatten()
+        .filter_map(|i| match i {
+            ConversationItem::Prompt { text } if text.starts_with("the daily digest") => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prompts, vec!["the daily digest".to_string()]);
     Ok(())
 }

@@ -22,6 +22,7 @@ use crate::store::schema::{sql, StoreError};
 mod admin;
 mod gc;
 mod model;
+pub mod scheduled;
 
 pub use gc::GcReport;
 pub(crate) use gc::{cutoff_and_kept, cutoff_ms};
