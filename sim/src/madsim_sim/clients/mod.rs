@@ -211,7 +211,11 @@ impl Client {
             }
             77..=80 => self.add_schedule().await,
             81..=83 => {
-                self.delete_schedule().await;
+                if self.rng.random_bool(0.5) {
+                    self.reschedule().await;
+                } else {
+                    self.delete_schedule().await;
+                }
             }
             84..=89 => self.confirm(Human::Honest).await,
             90..=95 => {

@@ -257,8 +257,12 @@ impl Client {
 
     pub(super) async fn add_schedule(&mut self) {
         let id = self.name("s");
-        let agent = self.worker();
         let period_ms = self.rng.random_range(60_000..=240_000u64);
+        self.add_schedule_as(id, period_ms).await;
+    }
+
+    async fn add_schedule_as(&mut self, id: String, period_ms: u64) {
+        let agent = self.worker();
         let op = Op::AddSchedule {
             id: id.clone(),
             agent: agent.clone(),
@@ -273,6 +277,23 @@ impl Client {
         if let Answer::Ok(_) = self.call(op, request).await {
             self.schedules.push(id);
         }
+    }
+
+    /// An operator changes the period of a schedule this client added:
+    /// a different definition under an existing id is refused, so it is
+    /// deleted, then added again with the new period (a new schedule,
+    /// which fires in its current bucket). `false`: it has none.
+    pub(super) async fn reschedule(&mut self) -> bool {
+        if self.schedules.is_empty() {
+            return false;
+        }
+        let id = self.schedules.swap_remove(0);
+        let period_ms = self.rng.random_range(60_000..=240_000u64);
+        let op = Op::DeleteSchedule { id: id.clone() };
+        if let Answer::Ok(_) = self.call(op, Request::DeleteSchedule(id.clone())).await {
+            self.add_schedule_as(id, period_ms).await;
+        }
+        true
     }
 
     /// Delete a schedule this client added; `false`: it has none.

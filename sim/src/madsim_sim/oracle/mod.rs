@@ -10,8 +10,9 @@
 //!   in that turn's prompt: a message counts as delivered only with the
 //!   turn that read it); an acked emit's trigger row exists, one row per
 //!   dedup key, and a later acked emit of the same key is answered
-//!   `duplicate`; an acked schedule is defined (unless a delete of it was
-//!   sent), an acked delete's is not.
+//!   `duplicate`; a schedule id's last acked add or delete holds (an acked
+//!   add is defined, an acked delete's is not), unless a later request on
+//!   the id went unanswered.
 //! - **D2 no duplicate irreversible effect**: no idempotency key reaches
 //!   the world twice.
 //! - **D3 each turn exactly once**: a work (`api:{id}`, `trigger:{key}`)
@@ -138,6 +139,7 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<
             .map(|v| format!("disk invariant: {v}")),
     );
     acknowledged(events, view, &mut bad);
+    schedules_defined(events, view, &mut bad);
     ran_once(events, view, &mut bad);
     for (key, n) in &view.deliveries {
         if *n > 1 {
@@ -162,6 +164,45 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<
     bad
 }
 
+/// D1 for schedules: each id's last answered add or delete holds at the
+/// end, unless a later request on it went unanswered (its outcome is
+/// unknown). One client adds, changes and deletes an id, one request at
+/// a time, so the trace orders them.
+fn schedules_defined(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>) {
+    let mut last: BTreeMap<&str, Option<(u64, bool)>> = BTreeMap::new();
+    for (at, event) in events {
+        match event {
+            Event::Acked { op, .. } => match op {
+                Op::AddSchedule { id, .. } => {
+                    last.insert(id, Some((*at, true)));
+                }
+                Op::DeleteSchedule { id } => {
+                    last.insert(id, Some((*at, false)));
+                }
+                _ => {}
+            },
+            Event::Lost {
+                op: Op::AddSchedule { id, .. } | Op::DeleteSchedule { id },
+                ..
+            } => {
+                last.insert(id, None);
+            }
+            _ => {}
+        }
+    }
+    for (id, answered) in last {
+        match answered {
+            Some((at, true)) if !view.schedules.contains(id) => {
+                bad.push(format!("D1: schedule {id} added (acked at {at} ms) is gone"));
+            }
+            Some((at, false)) if view.schedules.contains(id) => {
+                bad.push(format!("D1: schedule {id} deleted (acked at {at} ms) is back"));
+            }
+            _ => {}
+        }
+    }
+}
+
 /// D1 for every acked op, and D3 for acked turns.
 fn acknowledged(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>) {
     let sent = |f: fn(&Op) -> Option<&str>| -> BTreeSet<&str> {
@@ -175,10 +216,6 @@ fn acknowledged(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>
     };
     let maybe_deleted = sent(|op| match op {
         Op::DeleteAgent { name } => Some(name),
-        _ => None,
-    });
-    let schedule_deletes = sent(|op| match op {
-        Op::DeleteSchedule { id } => Some(id),
         _ => None,
     });
     let mut acked_works: BTreeMap<(&str, String), u64> = BTreeMap::new();
@@ -223,14 +260,6 @@ fn acknowledged(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>
                         acked_keys.insert(key, *at);
                     }
                 }
-            }
-            Op::AddSchedule { id, .. }
-                if !schedule_deletes.contains(id.as_str()) && !view.schedules.contains(id) =>
-            {
-                bad.push(format!("D1: schedule {id} added (acked at {at} ms) is gone"));
-            }
-            Op::DeleteSchedule { id } if view.schedules.contains(id) => {
-                bad.push(format!("D1: schedule {id} deleted (acked at {at} ms) is back"));
             }
             Op::Turn { agent, work_id } => {
                 let work = format!("api:{work_id}");

@@ -10,7 +10,7 @@
 //! - **D5 timing**: a trigger's turn never starts before its fire time,
 //!   and starts within the plan's start bound of it unless the daemon was
 //!   down meanwhile; a schedule bucket is emitted (and fires) once, never
-//!   before its bucket; after a failed attempt a trigger's turn starts
+//!   before its bucket, and a new schedule's first bucket at once; after a failed attempt a trigger's turn starts
 //!   again no sooner than the policy's backoff for that many failures.
 //!
 //! Invariant: pure; reads its inputs only.
@@ -150,6 +150,7 @@ pub(super) fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds, 
             ));
         }
     }
+    first_buckets(events, view, bounds, bad);
     aimed(view, bounds, &repended, bad);
     check_backoff(events, bounds, bad);
     for (key, row) in &view.triggers {
@@ -183,6 +184,58 @@ pub(super) fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds, 
                     ));
                 }
             }
+        }
+    }
+}
+
+/// D5 for a new schedule: it is due when added, so some bucket of it
+/// from the add's request to `fire_bound_ms` after its answer has a
+/// trigger row — unless the daemon was down meanwhile, the run ended
+/// first, or another request on the id came within the bound. (A
+/// schedule deleted and added again with a longer period once read the
+/// old one's higher bucket numbers as its own, and stayed silent.)
+fn first_buckets(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds, bad: &mut Vec<String>) {
+    let mut requests: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (at, event) in events {
+        if let Event::Sent {
+            op: Op::AddSchedule { id, .. } | Op::DeleteSchedule { id },
+            ..
+        } = event
+        {
+            requests.entry(id).or_default().push(*at);
+        }
+    }
+    for (at, event) in events {
+        let Event::Acked {
+            op: Op::AddSchedule { id, period_ms, .. },
+            ..
+        } = event
+        else {
+            continue;
+        };
+        // The request this answer is for: the last one sent before it.
+        let sent = requests
+            .get(id.as_str())
+            .and_then(|r| r.iter().rev().find(|t| **t <= *at).copied());
+        let (Some(sent), true) = (sent, *period_ms > 0) else {
+            continue;
+        };
+        let bound = at.saturating_add(bounds.fire_bound_ms);
+        let changed = requests
+            .get(id.as_str())
+            .is_some_and(|r| r.iter().any(|t| *t > *at && *t <= bound));
+        if view.end_ms <= bound || changed || bounds.down_between(sent, bound) {
+            continue;
+        }
+        let fired =
+            (sent / period_ms..=bound / period_ms).any(|b| view.buckets.contains_key(&(id.clone(), b)));
+        if !fired {
+            bad.push(format!(
+                "D5: schedule {id} (every {period_ms} ms) added at {at} ms fired none of its buckets {}..={} \
+                 by {bound} ms (the daemon up): a new schedule is due when added",
+                sent / period_ms,
+                bound / period_ms
+            ));
         }
     }
 }
