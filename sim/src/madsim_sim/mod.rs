@@ -61,6 +61,14 @@ pub use recorder::Recorder;
 #[cfg(madsim)]
 pub use run::run_sim;
 
+/// What the simulation's clock reads when a run starts: a wall clock's
+/// milliseconds (2025-11-28 00:00 UTC), not 0, so that schedule buckets
+/// (`now / period`) number as they do in life. From 0, a schedule
+/// changed to a longer period found its first bucket's key taken by the
+/// old definition's buckets of the first minutes — a collision a real
+/// clock never reaches.
+pub const ORIGIN_MS: u64 = 1_764_288_000_000;
+
 /// The simulation's clock: logical milliseconds since `origin`, plus
 /// `origin_ms`. Under madsim `Instant` is simulated time, and the
 /// supervisor keeps one clock across node restarts, as a wall clock would.
@@ -91,10 +99,9 @@ impl SimClock {
         self.origin_ms.saturating_add(elapsed)
     }
 
-    /// The instant at logical time `ms` (now, if `ms` is past).
-    pub fn instant_at(&self, ms: u64) -> tokio::time::Instant {
-        let offset = ms.saturating_sub(self.origin_ms);
-        self.origin + std::time::Duration::from_millis(offset)
+    /// The instant `ms` after the run's start (a plan's times).
+    pub fn after_start(&self, ms: u64) -> tokio::time::Instant {
+        self.origin + std::time::Duration::from_millis(ms)
     }
 }
 

@@ -93,7 +93,7 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
         fs: SimFs::new(SimConfig::new(plan.seed)),
         world: World::without_dedup(),
         recorder: Recorder::default(),
-        clock: SimClock::starting_at(0),
+        clock: SimClock::starting_at(super::ORIGIN_MS),
         plan: plan.clone(),
         boots: Arc::new(AtomicU32::new(0)),
         watch: Arc::new(Mutex::new(Weak::new())),
@@ -146,7 +146,7 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
     instants.sort_unstable();
     let mut crashes = Vec::new();
     for (at, crash) in instants {
-        tokio::time::sleep_until(ctx.clock.instant_at(at)).await;
+        tokio::time::sleep_until(ctx.clock.after_start(at)).await;
         let at_ms = ctx.clock.now_ms();
         let mut aimed = None;
         let mut point = None;
@@ -190,7 +190,7 @@ async fn supervise(plan: SimPlan) -> SimOutcome {
             restarted_ms: ctx.clock.now_ms(),
         });
     }
-    tokio::time::sleep_until(ctx.clock.instant_at(plan.horizon_ms)).await;
+    tokio::time::sleep_until(ctx.clock.after_start(plan.horizon_ms)).await;
     kill(&handle, node, &ctx).await;
     ctx.fs.restart(CrashMode::ProcessCrash);
     let end_ms = ctx.clock.now_ms();

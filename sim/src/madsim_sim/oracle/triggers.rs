@@ -10,7 +10,8 @@
 //! - **D5 timing**: a trigger's turn never starts before its fire time,
 //!   and starts within the plan's start bound of it unless the daemon was
 //!   down meanwhile; a schedule bucket is emitted (and fires) once, never
-//!   before its bucket, and a new schedule's first bucket at once; after a failed attempt a trigger's turn starts
+//!   before its bucket, and a new schedule's first bucket at once, due
+//!   when it was added (not late); after a failed attempt a trigger's turn starts
 //!   again no sooner than the policy's backoff for that many failures.
 //!
 //! Invariant: pure; reads its inputs only.
@@ -227,9 +228,22 @@ fn first_buckets(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds, bad
         if view.end_ms <= bound || changed || bounds.down_between(sent, bound) {
             continue;
         }
-        let fired =
-            (sent / period_ms..=bound / period_ms).any(|b| view.buckets.contains_key(&(id.clone(), b)));
-        if !fired {
+        let first =
+            (sent / period_ms..=bound / period_ms).find(|b| view.buckets.contains_key(&(id.clone(), *b)));
+        // Due when added: a fire time at the bucket's start would have the
+        // claim tell the agent its first firing is late (a catch-up note
+        // for a restart or backlog that never happened).
+        let due_early = first
+            .and_then(|b| view.triggers.get(&format!("scheduled:{id}:{b}")))
+            .filter(|row| row.fire_at_ms < sent);
+        if let Some(row) = due_early {
+            bad.push(format!(
+                "D5: schedule {id} added at {at} ms: its first bucket's trigger is due at {} ms, before the add \
+                 (its firing is told it is late)",
+                row.fire_at_ms
+            ));
+        }
+        if first.is_none() {
             bad.push(format!(
                 "D5: schedule {id} (every {period_ms} ms) added at {at} ms fired none of its buckets {}..={} \
                  by {bound} ms (the daemon up): a new schedule is due when added",
