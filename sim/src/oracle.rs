@@ -872,6 +872,19 @@ pub fn judge(
             return Ok(Accepted { side, adopted });
         }
     }
+    // R10: a collecting GC pass is one transaction per store, triggers
+    // first, the tool-call ledger (with the runs) later: a crash between
+    // them leaves the triggers collected and the runs not yet.
+    if let (Some(after), Some(Action::Gc { strip: false })) = (after, action) {
+        let mut triggers_only = after.clone();
+        triggers_only.state.runs = before.state.runs.clone();
+        if let Ok(adopted) = against(&triggers_only, recovered, &BTreeSet::new(), &BTreeSet::new()) {
+            return Ok(Accepted {
+                side: Side::After,
+                adopted,
+            });
+        }
+    }
     // R5: a fire is three commits (claim, the turn, the ack); the two
     // states between them are candidates too.
     if let (Some(after), Some(fire @ Action::Fire { .. })) = (after, action) {
