@@ -1882,7 +1882,8 @@ impl Model {
                     self.maybe_effects.remove(effect);
                 }
                 // Every FAILED trigger blocked on it runs again
-                // (`System::confirm` retries each: attempts reset).
+                // (`System::confirm` retries each: attempts reset, no
+                // backoff floor).
                 let unblocked: Vec<String> = self
                     .blocked_on
                     .iter()
@@ -1897,8 +1898,7 @@ impl Model {
                         .iter_mut()
                         .find(|t| t.key == key && t.status == TriggerStatus::Failed)
                     {
-                        t.status = TriggerStatus::Pending;
-                        t.attempts = 0;
+                        t.repend();
                     }
                 }
             }

@@ -67,13 +67,24 @@ pub struct TriggerRow {
     pub attempts: u32,
     /// The backoff floor (ms; 0: none): a row is not due before it. Set
     /// by a failed ack, kept through reclaims and GC, cleared by an
-    /// operator's retry.
+    /// operator's retry or a human's answer ([`TriggerRow::repend`]).
     #[serde(default)]
     pub not_before: u64,
     /// When the row is due (ms): an emit's op time plus its delay; a
     /// RESUME row's, the time of the boot that emitted it.
     #[serde(default)]
     pub fire_at: u64,
+}
+
+impl TriggerRow {
+    /// PENDING again, as a human makes it (`TriggerStore::retry`, which
+    /// both an operator's retry and `System::confirm` run): attempts
+    /// reset, no backoff floor.
+    pub fn repend(&mut self) {
+        self.status = TriggerStatus::Pending;
+        self.attempts = 0;
+        self.not_before = 0;
+    }
 }
 
 impl Model {
@@ -222,9 +233,7 @@ impl Model {
                 self.blocked_on.remove(key);
                 // One transaction (`TriggerStore::retry`): all or nothing.
                 if let Some(t) = rows.iter_mut().find(|t| &t.key == key) {
-                    t.status = TriggerStatus::Pending;
-                    t.attempts = 0;
-                    t.not_before = 0;
+                    t.repend();
                 }
             }
             Action::StaleAck { key } => {
