@@ -50,8 +50,10 @@ pub struct CallSummary {
 }
 
 /// Whether `key` is the idempotency key of a call of work `work` in
-/// `session`: `{work}-r{digits}-c{digits}` then `-…` or nothing, then
-/// `@{session}`.
+/// `session`: `{work}-r{digits}-c{digits}` then `-{16 hex digits}` (the
+/// call's content hash) or nothing, then `@{session}`. Exactly that: a
+/// looser tail took the keys of work `w-r0-c0` for work `w`'s, and the
+/// answer to `w` listed an email it never sent.
 pub fn key_of_work(key: &str, work: &str, session: &str) -> bool {
     let Some(rest) = key
         .strip_prefix(work)
@@ -67,7 +69,11 @@ pub fn key_of_work(key: &str, work: &str, session: &str) -> bool {
         return false;
     };
     let index = digits(after);
-    index > 0 && (after.len() == index || after[index..].starts_with('-'))
+    let hash = &after[index..];
+    let hashed = hash
+        .strip_prefix('-')
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    index > 0 && (hash.is_empty() || hashed)
 }
 
 /// The tool-call ledger rows of work turn `work` of `agent`, oldest first
@@ -214,6 +220,10 @@ mod tests {
             // Another work whose id extends this one's.
             "run:job-10-r0-c0-dbd52cc47c28319f@ee23863900000002",
             "run:job-1-r0-r0-c0-dbd52cc47c28319f@ee23863900000002",
+            // Work `run:job-1-r0-c0`'s call: its key extends a key's tail.
+            "run:job-1-r0-c0-r0-c0-dbd52cc47c28319f@ee23863900000002",
+            // A tail that is not the content hash.
+            "run:job-1-r0-c0-dbd52cc47c2831@ee23863900000002",
             // Another session.
             "run:job-1-r0-c0-dbd52cc47c28319f@ee23863900000003",
             // Not a call key.
@@ -226,7 +236,7 @@ mod tests {
         }
         // A work id that itself looks like a key's tail stays apart.
         assert!(key_of_work(
-            "run:job-1-r0-r0-c0-ab@ee23863900000002",
+            "run:job-1-r0-r0-c0-dbd52cc47c28319f@ee23863900000002",
             "run:job-1-r0",
             s
         ));

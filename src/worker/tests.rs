@@ -397,3 +397,146 @@ fn a_new_schedule_fires_at_once_without_a_catch_up_note() -> Result<(), Box<dyn 
     assert_eq!(prompts, vec!["the daily digest".to_string()]);
     Ok(())
 }
+
+/// A worker with wake-ups on (`[orchestration] wake`), on `fs`.
+fn boot_with_wake(
+    fs: &Arc<dyn Fs>,
+    clock: &Arc<Manual>,
+    wake: bool,
+) -> Result<Worker, Box<dyn std::error::Error>> {
+    let deps = Deps {
+        provider: Arc::new(FakeProvider::new(7)),
+        tools: Arc::new(PureTools),
+        outbox: Arc::new(World::with_dedup()),
+        clock: clock.clone(),
+    };
+    let (system, _) = System::boot(fs.clone(), SystemConfig::new("/root", 7), deps)?;
+    let schedules = Schedules::load(fs.clone(), std::path::Path::new("/root"))?;
+    let settings = Settings {
+        poll_ms: 100,
+        lease_ms: 60_000,
+        slots: 2,
+        wake,
+        gc: None,
+        gc_period_ms: 60_000,
+    };
+    Ok(Worker::new(system, schedules, Box::new(Silent), settings))
+}
+
+fn agent_named(
+    w: &mut Worker,
+    id: u64,
+    name: &str,
+) -> Result<crate::runtime::AgentId, Box<dyn std::error::Error>> {
+    w.handle_request(
+        id,
+        Request::CreateAgent(CreateAgent {
+            name: name.into(),
+            instructions: String::new(),
+            parent: None,
+        }),
+    )?;
+    settle(w)?;
+    Ok(super::ops::resolve(w.system(), name)?)
+}
+
+/// A client's `POST /triggers` may not take the dedup key of the
+/// system's own wake-up for a message (`wake:{message_id}`, the id `POST
+/// /messages` answered): the wake-up would be a duplicate of the client's
+/// trigger, never emitted, and the message would wait with no turn to
+/// read it. The emit is refused, and the message is woken for.
+#[test]
+fn a_client_trigger_cannot_take_a_wake_up_key() -> Result<(), Box<dyn std::error::Error>> {
+    use super::ops::MessageRequest;
+    let clock = Arc::new(Manual::default());
+    clock.0.store(1_764_288_000_000, Ordering::SeqCst);
+    let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(7)));
+    let mut w = boot_with_wake(&fs, &clock, true)?;
+    agent_named(&mut w, 1, "ada")?;
+    let bob = agent_named(&mut w, 2, "bob")?;
+    w.handle_request(
+        3,
+        Request::Message(MessageRequest {
+            from: "ada".into(),
+            to: "bob".into(),
+            payload: "the report is ready".into(),
+        }),
+    )?;
+    let replies = settle(&mut w)?;
+    let message_id = replies
+        .iter()
+        .find(|(id, _)| *id == 3)
+        .and_then(|(_, r)| r.as_ref().ok())
+        .and_then(|v| v["message_id"].as_str())
+        .ok_or("no message id")?
+        .to_string();
+    for (id, key) in [
+        (4, format!("wake:{message_id}")),
+        (5, "resume:x@y".into()),
+        (6, "scheduled:s:1".into()),
+    ] {
+        w.handle_request(
+            id,
+            Request::Emit(EmitRequest {
+                dedup_key: key.clone(),
+                fire_at_ms: None,
+                delay_ms: Some(24 * 3_600_000),
+                agent: "bob".into(),
+                prompt: "follow up on the report".into(),
+            }),
+        )?;
+        let replies = settle(&mut w)?;
+        assert!(
+            matches!(replies.as_slice(), [(_, Err(OpError::BadRequest(_)))]),
+            "{key}: {replies:?}"
+        );
+    }
+    w.handle_timeout()?;
+    settle(&mut w)?;
+    assert_eq!(
+        w.system().runtime().pending(&bob).len(),
+        0,
+        "the message was not woken for"
+    );
+    Ok(())
+}
+
+/// The answer to an API turn lists the calls of its work (`tool_calls`,
+/// from the ledger rows whose key is the work's: `worker::effects`). A
+/// work id that extends another by `-r{n}-c{m}` has keys the other's
+/// filter also accepts: the answer to work `w` lists, as its own, the
+/// call work `w-r0-c0` made (here an irreversible email it never sent).
+#[test]
+fn a_turn_answer_lists_only_its_own_works_calls() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = Arc::new(Manual::default());
+    clock.0.store(1_764_288_000_000, Ordering::SeqCst);
+    let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(7)));
+    let mut w = boot_with_wake(&fs, &clock, false)?;
+    agent_named(&mut w, 1, "ada")?;
+    let turn = |work: &str, prompt: &str| {
+        Request::Turn(
+            "ada".into(),
+            TurnRequest {
+                prompt: prompt.into(),
+                work_id: Some(work.into()),
+            },
+        )
+    };
+    w.handle_request(2, turn("w-r0-c0", "please send_email to the team"))?;
+    let first = settle(&mut w)?;
+    let first = first.iter().find(|(id, _)| *id == 2).ok_or("no answer")?;
+    let first = first.1.as_ref().map_err(|e| e.to_string())?;
+    assert_eq!(first["tool_calls"].as_array().map(Vec::len), Some(1), "{first}");
+    w.handle_request(3, turn("w", "please lookup the weather"))?;
+    let second = settle(&mut w)?;
+    let second = second.iter().find(|(id, _)| *id == 3).ok_or("no answer")?;
+    let second = second.1.as_ref().map_err(|e| e.to_string())?;
+    let tools: Vec<&str> = second["tool_calls"]
+        .as_array()
+        .ok_or("no tool_calls")?
+        .iter()
+        .filter_map(|c| c["tool"].as_str())
+        .collect();
+    assert_eq!(tools, vec!["lookup"], "work w's answer: {second}");
+    Ok(())
+}

@@ -248,9 +248,21 @@ fn message(system: &mut System, r: MessageRequest) -> Result<Value, OpError> {
     Ok(json!({"message_id": id}))
 }
 
+/// Dedup key prefixes of the triggers the system emits itself (wake-ups,
+/// resumes, schedule buckets), which `POST /triggers` refuses.
+pub const RESERVED_KEY_PREFIXES: [&str; 3] = ["wake:", "resume:", "scheduled:"];
+
 fn emit(system: &mut System, r: EmitRequest) -> Result<Value, OpError> {
     if r.dedup_key.trim().is_empty() {
         return Err(OpError::BadRequest("`dedup_key` must not be empty".into()));
+    }
+    // The system's own triggers share the key space: a client's trigger
+    // under one of their keys would make the system's emit a duplicate,
+    // and the wake-up, resume or schedule bucket would never fire.
+    if let Some(prefix) = RESERVED_KEY_PREFIXES.iter().find(|p| r.dedup_key.starts_with(*p)) {
+        return Err(OpError::BadRequest(format!(
+            "`dedup_key` may not start with {prefix:?}: the daemon's own triggers use it"
+        )));
     }
     if r.prompt.trim().is_empty() {
         return Err(OpError::BadRequest("`prompt` must not be empty".into()));
