@@ -729,3 +729,140 @@ fn confirming_a_key_retries_only_the_triggers_blocked_on_it() {
     );
     assert_eq!(system.failed_triggers().expect("failed").len(), 2);
 }
+
+/// Known bug (issue 27 note, 2026-11-28; not fixed yet): a wake-up trigger dead-lettered (its message still pending: the
+/// turn that reads it never completed) is collected by GC after the TTL —
+/// nothing keeps it, unlike a given-up RESUME trigger — so the next boot's
+/// first wake-up pass finds the key `wake:{message}` free and emits a fresh
+/// PENDING trigger (attempts 0): the dead-letter is silently undone and the
+/// work runs again.
+#[test]
+#[ignore = "known bug: GC collects a given-up wake-up of a pending message; the next boot re-emits it"]
+fn gc_keeps_a_dead_wake_up_whose_message_is_still_pending() {
+    let mut bench = Bench::new(World::without_dedup());
+    bench.policy.max_attempts = 1;
+    let mut system = bench.boot();
+    let sender = system.runtime_mut().create_root("boss", "boss").expect("agent");
+    let reader = system.runtime_mut().create_root("reader", "read").expect("agent");
+    let message = system
+        .runtime_mut()
+        .send_message(&sender, &reader, "write the report")
+        .expect("send");
+    let mut wakeups = durable_agent::system::WakeUps::default();
+    let emitted = system.emit_wakeups(&mut wakeups).expect("wake-ups");
+    assert_eq!(emitted, [durable_agent::system::wake_key(&message)]);
+    // Its one attempt fails (the provider is down): dead-lettered.
+    let claim = claim_due(&system, 0);
+    let prompt = claim.payload["prompt"].as_str().expect("prompt").to_string();
+    bench.provider.set_down(true);
+    let failed = system.fire(&claim, &reader, &prompt);
+    assert!(
+        matches!(failed, Err(SystemError::Runtime(RuntimeError::Provider { .. }))),
+        "{failed:?}"
+    );
+    let status = {
+        let db = system.db();
+        system
+            .triggers()
+            .ack_failed(db.conn(), &claim, 1, "provider down", true)
+            .expect("ack")
+    };
+    assert_eq!(status, TriggerStatus::Dead);
+    assert!(
+        system.runtime().pending(&reader).iter().any(|m| m.id == message),
+        "the message is still pending: no turn read it"
+    );
+    // Later triggers exist (the dead one is not the newest row).
+    emit(&system, "scheduled-once:later", 0);
+
+    // A day and more later, a GC pass, then a restart of the daemon.
+    bench.clock.set(DEFAULT_GC_TTL_MS + 10);
+    let report = system.gc(DEFAULT_GC_TTL_MS).expect("gc");
+    drop(system);
+    let system = bench.boot();
+    let mut wakeups = durable_agent::system::WakeUps::default();
+    let emitted = system.emit_wakeups(&mut wakeups).expect("wake-ups");
+    assert!(
+        emitted.is_empty(),
+        "the dead-lettered wake-up was emitted afresh after GC (collected: {:?}): {:?}",
+        report.triggers.deleted,
+        system
+            .triggers()
+            .pending(system.db().conn(), system.now_ms())
+            .expect("pending")
+    );
+    assert_eq!(system.dead_triggers().expect("dead").len(), 1);
+}
+
+/// Known bug (issue 27 note, 2026-11-28; not fixed yet): `System::confirm` is two steps (the activity row, then the
+/// blocked triggers); its docs say a crash between them "leaves the
+/// trigger FAILED, listed, for retry_trigger". But once the key is
+/// answered GC no longer keeps the trigger (only FAILED triggers blocked
+/// on a key *still* NEEDS_CONFIRMATION are kept), and the worker's first
+/// GC pass runs at boot: when the human answered more than the TTL after
+/// the block, the reboot collects the trigger before anyone can retry it —
+/// the human's answer is acknowledged and the work it unblocks is lost.
+#[test]
+#[ignore = "known bug: a crash inside confirm, then GC, collects the trigger the answer unblocked"]
+fn a_crash_inside_confirm_leaves_the_blocked_trigger_for_retry_not_for_gc() {
+    let bench = Bench::new(World::without_dedup());
+    let mut system = bench.boot();
+    let agent = system.runtime_mut().create_root("mailer", "mail").expect("agent");
+    let id = emit(&system, "mail:1", 0).id().to_string();
+    let claim = claim_due(&system, 0);
+    bench.world.script([Scripted::DeliverLoseReply]);
+    let lost = system.fire(&claim, &agent, EMAIL);
+    assert!(
+        matches!(lost, Err(SystemError::Runtime(RuntimeError::Tool { .. }))),
+        "{lost:?}"
+    );
+    drop(system);
+    let mut system = bench.boot();
+    let key = system.needs_confirmation().expect("list")[0].idem_key.clone();
+    bench.clock.set(10);
+    let claim = claim_due(&system, 10);
+    let blocked = system.fire(&claim, &agent, EMAIL);
+    let error = blocked.map(|_| ()).unwrap_err().to_string();
+    {
+        let db = system.db();
+        let status = system
+            .triggers()
+            .ack_failed(db.conn(), &claim, 11, &error, false)
+            .expect("ack");
+        assert_eq!(status, TriggerStatus::Failed);
+    }
+    emit(&system, "scheduled-once:later", 12);
+
+    // Two days later the human answers: `System::confirm`'s first step
+    // commits, and the process dies before its second.
+    bench.clock.set(2 * DEFAULT_GC_TTL_MS);
+    {
+        let now = system.now_ms();
+        let db = system.db();
+        system
+            .gate()
+            .store()
+            .confirm(
+                db.conn(),
+                &key,
+                &Resolution::Delivered {
+                    provider_ref: "msg-7".into(),
+                },
+                now,
+            )
+            .expect("confirm's first step");
+    }
+    drop(system);
+    // The reboot's first GC pass (the worker runs one at once).
+    let system = bench.boot();
+    let report = system.gc(DEFAULT_GC_TTL_MS).expect("gc");
+    assert!(
+        !report.triggers.deleted.contains(&id),
+        "GC collected the trigger the human's answer unblocked: {:?}",
+        report.triggers.deleted
+    );
+    let retried = system
+        .retry_trigger(&id)
+        .expect("the trigger is still there to retry");
+    assert_eq!(retried.status, TriggerStatus::Pending);
+}
