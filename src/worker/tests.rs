@@ -28,8 +28,13 @@ impl LogicalClock for Manual {
 }
 
 fn worker(clock: &Arc<Manual>) -> Result<Worker, Box<dyn std::error::Error>> {
-    let fs = SimFs::new(SimConfig::new(7));
-    let fs: Arc<dyn Fs> = Arc::new(fs);
+    let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(7)));
+    boot_on(&fs, clock, false)
+}
+
+/// A worker booted on `fs` (again, for a restart), wake-ups on or off
+/// (`[orchestration] wake`).
+fn boot_on(fs: &Arc<dyn Fs>, clock: &Arc<Manual>, wake: bool) -> Result<Worker, Box<dyn std::error::Error>> {
     let deps = Deps {
         provider: Arc::new(FakeProvider::new(7)),
         tools: Arc::new(PureTools),
@@ -37,16 +42,31 @@ fn worker(clock: &Arc<Manual>) -> Result<Worker, Box<dyn std::error::Error>> {
         clock: clock.clone(),
     };
     let (system, _) = System::boot(fs.clone(), SystemConfig::new("/root", 7), deps)?;
-    let schedules = Schedules::load(fs, std::path::Path::new("/root"))?;
+    let schedules = Schedules::load(fs.clone(), std::path::Path::new("/root"))?;
     let settings = Settings {
         poll_ms: 100,
         lease_ms: 60_000,
         slots: 2,
-        wake: false,
+        wake,
         gc: None,
         gc_period_ms: 60_000,
     };
     Ok(Worker::new(system, schedules, Box::new(Silent), settings))
+}
+
+/// The prompts of the worker's agents' turns that start with `start`.
+fn prompts_starting(w: &Worker, start: &str) -> Vec<String> {
+    w.system()
+        .runtime()
+        .state()
+        .conversations
+        .values()
+        .flatten()
+        .filter_map(|i| match i {
+            ConversationItem::Prompt { text } if text.starts_with(start) => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A reply the worker gave: the request's id and its answer.
@@ -212,41 +232,8 @@ fn a_schedule_counts_the_periods_it_missed_though_gc_ran_after_its_last_firing(
     let clock = Arc::new(Manual::default());
     let fs = SimFs::new(SimConfig::new(7));
     let fs: Arc<dyn Fs> = Arc::new(fs);
-    let boot = |fs: &Arc<dyn Fs>| -> Result<Worker, Box<dyn std::error::Error>> {
-        let deps = Deps {
-            provider: Arc::new(FakeProvider::new(7)),
-            tools: Arc::new(PureTools),
-            outbox: Arc::new(World::with_dedup()),
-            clock: clock.clone(),
-        };
-        let (system, _) = System::boot(fs.clone(), SystemConfig::new("/root", 7), deps)?;
-        let schedules = Schedules::load(fs.clone(), std::path::Path::new("/root"))?;
-        let settings = Settings {
-            poll_ms: 100,
-            lease_ms: 60_000,
-            slots: 2,
-            wake: false,
-            gc: None,
-            gc_period_ms: 60_000,
-        };
-        Ok(Worker::new(system, schedules, Box::new(Silent), settings))
-    };
-    let weekly_turns = |w: &Worker| {
-        let state = w.system().runtime().state();
-        state
-            .conversations
-            .values()
-            .flatten()
-            .filter_map(|i| match i {
-                ConversationItem::Prompt { text } if text.starts_with("the weekly report") => {
-                    Some(text.clone())
-                }
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
     let day = 24 * 3_600_000;
-    let mut w = boot(&fs)?;
+    let mut w = boot_on(&fs, &clock, false)?;
     w.handle_request(
         1,
         Request::CreateAgent(CreateAgent {
@@ -291,14 +278,14 @@ fn a_schedule_counts_the_periods_it_missed_though_gc_ran_after_its_last_firing(
         }),
     )?;
     settle(&mut w)?;
-    assert_eq!(weekly_turns(&w).len(), 1);
+    assert_eq!(prompts_starting(&w, "the weekly report").len(), 1);
     drop(w.into_system());
     // Down for buckets 1 and 2; back in bucket 3.
     clock.0.store(22 * day, Ordering::SeqCst);
-    let mut w = boot(&fs)?;
+    let mut w = boot_on(&fs, &clock, false)?;
     w.handle_timeout()?;
     settle(&mut w)?;
-    let turns = weekly_turns(&w);
+    let turns = prompts_starting(&w, "the weekly report");
     assert_eq!(turns.len(), 2, "{turns:?}");
     assert!(
         turns[1].contains("missed 2 earlier period(s)"),
@@ -382,45 +369,9 @@ fn a_new_schedule_fires_at_once_without_a_catch_up_note() -> Result<(), Box<dyn 
     settle(&mut w)?;
     w.handle_timeout()?;
     settle(&mut w)?;
-    let prompts: Vec<String> = w
-        .system()
-        .runtime()
-        .state()
-        .conversations
-        .values()
-        .flatten()
-        .filter_map(|i| match i {
-            ConversationItem::Prompt { text } if text.starts_with("the daily digest") => Some(text.clone()),
-            _ => None,
-        })
-        .collect();
+    let prompts = prompts_starting(&w, "the daily digest");
     assert_eq!(prompts, vec!["the daily digest".to_string()]);
     Ok(())
-}
-
-/// A worker with wake-ups on (`[orchestration] wake`), on `fs`.
-fn boot_with_wake(
-    fs: &Arc<dyn Fs>,
-    clock: &Arc<Manual>,
-    wake: bool,
-) -> Result<Worker, Box<dyn std::error::Error>> {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(7)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::with_dedup()),
-        clock: clock.clone(),
-    };
-    let (system, _) = System::boot(fs.clone(), SystemConfig::new("/root", 7), deps)?;
-    let schedules = Schedules::load(fs.clone(), std::path::Path::new("/root"))?;
-    let settings = Settings {
-        poll_ms: 100,
-        lease_ms: 60_000,
-        slots: 2,
-        wake,
-        gc: None,
-        gc_period_ms: 60_000,
-    };
-    Ok(Worker::new(system, schedules, Box::new(Silent), settings))
 }
 
 fn agent_named(
@@ -451,7 +402,7 @@ fn a_client_trigger_cannot_take_a_wake_up_key() -> Result<(), Box<dyn std::error
     let clock = Arc::new(Manual::default());
     clock.0.store(1_764_288_000_000, Ordering::SeqCst);
     let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(7)));
-    let mut w = boot_with_wake(&fs, &clock, true)?;
+    let mut w = boot_on(&fs, &clock, true)?;
     agent_named(&mut w, 1, "ada")?;
     let bob = agent_named(&mut w, 2, "bob")?;
     w.handle_request(
@@ -511,7 +462,7 @@ fn a_turn_answer_lists_only_its_own_works_calls() -> Result<(), Box<dyn std::err
     let clock = Arc::new(Manual::default());
     clock.0.store(1_764_288_000_000, Ordering::SeqCst);
     let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(7)));
-    let mut w = boot_with_wake(&fs, &clock, false)?;
+    let mut w = boot_on(&fs, &clock, false)?;
     agent_named(&mut w, 1, "ada")?;
     let turn = |work: &str, prompt: &str| {
         Request::Turn(
