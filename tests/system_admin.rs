@@ -730,15 +730,21 @@ fn confirming_a_key_retries_only_the_triggers_blocked_on_it() {
     assert_eq!(system.failed_triggers().expect("failed").len(), 2);
 }
 
-/// Known bug (issue 27 note, 2026-11-28; not fixed yet): a wake-up trigger dead-lettered (its message still pending: the
-/// turn that reads it never completed) is collected by GC after the TTL —
-/// nothing keeps it, unlike a given-up RESUME trigger — so the next boot's
-/// first wake-up pass finds the key `wake:{message}` free and emits a fresh
-/// PENDING trigger (attempts 0): the dead-letter is silently undone and the
-/// work runs again.
+/// A wake-up trigger dead-lettered (its message still pending: the turn
+/// that reads it never completed) survives GC after the TTL, as a given-up
+/// RESUME trigger does. Collected (the bug a review proved on 8f2b315), the
+/// next boot's first wake-up pass found the key `wake:{message}` free and
+/// emitted a fresh PENDING trigger (attempts 0): the dead-letter silently
+/// undone and the work run again. Two cases: its turn started (the
+/// provider was down) and never completed, or its last attempt failed
+/// before its turn started (no turn at all: only the message keeps it).
 #[test]
-#[ignore = "known bug: GC collects a given-up wake-up of a pending message; the next boot re-emits it"]
 fn gc_keeps_a_dead_wake_up_whose_message_is_still_pending() {
+    gc_keeps_a_dead_wake_up(true);
+    gc_keeps_a_dead_wake_up(false);
+}
+
+fn gc_keeps_a_dead_wake_up(turn_started: bool) {
     let mut bench = Bench::new(World::without_dedup());
     bench.policy.max_attempts = 1;
     let mut system = bench.boot();
@@ -751,14 +757,21 @@ fn gc_keeps_a_dead_wake_up_whose_message_is_still_pending() {
     let mut wakeups = durable_agent::system::WakeUps::default();
     let emitted = system.emit_wakeups(&mut wakeups).expect("wake-ups");
     assert_eq!(emitted, [durable_agent::system::wake_key(&message)]);
-    // Its one attempt fails (the provider is down): dead-lettered.
+    // Its one attempt fails: dead-lettered.
     let claim = claim_due(&system, 0);
-    let prompt = claim.payload["prompt"].as_str().expect("prompt").to_string();
-    bench.provider.set_down(true);
-    let failed = system.fire(&claim, &reader, &prompt);
-    assert!(
-        matches!(failed, Err(SystemError::Runtime(RuntimeError::Provider { .. }))),
-        "{failed:?}"
+    if turn_started {
+        // The provider is down: the turn starts and stops at its first call.
+        let prompt = claim.payload["prompt"].as_str().expect("prompt").to_string();
+        bench.provider.set_down(true);
+        let failed = system.fire(&claim, &reader, &prompt);
+        assert!(
+            matches!(failed, Err(SystemError::Runtime(RuntimeError::Provider { .. }))),
+            "{failed:?}"
+        );
+    }
+    assert_eq!(
+        system.runtime().unfinished_work(&reader).expect("works").len(),
+        usize::from(turn_started)
     );
     let status = {
         let db = system.db();
@@ -784,7 +797,7 @@ fn gc_keeps_a_dead_wake_up_whose_message_is_still_pending() {
     let emitted = system.emit_wakeups(&mut wakeups).expect("wake-ups");
     assert!(
         emitted.is_empty(),
-        "the dead-lettered wake-up was emitted afresh after GC (collected: {:?}): {:?}",
+        "turn started: {turn_started}: the dead-lettered wake-up was emitted afresh after GC (collected: {:?}): {:?}",
         report.triggers.deleted,
         system
             .triggers()
@@ -794,16 +807,14 @@ fn gc_keeps_a_dead_wake_up_whose_message_is_still_pending() {
     assert_eq!(system.dead_triggers().expect("dead").len(), 1);
 }
 
-/// Known bug (issue 27 note, 2026-11-28; not fixed yet): `System::confirm` is two steps (the activity row, then the
-/// blocked triggers); its docs say a crash between them "leaves the
-/// trigger FAILED, listed, for retry_trigger". But once the key is
-/// answered GC no longer keeps the trigger (only FAILED triggers blocked
-/// on a key *still* NEEDS_CONFIRMATION are kept), and the worker's first
-/// GC pass runs at boot: when the human answered more than the TTL after
-/// the block, the reboot collects the trigger before anyone can retry it —
-/// the human's answer is acknowledged and the work it unblocks is lost.
+/// `System::confirm` is two steps (the activity row, then the blocked
+/// triggers); a crash between them leaves the trigger FAILED, listed, for
+/// `retry_trigger` — and GC keeps it, though its key is answered and no
+/// longer NEEDS_CONFIRMATION, because its own turn is unfinished. Before
+/// (the bug a review proved on 8f2b315), the worker's first GC pass after
+/// the reboot collected it when the human answered more than the TTL after
+/// the block: the answer acknowledged, the work it unblocks lost.
 #[test]
-#[ignore = "known bug: a crash inside confirm, then GC, collects the trigger the answer unblocked"]
 fn a_crash_inside_confirm_leaves_the_blocked_trigger_for_retry_not_for_gc() {
     let bench = Bench::new(World::without_dedup());
     let mut system = bench.boot();

@@ -165,7 +165,8 @@ impl System {
     /// (`RuntimeError::NeedsConfirmation`) goes back to PENDING, so it
     /// resumes where it stopped and the ledger answers the call (or sends
     /// it once, after `NotDelivered`). A crash between the two steps
-    /// leaves the trigger FAILED, listed, for [`Self::retry_trigger`].
+    /// leaves the trigger FAILED, listed, for [`Self::retry_trigger`]; GC
+    /// keeps it, as its turn is unfinished ([`Self::still_needed`]).
     pub fn confirm(&self, idem_key: &str, resolution: &Resolution) -> Result<Confirmed, SystemError> {
         let now = self.now_ms();
         let status = {
@@ -216,8 +217,8 @@ impl System {
     /// Collect settled rows older than `ttl_ms` (use [`DEFAULT_GC_TTL_MS`]
     /// unless you know every retry and resume horizon is shorter): DONE,
     /// FAILED and DEAD triggers — except those blocked on a confirmation,
-    /// the given-up RESUME triggers of unfinished work and each schedule's
-    /// newest bucket — then DONE and
+    /// those whose work a boot would emit again or only they resume
+    /// ([`Self::still_needed`]) and each schedule's newest bucket — then DONE and
     /// FAILED activity rows, settled tool calls with their attempts and
     /// settled runs, and usage and error rows — except everything [`Keep`]
     /// names (the rows of agents that may still resume, which resuming
@@ -230,7 +231,7 @@ impl System {
         let now = self.now_ms();
         let keep = self.keep()?;
         let mut kept = self.blocked_triggers()?;
-        kept.extend(self.given_up_resumes()?);
+        kept.extend(self.still_needed()?);
         kept.extend(self.schedule_marks()?);
         let db = self.db();
         let conn = db.conn();
@@ -272,29 +273,48 @@ impl System {
             .collect())
     }
 
-    /// DEAD, FAILED or DONE RESUME triggers of a work still unfinished:
-    /// the record that the work was given up or settled by hand. Collected, the next boot would
-    /// emit the work's RESUME trigger afresh (PENDING, attempts 0: its
-    /// dedup key is free again) and run the work again, silently undoing
-    /// the dead-letter (found by the fuzzer's `gc` op). Kept until the
-    /// work completes, its agent is deleted, or an operator retries it.
-    fn given_up_resumes(&self) -> Result<Vec<String>, SystemError> {
+    /// Settled triggers (DONE, FAILED or DEAD) something still needs,
+    /// whatever their age. Collecting one frees its dedup key, and the
+    /// next boot would then emit its work afresh (PENDING, attempts 0),
+    /// silently undoing a dead-letter or a settle by hand, or nothing
+    /// would be left to resume it:
+    /// - the RESUME trigger of a work still unfinished — boot's resume
+    ///   pass emits `resume:{work}@{agent}` again (found by the fuzzer's
+    ///   `gc` op);
+    /// - the wake-up of a message still pending — boot's wake-up pass
+    ///   emits `wake:{message}` again (found by a review; `system_admin`
+    ///   tests);
+    /// - a trigger whose own turn (`trigger:{key}`) started and never
+    ///   completed — no RESUME trigger stands for it, only re-claiming the
+    ///   trigger resumes it: an operator's retry, or a human's answer to
+    ///   the call it stopped at (after a crash between
+    ///   [`Self::confirm`]'s two steps, the trigger is FAILED and its key
+    ///   answered, so [`Self::blocked_triggers`] no longer names it).
+    ///
+    /// Each is kept until its work completes, its message is read, its
+    /// agent is deleted, or an operator retries it.
+    fn still_needed(&self) -> Result<Vec<String>, SystemError> {
         let runtime = self.runtime();
         let mut keys = std::collections::BTreeSet::new();
         for agent in runtime.state().agents.keys() {
             for (work, _) in runtime.unfinished_work(agent)? {
-                keys.insert(super::resume::resume_key(agent, work));
+                match work.strip_prefix("trigger:") {
+                    Some(own) => keys.insert(own.to_string()),
+                    None => keys.insert(super::resume::resume_key(agent, work)),
+                };
+            }
+        }
+        for agent in runtime.tree().nodes().keys() {
+            for message in runtime.pending(agent) {
+                keys.insert(super::wake::wake_key(&message.id));
             }
         }
         let mut ids = Vec::new();
-        // DONE too: a RESUME acked DONE while its work is unfinished (an
-        // operator's or a zombie's ack, not its turn's) would, collected,
-        // be emitted afresh by the next boot and run the work again.
         for status in [TriggerStatus::Dead, TriggerStatus::Failed, TriggerStatus::Done] {
             ids.extend(
                 self.triggers_with(status)?
                     .into_iter()
-                    .filter(|t| t.dedup_key.as_ref().is_some_and(|k| keys.contains(k)))
+                    .filter(|t| keys.contains(t.dedup_key.as_deref().unwrap_or(&t.id)))
                     .map(|t| t.id),
             );
         }
