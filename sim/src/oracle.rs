@@ -98,8 +98,12 @@
 //!   alone (no row), the row `running` with no turn, the turn started
 //!   (R7), or the turn complete with the row still `running`
 //!   ([`Model::job_midpoints`]). The fire of a job run's RESUME trigger
-//!   settles the run after its ack (`settle_fire`): a crash in between
-//!   leaves the trigger acked and the run as it was. A resume
+//!   settles the run before its ack (`System::ack_fire`): a crash in
+//!   between leaves the run settled and the trigger CLAIMED (its re-fire
+//!   only acks) — never acked with the run left `running`, which no boot
+//!   would repair. A fire that failed settles the run after its ack
+//!   (`settle_fire`): a crash in between leaves the trigger FAILED and
+//!   the run as it was, until a retry fires it. A resume
 //!   (`Action::JobResume`, `run --resume`: the row `running` again → the
 //!   turn → `succeeded` → the PENDING RESUME trigger DONE) may be cut
 //!   between any two ([`Model::resume_midpoints`]; R4, R7 and R8 for a
@@ -107,7 +111,13 @@
 //!   deletes every settled run whose agent is no longer live, and may
 //!   delete or keep one whose agent is live (`System::gc` keeps the runs
 //!   of an agent that may still resume, which the model does not track
-//!   exactly): the next reading decides ([`Model::learn_runs`]).
+//!   exactly): the next reading decides ([`Model::learn`]). Likewise a
+//!   DONE or DEAD trigger fired and never completed: a crash may have
+//!   left its own turn started (`System::gc` keeps it: only its retry
+//!   resumes that turn) or not, which no compared state shows; the next
+//!   reading decides, and once it showed the trigger kept, every later
+//!   pass must keep it until its turn completes
+//!   ([`Model::unfinished_fires`]).
 //!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
@@ -596,7 +606,7 @@ fn against(
     lost_msgs: &BTreeSet<(String, Msg)>,
 ) -> Result<Model, String> {
     let mut adopted = candidate.restarted(); // R1
-    adopted.learn_runs(recovered);
+    adopted.learn(recovered);
     let records = adopted.records(); // every one SUSPENDED (R1)
     let want = &mut adopted.state;
     let want_names: Vec<&String> = want.agents.keys().collect();
@@ -888,11 +898,8 @@ pub fn judge(
     // R5: a fire is three commits (claim, the turn, the ack); the two
     // states between them are candidates too.
     if let (Some(after), Some(fire @ Action::Fire { .. })) = (after, action) {
-        let (turned, claimed) = fire_midpoints(before, after, fire);
-        // A job run's RESUME trigger: its run's status is a fourth commit,
-        // after the ack (`settle_fire`).
-        let acked = unsettled_job(before, after, fire);
-        for m in [Some(turned), acked].into_iter().flatten() {
+        let (turned, settled, claimed) = fire_midpoints(before, after, fire);
+        for m in [Some(turned), settled].into_iter().flatten() {
             if let Ok(adopted) = against(&m, recovered, &BTreeSet::new(), &BTreeSet::new()) {
                 return Ok(Accepted {
                     side: Side::After,
@@ -967,34 +974,39 @@ pub fn judge(
     }
 }
 
-/// The two durable states inside a fire (R5): `turned` — the claim and the
+/// The durable states inside a fire (R5): `turned` — the claim and the
 /// turn committed, the ack not (the trigger is still CLAIMED, its work
-/// done); `claimed` — only the claim committed (CLAIMED, one more attempt,
-/// no turn). Both remember the work the trigger was given, so its re-fire
+/// done); for a job run's RESUME trigger, `settled` — `turned` with the
+/// run settled too, a commit before the ack (`System::ack_fire`);
+/// `claimed` — only the claim committed (CLAIMED, one more attempt, no
+/// turn). All remember the work the trigger was given, so its re-fire
 /// runs the same work (or, once done, only acks).
-fn fire_midpoints(before: &Model, after: &Model, fire: &Action) -> (Model, Model) {
+fn fire_midpoints(before: &Model, after: &Model, fire: &Action) -> (Model, Option<Model>, Model) {
     let Action::Fire { key, .. } = fire else {
-        return (after.clone(), before.clone());
+        return (after.clone(), None, before.clone());
     };
     let claimed_row = |m: &mut Model| {
         if let Some(t) = m.state.triggers.iter_mut().find(|t| &t.key == key) {
             t.status = crate::model::TriggerStatus::Claimed;
         }
     };
+    let mut settled = unsettled_job(before, after, fire).map(|_| after.clone());
     let mut turned = unsettled_job(before, after, fire).unwrap_or_else(|| after.clone());
-    claimed_row(&mut turned);
+    for m in settled.iter_mut().chain([&mut turned]) {
+        claimed_row(m);
+    }
     let mut claimed = before.clone();
     if let Some(t) = claimed.state.triggers.iter_mut().find(|t| &t.key == key) {
         t.attempts += 1;
     }
     claimed_row(&mut claimed);
     claimed.fire_work.insert(key.clone(), fire.clone());
-    (turned, claimed)
+    (turned, settled, claimed)
 }
 
 /// `after` with the job run a fire's RESUME trigger resumed still in
-/// its status of `before` (the fire acked, its run not settled yet), when
-/// the fire changes it.
+/// its status of `before` (the fire acked FAILED, its run not settled
+/// yet), when the fire changes it.
 fn unsettled_job(before: &Model, after: &Model, fire: &Action) -> Option<Model> {
     let Action::Fire { key, .. } = fire else {
         return None;

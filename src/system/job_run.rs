@@ -11,7 +11,7 @@
 //! between the first two leaves an agent with no run (harmless: nothing
 //! refers to it); after the second, the run is `running` until a resume
 //! (`run --resume`, or the daemon firing the work's RESUME trigger, which
-//! settles the status the same way: `worker::ops::fire`) finishes it; a
+//! settles the status the same way: [`System::settle_resumed_run`]) finishes it; a
 //! crash after the turn and before its status leaves the run `running`
 //! with its work done, which a resume answers from the log.
 //!
@@ -21,6 +21,7 @@
 
 use crate::runtime::{AgentId, RuntimeError, WorkTurn};
 use crate::store::tool_calls::{RunRecord, RunStatus, ToolCallStore};
+use crate::store::triggers::{Trigger, TriggerSource};
 use crate::store::StoreError;
 
 use super::System;
@@ -145,6 +146,38 @@ impl System {
             ToolCallStore::default().set_run_status(self.db().conn(), run_id, RunStatus::Running, now)?;
         }
         Ok((run, agent))
+    }
+
+    /// The job run a RESUME trigger resumes (`claim`'s work `run:{id}`),
+    /// if it is one and its row exists, gets `status`: the daemon settles
+    /// a run it resumed as `run --resume` would. A success is settled
+    /// before the trigger's ack ([`System::ack_fire`]): a crash in between
+    /// leaves the trigger CLAIMED, and its re-fire finds the work done and
+    /// acks. Settled after the ack, the crash left the run `running` for
+    /// good — its work done, so no boot gives it a RESUME trigger again
+    /// (found by a review). A failure is settled after its ack (the ack
+    /// decides whether the trigger retries), so a crash in between leaves
+    /// the run `running` and its trigger FAILED or DEAD, kept by GC for a
+    /// retry, whose fire settles it.
+    pub fn settle_resumed_run(&self, claim: &Trigger, status: RunStatus) -> Result<(), StoreError> {
+        let work = Self::trigger_work(claim);
+        let Some(run_id) = work
+            .strip_prefix("run:")
+            .filter(|_| claim.source == TriggerSource::Resume)
+        else {
+            return Ok(());
+        };
+        let store = ToolCallStore::default();
+        let db = self.db();
+        if store.get_run(db.conn(), run_id)?.is_some() {
+            store.set_run_status(db.conn(), run_id, status, self.now_ms())?;
+            tracing::info!(
+                run_id,
+                status = status.as_str(),
+                "run resumed by its RESUME trigger"
+            );
+        }
+        Ok(())
     }
 
     /// Set run `run_id`'s status after its work turn ended; once it

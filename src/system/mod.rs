@@ -60,7 +60,7 @@ use crate::store::activities::{ActivityGate, ActivityStore};
 use crate::store::checkpoints::CheckpointStore;
 use crate::store::manifest::{self, Manifest, MANIFEST_FILE, MANIFEST_VERSION};
 use crate::store::schema::open_store;
-use crate::store::tool_calls::ToolCallStore;
+use crate::store::tool_calls::{RunStatus, ToolCallStore};
 use crate::store::triggers::{Trigger, TriggerPolicy, TriggerStatus, TriggerStore};
 use crate::store::StoreError;
 use crate::world::Outbox;
@@ -498,8 +498,11 @@ impl System {
     }
 
     /// [`Self::fire`]'s last step, once the turn completed (or had
-    /// completed): ack `claim` DONE, proving it still holds the lease.
+    /// completed): settle the job run a RESUME trigger resumed
+    /// ([`Self::settle_resumed_run`]), then ack `claim` DONE, proving it
+    /// still holds the lease.
     pub fn ack_fire(&mut self, claim: &Trigger, fired: Fired) -> Result<Fired, SystemError> {
+        self.settle_resumed_run(claim, RunStatus::Succeeded)?;
         let now = self.now_ms();
         self.triggers.ack_done(self.db().conn(), claim, now)?;
         Ok(fired)

@@ -457,7 +457,7 @@ impl Exec {
         let full_outbox = state.outbox.clone();
         // Residency too: the model's LRU evicts as the runtime's slots do.
         let mut recovered = state.clone();
-        self.model.learn_runs(&state);
+        self.model.learn(&state);
         let mut expected = self.model.expected();
         // Effects of unknown fate (R4) are compared by the oracle and I4
         // only; one that shows up now becomes known.

@@ -937,6 +937,19 @@ pub struct Model {
     /// Bookkeeping.
     #[serde(default)]
     pub runs_maybe_collected: BTreeSet<String>,
+    /// DONE or DEAD triggers a collecting GC pass may have kept: ones
+    /// fired whose turn never completed ([`Model::done_work`]) may have an
+    /// unfinished turn of their own — durably started or not, which a
+    /// crash leaves unknown — and `System::gc` keeps such a trigger (only
+    /// its retry resumes that turn), so the next reading decides
+    /// ([`Model::learn`]). Bookkeeping.
+    #[serde(default)]
+    pub triggers_maybe_kept: BTreeSet<String>,
+    /// Fired triggers a reading showed kept by GC for their unfinished
+    /// turn: every later pass must keep them too, until their turn
+    /// completes. Bookkeeping.
+    #[serde(default)]
+    pub unfinished_fires: BTreeSet<String>,
     /// Each job run as it was made (its [`Action::JobRun`]), by run: a
     /// resume runs its prompt. Bookkeeping.
     #[serde(default)]
@@ -1369,11 +1382,20 @@ impl Model {
     }
 
     /// Learn from `read` (the store as read now) which of the job runs a
-    /// GC pass may have deleted ([`Model::runs_maybe_collected`]) it did.
-    pub fn learn_runs(&mut self, read: &State) {
+    /// GC pass may have deleted ([`Model::runs_maybe_collected`]) it did,
+    /// and which of the triggers it may have kept
+    /// ([`Model::triggers_maybe_kept`]) it kept.
+    pub fn learn(&mut self, read: &State) {
         for run in std::mem::take(&mut self.runs_maybe_collected) {
             if !read.runs.contains_key(&run) {
                 self.state.runs.remove(&run);
+            }
+        }
+        for key in std::mem::take(&mut self.triggers_maybe_kept) {
+            if read.triggers.iter().any(|t| t.key == key) {
+                self.unfinished_fires.insert(key);
+            } else {
+                self.state.triggers.retain(|t| t.key != key);
             }
         }
     }
@@ -1915,23 +1937,37 @@ impl Model {
     ///
     /// A DEAD or DONE RESUME row of a work still unfinished stays too: it
     /// records that the work was given up or settled by hand (collected,
-    /// the next boot would emit it afresh and run the work again).
+    /// the next boot would emit it afresh and run the work again). So does
+    /// a fired trigger whose own turn started and never completed (only
+    /// its retry resumes it): known after a reading showed it kept
+    /// ([`Model::unfinished_fires`]), else maybe
+    /// ([`Model::triggers_maybe_kept`]).
     fn collect(&mut self) {
         let last = self.state.triggers.len().saturating_sub(1);
         let given_up = |key: &str| match self.works.get(key) {
             Some(Action::WorkTurn { agent, .. }) => self.state.agents.contains_key(agent),
             _ => false,
         };
+        let unfinished = |key: &str| !self.done_work.contains(key) && self.fire_work.contains_key(key);
+        let mut maybe = BTreeSet::new();
         let keep: Vec<bool> = self
             .state
             .triggers
             .iter()
             .enumerate()
             .map(|(i, t)| match t.status {
-                TriggerStatus::Done | TriggerStatus::Dead => i == last || given_up(&t.key),
+                TriggerStatus::Done | TriggerStatus::Dead => {
+                    let kept = i == last || given_up(&t.key);
+                    if !kept && unfinished(&t.key) && !self.unfinished_fires.contains(&t.key) {
+                        maybe.insert(t.key.clone());
+                        return true;
+                    }
+                    kept || unfinished(&t.key)
+                }
                 _ => true,
             })
             .collect();
+        self.triggers_maybe_kept.extend(maybe);
         let mut keep = keep.into_iter();
         self.state.triggers.retain(|_| keep.next().unwrap_or(true));
         // Settled job runs: gone with their agent; else kept exactly while

@@ -7,7 +7,7 @@
 //! interrupted its turn; a lost lease changes nothing.
 
 use crate::runtime::{AgentId, RuntimeError};
-use crate::store::tool_calls::{RunStatus, ToolCallStore};
+use crate::store::tool_calls::RunStatus;
 use crate::store::triggers::{Trigger, TriggerSource, TriggerStatus};
 use crate::store::StoreError;
 use crate::system::{Fired, System, SystemError};
@@ -109,8 +109,9 @@ pub fn settle_fire(
     );
     let (error, retryable) = match outcome {
         Ok(fired) => {
+            // A job run's RESUME trigger: `System::ack_fire` settled its
+            // run `succeeded` before the ack.
             tracing::info!(id = %claim.id, ?fired, "trigger done");
-            settle_run(system, claim, RunStatus::Succeeded)?;
             return Ok(Some(FireResult::Fired {
                 id: claim.id.clone(),
                 fired,
@@ -144,37 +145,14 @@ pub fn settle_fire(
         .ack_failed(system.db().conn(), claim, now, &error, retryable)?;
     tracing::warn!(id = %claim.id, error, next = status.as_str(), "trigger failed");
     if blocked {
-        settle_run(system, claim, RunStatus::WaitingForHuman)?;
+        system.settle_resumed_run(claim, RunStatus::WaitingForHuman)?;
     } else if status != TriggerStatus::Pending {
-        settle_run(system, claim, RunStatus::Failed)?;
+        system.settle_resumed_run(claim, RunStatus::Failed)?;
     }
     Ok(Some(FireResult::Failed {
         id: claim.id.clone(),
         error,
     }))
-}
-
-/// A RESUME trigger of a job run (`run:{id}`, see `crate::system`'s
-/// boot) settles the run's status as `run --resume` would.
-fn settle_run(system: &System, claim: &Trigger, status: RunStatus) -> Result<(), OpError> {
-    let work = System::trigger_work(claim);
-    let Some(run_id) = work
-        .strip_prefix("run:")
-        .filter(|_| claim.source == TriggerSource::Resume)
-    else {
-        return Ok(());
-    };
-    let store = ToolCallStore::default();
-    let db = system.db();
-    if store.get_run(db.conn(), run_id)?.is_some() {
-        store.set_run_status(db.conn(), run_id, status, system.now_ms())?;
-        tracing::info!(
-            run_id,
-            status = status.as_str(),
-            "run resumed by its RESUME trigger"
-        );
-    }
-    Ok(())
 }
 
 /// The `turn_end` payload of a firing.
