@@ -175,6 +175,36 @@ fn an_ack_proves_the_lease_a_reclaimed_claim_cannot_ack() {
 }
 
 #[test]
+fn a_released_claim_is_pending_uncounted_and_a_stale_one_cannot_release() {
+    let conn = db();
+    let store = TriggerStore::new(policy(), Canaries::none());
+    store.emit(&conn, &spec(Some("k"), 0, 0), 0).unwrap();
+    // Given back as many times as the policy allows attempts, and more:
+    // a stop is no failure, so it never dead-letters.
+    for now in 0..(policy().max_attempts as u64 + 2) {
+        let claim = store.claim(&conn, now, 10).unwrap().expect("due at once");
+        assert_eq!(claim.attempts, 1);
+        store.release(&conn, &claim, now).unwrap();
+        let row = store.get(&conn, &claim.id, now).unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.attempts, row.lease_until_ms),
+            (TriggerStatus::Pending, 0, None)
+        );
+        // A second release of the same claim is refused: it holds nothing.
+        let err = store.release(&conn, &claim, now).unwrap_err();
+        assert!(err.to_string().contains("lease was reclaimed"), "{err}");
+    }
+    // A claim whose lease was reclaimed and claimed again cannot give the
+    // new claim back.
+    let first = store.claim(&conn, 100, 10).unwrap().unwrap();
+    store.reclaim_expired(&conn, 110).unwrap();
+    let second = store.claim(&conn, 120, 10).unwrap().unwrap();
+    assert!(store.release(&conn, &first, 121).is_err());
+    let row = store.get(&conn, &second.id, 121).unwrap().unwrap();
+    assert_eq!((row.status, row.attempts), (TriggerStatus::Claimed, 2));
+}
+
+#[test]
 fn boot_reclaim_returns_only_expired_leases_to_pending() {
     let conn = db();
     let store = TriggerStore::new(policy(), Canaries::none());

@@ -354,9 +354,12 @@ impl<V: View> Worker<V> {
 
     /// SIGTERM: take no new work. The calls still out come back through
     /// [`Self::handle_result`] and are persisted, so their turns stop at a
-    /// durable boundary; what is left the next boot resumes.
+    /// durable boundary; what is left the next boot resumes. Claims the
+    /// stop keeps from running (waiting for their agent now, interrupted
+    /// later) go back uncounted: a stop is no failure of a trigger.
     pub fn stop(&mut self) {
         self.stopping = true;
+        self.turns.release_waiting(&self.system);
     }
 
     /// The next thing for the driver to do: answers first, then calls.

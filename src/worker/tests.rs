@@ -491,3 +491,70 @@ fn a_turn_answer_lists_only_its_own_works_calls() -> Result<(), Box<dyn std::err
     assert_eq!(tools, vec!["lookup"], "work w's answer: {second}");
     Ok(())
 }
+
+/// A stop is no failure of a trigger: the claims it keeps from running —
+/// a turn it interrupts (the provider call gives up with
+/// [`super::INTERRUPTED`]) and a claim waiting for its busy agent — go
+/// back PENDING with their attempt uncounted. Before, each stayed CLAIMED
+/// for boot to reclaim, an attempt used: five restarts of the daemon
+/// during one long turn dead-lettered its trigger, "its lease was lost 5
+/// times (the process running it died each time)", though none died.
+#[test]
+fn a_stop_gives_back_the_claims_it_keeps_from_running_uncounted() -> Result<(), Box<dyn std::error::Error>> {
+    use crate::runtime::{CallResult, ProviderError};
+    use crate::store::triggers::{Trigger, TriggerStatus};
+    let clock = Arc::new(Manual::default());
+    let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(7)));
+    let mut w = boot_on(&fs, &clock, false)?;
+    agent_named(&mut w, 1, "ada")?;
+    for (id, key) in [(2, "first"), (3, "second")] {
+        let emit = EmitRequest {
+            dedup_key: key.into(),
+            fire_at_ms: None,
+            delay_ms: None,
+            agent: "ada".into(),
+            prompt: format!("the {key} job"),
+        };
+        w.handle_request(id, Request::Emit(emit))?;
+    }
+    let replies = settle(&mut w)?;
+    assert!(replies.iter().all(|(_, r)| r.is_ok()), "{replies:?}");
+    let rows = |w: &Worker| -> Result<Vec<Trigger>, Box<dyn std::error::Error>> {
+        let system = w.system();
+        Ok(system.triggers().all(system.db().conn(), system.now_ms())?)
+    };
+    // "first" runs (its provider call out), "second" waits for ada.
+    w.handle_timeout()?;
+    let Some(Action::Call(call)) = w.poll_action() else {
+        return Err("the first turn's provider call was not handed out".into());
+    };
+    let claimed: Vec<(Option<String>, TriggerStatus, u32)> = rows(&w)?
+        .into_iter()
+        .map(|t| (t.dedup_key, t.status, t.attempts))
+        .collect();
+    assert_eq!(
+        claimed,
+        [
+            (Some("first".into()), TriggerStatus::Claimed, 1),
+            (Some("second".into()), TriggerStatus::Claimed, 1)
+        ]
+    );
+    w.stop();
+    let interrupted = CallResult::Provider(Err(ProviderError(super::INTERRUPTED.into())));
+    w.handle_result(call.turn, interrupted)?;
+    settle(&mut w)?;
+    for t in rows(&w)? {
+        assert_eq!((t.status, t.attempts), (TriggerStatus::Pending, 0), "{t:?}");
+    }
+    // The next boot fires both, each on its first counted attempt.
+    drop(w);
+    let mut w = boot_on(&fs, &clock, false)?;
+    for _ in 0..3 {
+        w.handle_timeout()?;
+        settle(&mut w)?;
+    }
+    for t in rows(&w)? {
+        assert_eq!((t.status, t.attempts), (TriggerStatus::Done, 1), "{t:?}");
+    }
+    Ok(())
+}

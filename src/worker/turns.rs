@@ -92,6 +92,18 @@ impl Turns {
         self.waiting.len()
     }
 
+    /// A stop: every claim waiting for its agent goes back uncounted
+    /// (`TriggerStore::release`), as a turn the stop interrupted does. Best
+    /// effort: a claim not given back is reclaimed at boot, counted.
+    pub fn release_waiting(&mut self, system: &System) {
+        for claimed in self.waiting.drain(..) {
+            let now = system.now_ms();
+            if let Err(e) = system.triggers().release(system.db().conn(), &claimed.claim, now) {
+                tracing::warn!(id = %claimed.claim.id, error = %e, "a waiting claim was not given back; boot reclaims it");
+            }
+        }
+    }
+
     /// Track `started` and send its first call out.
     pub fn launch(&mut self, started: StartedTurn, end: End) {
         let id = self.next;

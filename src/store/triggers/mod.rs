@@ -153,7 +153,7 @@ impl TriggerStore {
             conn,
             claim,
             "ack_done",
-            |_| (TriggerStatus::Done, None),
+            |attempts| (TriggerStatus::Done, None, attempts),
             None,
             now_ms,
         )?;
@@ -178,12 +178,16 @@ impl TriggerStore {
             "ack_failed",
             |attempts| {
                 if !retryable {
-                    (TriggerStatus::Failed, None)
+                    (TriggerStatus::Failed, None, attempts)
                 } else if attempts >= policy.max_attempts {
-                    (TriggerStatus::Dead, None)
+                    (TriggerStatus::Dead, None, attempts)
                 } else {
                     let delay = policy.backoff_ms(attempts);
-                    (TriggerStatus::Pending, Some(now_ms.saturating_add(delay)))
+                    (
+                        TriggerStatus::Pending,
+                        Some(now_ms.saturating_add(delay)),
+                        attempts,
+                    )
                 }
             },
             Some(error),
@@ -191,12 +195,36 @@ impl TriggerStore {
         )
     }
 
+    /// Give a claim back unused: PENDING, due at once, its attempt not
+    /// counted. For a claim a graceful stop interrupted (its turn cut by
+    /// the stop, or never started because its agent was busy): the stop is
+    /// no failure of the trigger, and without this every stop during its
+    /// turn used up an attempt — five restarts of the daemon during one
+    /// long job turn dead-lettered it, "its lease was lost 5 times (the
+    /// process running it died each time)", though no process died. A
+    /// claim never given back (the process died) is reclaimed at boot
+    /// and counts, so a trigger that kills the process still dies. Same
+    /// claim check as the acks ([`StoreError::LeaseLost`] otherwise,
+    /// nothing changed).
+    pub fn release(&self, conn: &Connection, claim: &Trigger, now_ms: u64) -> Result<(), StoreError> {
+        self.transition(
+            conn,
+            claim,
+            "release",
+            |attempts| (TriggerStatus::Pending, None, attempts.saturating_sub(1)),
+            None,
+            now_ms,
+        )?;
+        Ok(())
+    }
+
     fn transition(
         &self,
         conn: &Connection,
         claim: &Trigger,
         op: &'static str,
-        next: impl FnOnce(u32) -> (TriggerStatus, Option<u64>),
+        // The status, `not_before` (None: unchanged) and attempts after.
+        next: impl FnOnce(u32) -> (TriggerStatus, Option<u64>, u32),
         error: Option<&str>,
         now_ms: u64,
     ) -> Result<TriggerStatus, StoreError> {
@@ -234,12 +262,12 @@ impl TriggerStore {
                 attempts,
             });
         }
-        let (status, not_before) = next(attempts);
+        let (status, not_before, attempts) = next(attempts);
         tx.execute_cached(
             "UPDATE triggers SET status = ?2, not_before = COALESCE(?3, not_before), \
-             lease_until = NULL, last_error = COALESCE(?4, last_error), updated_at = ?5 \
-             WHERE id = ?1",
-            params![id, status.as_str(), not_before, error, now_ms],
+             lease_until = NULL, last_error = COALESCE(?4, last_error), updated_at = ?5, \
+             attempts = ?6 WHERE id = ?1",
+            params![id, status.as_str(), not_before, error, now_ms, attempts],
         )
         .map_err(sql("trigger ack update"))?;
         tx.commit().map_err(sql("trigger ack commit"))?;

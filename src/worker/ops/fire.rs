@@ -97,7 +97,7 @@ pub fn claim_next(
 /// Settle a claimed trigger's firing: DONE was acked by the fire (`Ok`);
 /// a failed turn is acked failed here — retried with backoff if the
 /// provider failed, else given up. `Ok(None)`: a stop interrupted the
-/// turn, the claim is left for the next boot to reclaim.
+/// turn, the claim is given back (PENDING, the attempt not counted).
 pub fn settle_fire(
     system: &mut System,
     claim: &Trigger,
@@ -118,7 +118,11 @@ pub fn settle_fire(
             }));
         }
         Err(SystemError::Runtime(RuntimeError::Provider { source, .. })) if source.0 == INTERRUPTED => {
-            tracing::info!(id = %claim.id, "trigger turn interrupted by stop; boot reclaims it");
+            // A stop is no failure of the trigger: its claim goes back
+            // uncounted (`TriggerStore::release`), for the next boot.
+            tracing::info!(id = %claim.id, "trigger turn interrupted by stop; its claim is given back");
+            let now = system.now_ms();
+            system.triggers().release(system.db().conn(), claim, now)?;
             return Ok(None);
         }
         Err(SystemError::Runtime(e @ RuntimeError::Provider { .. })) => (e.to_string(), true),
