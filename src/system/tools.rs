@@ -17,7 +17,8 @@
 //! again after a crash) is a replay: a finished one answers from the
 //! ledger; an in-flight reversible one runs again and is recorded as a
 //! replay, and after `max_replays` failed replays the run waits for a human
-//! instead of retrying forever; an in-flight irreversible one is decided by
+//! instead of retrying forever (its calls are not run again until a human
+//! releases it); an in-flight irreversible one is decided by
 //! the activity ledger, never blindly re-run.
 //!
 //! Retries (seed 000's `call_tool_with_retry`): a hard failure
@@ -42,7 +43,7 @@ use crate::store::activities::{
     ActivityError, ActivityGate, ActivityOutcome, ActivityStatus, IrreversibleCall,
 };
 use crate::store::tool_calls::{
-    NewToolCall, Parked, ReplayOutcome, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
+    NewToolCall, Parked, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
 };
 use crate::store::StoreError;
 
@@ -245,6 +246,20 @@ impl ToolExecutor for SystemTools {
         }
         if fresh {
             self.ledger(|db| self.calls.mark_running(db.conn(), &row.id, now))?;
+        } else if !call.irreversible
+            && self.ledger(|db| self.calls.run_status(db.conn(), &row.run_id))? == RunStatus::WaitingForHuman
+        {
+            // A replay of a run parked for a human: not run until they
+            // release it (`System::release_run`). Before, each ask ran the
+            // tool again, so the limit only relabelled the run (found by a
+            // review). Answered as the replay that parked it was.
+            return Ok(ToolOutput {
+                ok: false,
+                output: format!(
+                    "{}: not run again; its run waits for a human after {} failed replays",
+                    call.tool, row.replay_attempts
+                ),
+            });
         }
         let output = self.attempts(ctx, call, &row.id)?;
         let now = self.clock.now_ms();

@@ -395,12 +395,25 @@ impl ToolCallStore {
             }
             Err(error) => {
                 let attempts = call.replay_attempts + 1;
-                tx.execute_cached(
-                    "UPDATE tool_calls SET replay_attempts = ?2, error = ?3, updated_at = ?4 \
-                     WHERE id = ?1 AND status IN ('prepared', 'running')",
-                    params![id, attempts, error, now_ms],
-                )
-                .map_err(sql("replay record failure"))?;
+                let changed = tx
+                    .execute_cached(
+                        "UPDATE tool_calls SET replay_attempts = ?2, error = ?3, updated_at = ?4 \
+                         WHERE id = ?1 AND status IN ('prepared', 'running')",
+                        params![id, attempts, error, now_ms],
+                    )
+                    .map_err(sql("replay record failure"))?;
+                // A settled call is no replay: refused like the success
+                // arm's, not counted and its run not parked (found by a
+                // review: the run was parked with nothing in flight).
+                if changed == 0 {
+                    return Err(StoreError::WrongState {
+                        table: "tool_calls",
+                        id: id.to_string(),
+                        op: "record_replay",
+                        expected: "prepared or running",
+                        actual: call.status.as_str().to_string(),
+                    });
+                }
                 if attempts >= self.max_replays {
                     set_run_status(&tx, &call.run_id, RunStatus::WaitingForHuman, now_ms)?;
                     tracing::warn!(

@@ -45,12 +45,14 @@ impl ToolCallStore {
         let text = json + 1;
         binds.push(Value::Text(STRIPPED_JSON.to_string()));
         binds.push(Value::Text(STRIPPED_TEXT.to_string()));
+        // Stripped already: every body holds its marker. Arguments alone
+        // could be `{"stripped":true}` as the model wrote them, and the
+        // result and error would then be kept for ever (found by a review).
         let eligible = format!(
             "status IN ('succeeded', 'failed') AND updated_at < ?1 AND run_id NOT IN ({kept}) \
-             AND input_json <> ?{json}"
+             AND NOT (input_json = ?{json} AND COALESCE(result_json, ?{json}) = ?{json} \
+             AND COALESCE(error, ?{text}) = ?{text})"
         );
-        // The select binds up to `?{json}`; the update also `?{text}`.
-        let select_binds = &binds[..json];
         let tx = WriteTx::begin(conn).map_err(sql("tool call strip begin"))?;
         let stripped = {
             let mut stmt = tx
@@ -59,7 +61,7 @@ impl ToolCallStore {
                 ))
                 .map_err(sql("tool call strip select"))?;
             let rows = stmt
-                .query_map(params_from_iter(select_binds.iter()), |r| r.get::<_, String>(0))
+                .query_map(params_from_iter(binds.iter()), |r| r.get::<_, String>(0))
                 .map_err(sql("tool call strip select"))?;
             rows.collect::<Result<Vec<_>, _>>()
                 .map_err(sql("tool call strip select"))?
