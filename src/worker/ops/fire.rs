@@ -3,8 +3,9 @@
 //! ([`settle_fire`]): DONE, retried with the policy's backoff, or given up.
 //!
 //! Invariant: a claim is settled exactly once by the process that holds
-//! it — or left CLAIMED for the next boot to reclaim when a stop
-//! interrupted its turn; a lost lease changes nothing.
+//! it — acked, or given back uncounted when a stop interrupted its turn
+//! (`TriggerStore::release`); only a process that died leaves it CLAIMED,
+//! for the next boot to reclaim (counted); a lost lease changes nothing.
 
 use crate::runtime::{AgentId, RuntimeError};
 use crate::store::tool_calls::RunStatus;
