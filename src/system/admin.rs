@@ -230,9 +230,11 @@ impl System {
     pub fn gc(&self, ttl_ms: u64) -> Result<SystemGcReport, SystemError> {
         let now = self.now_ms();
         let keep = self.keep()?;
-        let mut kept = self.blocked_triggers()?;
-        kept.extend(self.still_needed()?);
-        kept.extend(self.schedule_marks()?);
+        // One reading of the triggers serves the three keep rules.
+        let all = self.triggers().all(self.db().conn(), now)?;
+        let mut kept = self.blocked_triggers(&all)?;
+        kept.extend(self.still_needed(&all)?);
+        kept.extend(schedule_marks(&all));
         let db = self.db();
         let conn = db.conn();
         let triggers = self.triggers().gc_keeping(conn, now, ttl_ms, &kept)?;
@@ -250,26 +252,13 @@ impl System {
 
     /// FAILED triggers blocked on a key still waiting for a human: the
     /// answer re-pends them ([`Self::confirm`]), so GC keeps them.
-    fn blocked_triggers(&self) -> Result<Vec<String>, SystemError> {
+    fn blocked_triggers(&self, all: &[Trigger]) -> Result<Vec<String>, SystemError> {
         let keys = self.needs_confirmation()?;
-        Ok(self
-            .failed_triggers()?
-            .into_iter()
+        Ok(all
+            .iter()
+            .filter(|t| t.status == TriggerStatus::Failed)
             .filter(|t| keys.iter().any(|k| blocked_on(t, &k.idem_key)))
-            .map(|t| t.id)
-            .collect())
-    }
-
-    /// The newest bucket row of each schedule: the only record that the
-    /// bucket was emitted (`store::triggers::scheduled`). Collected while
-    /// the bucket is current (a period longer than the TTL), the next boot
-    /// would emit and fire the bucket again (found reading the schedule's
-    /// "at most once" against GC; `worker::tests`).
-    fn schedule_marks(&self) -> Result<Vec<String>, SystemError> {
-        let all = self.triggers().all(self.db().conn(), self.now_ms())?;
-        Ok(scheduled::newest_buckets(&all)
-            .into_values()
-            .map(|(_, id)| id)
+            .map(|t| t.id.clone())
             .collect())
     }
 
@@ -293,7 +282,7 @@ impl System {
     ///
     /// Each is kept until its work completes, its message is read, its
     /// agent is deleted, or an operator retries it.
-    fn still_needed(&self) -> Result<Vec<String>, SystemError> {
+    fn still_needed(&self, all: &[Trigger]) -> Result<Vec<String>, SystemError> {
         let runtime = self.runtime();
         let mut keys = std::collections::BTreeSet::new();
         for agent in runtime.state().agents.keys() {
@@ -309,16 +298,17 @@ impl System {
                 keys.insert(super::wake::wake_key(&message.id));
             }
         }
-        let mut ids = Vec::new();
-        for status in [TriggerStatus::Dead, TriggerStatus::Failed, TriggerStatus::Done] {
-            ids.extend(
-                self.triggers_with(status)?
-                    .into_iter()
-                    .filter(|t| keys.contains(t.dedup_key.as_deref().unwrap_or(&t.id)))
-                    .map(|t| t.id),
-            );
-        }
-        Ok(ids)
+        Ok(all
+            .iter()
+            .filter(|t| {
+                matches!(
+                    t.status,
+                    TriggerStatus::Dead | TriggerStatus::Failed | TriggerStatus::Done
+                )
+            })
+            .filter(|t| keys.contains(t.dedup_key.as_deref().unwrap_or(&t.id)))
+            .map(|t| t.id.clone())
+            .collect())
     }
 
     /// Replace the bodies of settled rows older than `payload_ttl_ms`:
@@ -380,6 +370,15 @@ impl System {
         }
         Ok(keep)
     }
+}
+
+/// The newest bucket row of each schedule in `all`: the only record that
+/// the bucket was emitted (`store::triggers::scheduled`). Collected while
+/// the bucket is current (a period longer than the TTL), the next boot
+/// would emit and fire the bucket again (found reading the schedule's "at
+/// most once" against GC; `worker::tests`).
+fn schedule_marks(all: &[Trigger]) -> impl Iterator<Item = String> {
+    scheduled::newest_buckets(all).into_values().map(|(_, id)| id)
 }
 
 /// Whether the tool-call ledger holds a call of `session` that none of
