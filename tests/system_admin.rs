@@ -604,20 +604,16 @@ fn claim_due(system: &System, now_ms: u64) -> durable_agent::store::triggers::Tr
         .expect("due")
 }
 
-/// Needs-confirmation blocks the work that depends on it (seed 001): a
-/// trigger's turn that reaches an irreversible call of unknown fate stops
-/// there — nothing sent, nothing skipped, the runtime still usable — and
-/// is acked FAILED; the human's answer puts it back to PENDING, and the
-/// re-fire resumes at that call and completes with the ledger's answer.
-#[test]
-fn a_trigger_blocked_on_confirmation_waits_for_the_answer_then_resumes() {
-    let bench = Bench::new(World::without_dedup());
+/// Trigger `mail:1` blocked on a human: its first firing on a new agent
+/// sends `EMAIL` and the reply is lost (the process dies, the trigger
+/// CLAIMED, the INTENT in the ledger); after the reboot its re-fire (at
+/// 10 ms) stops at that call — blocked, not re-sent — and is acked FAILED
+/// (at 11 ms). Returns the system, the agent, the trigger's id and the
+/// NEEDS_CONFIRMATION key.
+fn block_a_trigger_on_confirmation(bench: &Bench) -> (System, AgentId, String, String) {
     let mut system = bench.boot();
     let agent = system.runtime_mut().create_root("mailer", "mail").expect("agent");
-    let other = system.runtime_mut().create_root("other", "idle").expect("agent");
     let id = emit(&system, "mail:1", 0).id().to_string();
-    // First firing: the world delivers, the reply is lost, the process
-    // dies with the trigger CLAIMED and the INTENT in the ledger.
     let claim = claim_due(&system, 0);
     bench.world.script([Scripted::DeliverLoseReply]);
     let lost = system.fire(&claim, &agent, EMAIL);
@@ -632,7 +628,6 @@ fn a_trigger_blocked_on_confirmation_waits_for_the_answer_then_resumes() {
     let key = waiting[0].idem_key.clone();
     assert!(key.starts_with("trigger:mail:1-r0-"), "{key}");
 
-    // The re-fire stops at that call: blocked, not re-sent, not poisoned.
     bench.clock.set(10);
     let claim = claim_due(&system, 10);
     let blocked = system.fire(&claim, &agent, EMAIL);
@@ -653,6 +648,21 @@ fn a_trigger_blocked_on_confirmation_waits_for_the_answer_then_resumes() {
             .expect("ack");
         assert_eq!(status, TriggerStatus::Failed);
     }
+    (system, agent, id, key)
+}
+
+/// Needs-confirmation blocks the work that depends on it (seed 001): a
+/// trigger's turn that reaches an irreversible call of unknown fate stops
+/// there — nothing sent, nothing skipped, the runtime still usable — and
+/// is acked FAILED; the human's answer puts it back to PENDING, and the
+/// re-fire resumes at that call and completes with the ledger's answer.
+#[test]
+fn a_trigger_blocked_on_confirmation_waits_for_the_answer_then_resumes() {
+    let bench = Bench::new(World::without_dedup());
+    // The re-fire stops at the call whose reply was lost: blocked, not
+    // re-sent, not poisoned.
+    let (mut system, agent, id, key) = block_a_trigger_on_confirmation(&bench);
+    let other = system.runtime_mut().create_root("other", "idle").expect("agent");
     system
         .runtime_mut()
         .run_turn(&other, "hello")
@@ -817,31 +827,7 @@ fn gc_keeps_a_dead_wake_up(turn_started: bool) {
 #[test]
 fn a_crash_inside_confirm_leaves_the_blocked_trigger_for_retry_not_for_gc() {
     let bench = Bench::new(World::without_dedup());
-    let mut system = bench.boot();
-    let agent = system.runtime_mut().create_root("mailer", "mail").expect("agent");
-    let id = emit(&system, "mail:1", 0).id().to_string();
-    let claim = claim_due(&system, 0);
-    bench.world.script([Scripted::DeliverLoseReply]);
-    let lost = system.fire(&claim, &agent, EMAIL);
-    assert!(
-        matches!(lost, Err(SystemError::Runtime(RuntimeError::Tool { .. }))),
-        "{lost:?}"
-    );
-    drop(system);
-    let mut system = bench.boot();
-    let key = system.needs_confirmation().expect("list")[0].idem_key.clone();
-    bench.clock.set(10);
-    let claim = claim_due(&system, 10);
-    let blocked = system.fire(&claim, &agent, EMAIL);
-    let error = blocked.map(|_| ()).unwrap_err().to_string();
-    {
-        let db = system.db();
-        let status = system
-            .triggers()
-            .ack_failed(db.conn(), &claim, 11, &error, false)
-            .expect("ack");
-        assert_eq!(status, TriggerStatus::Failed);
-    }
+    let (system, _agent, id, key) = block_a_trigger_on_confirmation(&bench);
     emit(&system, "scheduled-once:later", 12);
 
     // Two days later the human answers: `System::confirm`'s first step
