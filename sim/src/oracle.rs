@@ -990,8 +990,10 @@ fn fire_midpoints(before: &Model, after: &Model, fire: &Action) -> (Model, Optio
             t.status = crate::model::TriggerStatus::Claimed;
         }
     };
-    let mut settled = unsettled_job(before, after, fire).map(|_| after.clone());
-    let mut turned = unsettled_job(before, after, fire).unwrap_or_else(|| after.clone());
+    let (mut turned, mut settled) = match unsettled_job(before, after, fire) {
+        Some(unsettled) => (unsettled, Some(after.clone())),
+        None => (after.clone(), None),
+    };
     for m in settled.iter_mut().chain([&mut turned]) {
         claimed_row(m);
     }
@@ -1005,8 +1007,8 @@ fn fire_midpoints(before: &Model, after: &Model, fire: &Action) -> (Model, Optio
 }
 
 /// `after` with the job run a fire's RESUME trigger resumed still in
-/// its status of `before` (the fire acked FAILED, its run not settled
-/// yet), when the fire changes it.
+/// its status of `before` (the fire's turn done, or its trigger acked
+/// FAILED, and its run not settled yet), when the fire changes it.
 fn unsettled_job(before: &Model, after: &Model, fire: &Action) -> Option<Model> {
     let Action::Fire { key, .. } = fire else {
         return None;

@@ -1958,11 +1958,11 @@ impl Model {
             .map(|(i, t)| match t.status {
                 TriggerStatus::Done | TriggerStatus::Dead => {
                     let kept = i == last || given_up(&t.key);
-                    if !kept && unfinished(&t.key) && !self.unfinished_fires.contains(&t.key) {
+                    let unfinished = unfinished(&t.key);
+                    if !kept && unfinished && !self.unfinished_fires.contains(&t.key) {
                         maybe.insert(t.key.clone());
-                        return true;
                     }
-                    kept || unfinished(&t.key)
+                    kept || unfinished
                 }
                 _ => true,
             })
