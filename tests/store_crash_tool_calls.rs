@@ -1,8 +1,8 @@
 //! Tool-call ledger under faults at every I/O point (seed 004): acknowledged
 //! transitions survive, exactly the unfinished calls come back for forced
-//! replay, replay updates the original row (one row per key), and parking
-//! the run `waiting_for_human` is atomic with the failure that crossed the
-//! limit.
+//! replay, replay updates the original row (one row per key), a replay is
+//! counted as it begins, and parking the run `waiting_for_human` is atomic
+//! with the refused replay past the limit.
 
 mod store_crash_common;
 
@@ -19,7 +19,10 @@ const CALLS: u32 = 3;
 struct Model {
     prepared: Vec<u32>,
     succeeded: Vec<u32>,
-    failed_replays: u32,
+    /// Replays begun (and never answered) that were acknowledged.
+    begun: u32,
+    /// The refused replay past the limit was acknowledged.
+    parked: bool,
 }
 
 fn call(seq: u32) -> NewToolCall {
@@ -93,7 +96,10 @@ fn check(db: &Db, m: &Model) -> Vec<String> {
     }
     // Forced replay, then the run continues with the calls never prepared.
     for t in &in_flight {
-        if let Err(e) = l.record_replay(c, &t.id, Ok(&json!({ "replayed": true })), 10) {
+        let replay = l
+            .begin_replay(c, &t.id, 10)
+            .and_then(|_| l.record_replay(c, &t.id, Ok(&json!({ "replayed": true })), 10));
+        if let Err(e) = replay {
             bad.push(format!("replay of {} failed: {e}", t.id));
         }
     }
@@ -126,12 +132,19 @@ fn setup_in_flight(db: &Db) {
     ledger().mark_running(db.conn(), "c1", 2).unwrap();
 }
 
-fn run_failing_replays(db: &Db, m: &mut Model) -> Result<(), String> {
+/// Two replays begin and never answer (the tool killed each process),
+/// then the third ask is refused and parks the run.
+fn run_dying_replays(db: &Db, m: &mut Model) -> Result<(), String> {
     for now in [10, 11] {
         ledger()
-            .record_replay(db.conn(), "c1", Err("tool crashed"), now)
+            .begin_replay(db.conn(), "c1", now)
             .map_err(|e| e.to_string())?;
-        m.failed_replays += 1;
+        m.begun += 1;
+    }
+    match ledger().begin_replay(db.conn(), "c1", 12) {
+        Ok(ReplayStart::Parked { .. }) => m.parked = true,
+        Ok(other) => return Err(format!("the third ask after 2 replays: {other:?}")),
+        Err(e) => return Err(e.to_string()),
     }
     Ok(())
 }
@@ -142,21 +155,24 @@ fn check_parking(db: &Db, m: &Model) -> Vec<String> {
         return vec!["cannot read c1 or the run after restart".into()];
     };
     let mut bad = Vec::new();
-    if call.replay_attempts < m.failed_replays {
+    if call.replay_attempts < m.begun {
         bad.push(format!(
-            "{} failed replays acked, {} recorded",
-            m.failed_replays, call.replay_attempts
+            "{} replays begun and acked, {} recorded",
+            m.begun, call.replay_attempts
         ));
     }
     let parked = status == RunStatus::WaitingForHuman;
-    if parked != (call.replay_attempts >= 2) {
+    if (m.parked && !parked) || (parked && call.replay_attempts < 2) {
         bad.push(format!(
-            "run {status:?} with {} failed replays",
-            call.replay_attempts
+            "run {status:?} with {} replays begun (the refusal acked: {})",
+            call.replay_attempts, m.parked
         ));
     }
     if call.status != ToolCallStatus::Running {
-        bad.push(format!("failed replays changed c1 to {:?}", call.status));
+        bad.push(format!(
+            "replays that never answered changed c1 to {:?}",
+            call.status
+        ));
     }
     bad
 }
@@ -177,7 +193,7 @@ fn waiting_for_human_is_atomic_with_the_last_failed_replay_at_every_fault_point(
         &KILLS,
         &Model::default,
         &setup_in_flight,
-        &run_failing_replays,
+        &run_dying_replays,
         &check_parking,
     );
     report.assert_clean("replay parking");

@@ -209,27 +209,76 @@ fn in_flight_calls_are_returned_for_replay_in_order_and_success_updates_original
 }
 
 #[test]
-fn repeated_replay_failure_parks_the_run_waiting_for_human() {
+fn replays_are_counted_as_they_begin_and_the_next_ask_after_the_limit_parks_the_run() {
     let conn = db();
     let ledger = ToolCallStore { max_replays: 2 };
     ledger.create_run(&conn, "run-1", "s1", 0).unwrap();
     ledger.prepare(&conn, &call("c1", 1), 1).unwrap();
+    // Two replays begin and never answer (each process died in the tool).
+    for n in 1..=2 {
+        assert_eq!(
+            ledger.begin_replay(&conn, "c1", 1 + u64::from(n)).unwrap(),
+            ReplayStart::Started { replay_attempts: n }
+        );
+        assert_eq!(ledger.run_status(&conn, "run-1").unwrap(), RunStatus::Running);
+    }
+    // The third ask: not run, and the run waits for a human.
     assert_eq!(
-        ledger.record_replay(&conn, "c1", Err("eio"), 2).unwrap(),
-        ReplayOutcome::WillRetry { replay_attempts: 1 }
-    );
-    assert_eq!(ledger.run_status(&conn, "run-1").unwrap(), RunStatus::Running);
-    assert_eq!(
-        ledger.record_replay(&conn, "c1", Err("eio"), 3).unwrap(),
-        ReplayOutcome::WaitingForHuman
+        ledger.begin_replay(&conn, "c1", 4).unwrap(),
+        ReplayStart::Parked { replay_attempts: 2 }
     );
     assert_eq!(
         ledger.run_status(&conn, "run-1").unwrap(),
         RunStatus::WaitingForHuman
     );
+    // Another call of the parked run is not run either, whatever its count.
+    ledger.prepare(&conn, &call("c2", 2), 5).unwrap();
+    assert_eq!(
+        ledger.begin_replay(&conn, "c2", 6).unwrap(),
+        ReplayStart::Parked { replay_attempts: 0 }
+    );
     let c1 = ledger.get(&conn, "c1").unwrap().unwrap();
-    assert_eq!((c1.replay_attempts, c1.error.as_deref()), (2, Some("eio")));
+    assert_eq!((c1.status, c1.replay_attempts), (ToolCallStatus::Running, 2));
     assert!(ledger.mark_running(&conn, "missing", 4).is_err());
+}
+
+#[test]
+fn a_replays_answer_settles_its_call_and_a_settled_call_cannot_replay() {
+    let conn = db();
+    let ledger = ToolCallStore::default();
+    ledger.create_run(&conn, "run-1", "s1", 0).unwrap();
+    ledger.prepare(&conn, &call("c1", 1), 1).unwrap();
+    ledger.prepare(&conn, &call("c2", 2), 1).unwrap();
+    ledger.begin_replay(&conn, "c1", 2).unwrap();
+    ledger.begin_replay(&conn, "c1", 3).unwrap();
+    assert_eq!(
+        ledger.record_replay(&conn, "c1", Err("eio"), 4).unwrap(),
+        ReplayOutcome::Failed { replay_attempts: 2 }
+    );
+    let c1 = ledger.get(&conn, "c1").unwrap().unwrap();
+    assert_eq!(
+        (c1.status, c1.replay_attempts, c1.error.as_deref()),
+        (ToolCallStatus::Failed, 2, Some("eio"))
+    );
+    // A success clears the count (seed 004: "removes the replay item").
+    ledger.begin_replay(&conn, "c2", 5).unwrap();
+    assert_eq!(
+        ledger.record_replay(&conn, "c2", Ok(&json!("ok")), 6).unwrap(),
+        ReplayOutcome::Succeeded
+    );
+    let c2 = ledger.get(&conn, "c2").unwrap().unwrap();
+    assert_eq!((c2.status, c2.replay_attempts), (ToolCallStatus::Succeeded, 0));
+    assert!(ledger.in_flight(&conn, "run-1").unwrap().is_empty());
+    assert_eq!(ledger.run_status(&conn, "run-1").unwrap(), RunStatus::Running);
+    // Settled: neither begun nor settled again.
+    for id in ["c1", "c2"] {
+        assert!(ledger.begin_replay(&conn, id, 7).is_err(), "{id}");
+        assert!(ledger.record_replay(&conn, id, Err("x"), 7).is_err(), "{id}");
+        assert!(
+            ledger.record_replay(&conn, id, Ok(&json!("x")), 7).is_err(),
+            "{id}"
+        );
+    }
 }
 
 #[test]

@@ -348,11 +348,11 @@ impl durable_agent::runtime::ToolExecutor for Broken {
 
 /// Seed 004 in the agent loop: every call is in the tool-call ledger; a
 /// reversible call in flight at a crash (same key asked again) is a
-/// replay, and repeated replay failure parks the run for a human instead
-/// of retrying forever. A finished call asked again answers from the
-/// ledger.
+/// replay, counted as it begins, and its answer settles it — asked again,
+/// it answers from the ledger. (Replays that never answer park the run
+/// for a human: `tests/system_tool_ledger.rs`.)
 #[test]
-fn in_flight_calls_replay_through_the_tool_call_ledger_and_repeated_failure_waits_for_a_human() {
+fn in_flight_calls_replay_through_the_tool_call_ledger_once_and_settle() {
     use durable_agent::runtime::{SessionId, ToolContext};
     use durable_agent::store::tool_calls::{
         NewToolCall, RunStatus, SideEffect, ToolCallStatus, ToolCallStore,
@@ -402,26 +402,21 @@ fn in_flight_calls_replay_through_the_tool_call_ledger_and_repeated_failure_wait
         idempotency_key: "key-1",
         now: 0,
     };
-    // Replays 1 and 2 fail and will be retried; the third parks the run.
-    for (i, call_id) in ["after-crash-1", "after-crash-2"].into_iter().enumerate() {
-        let out = tools.execute(&ctx(call_id), &call).expect("replay");
-        assert!(
-            !out.ok && !out.output.contains("waits for a human"),
-            "replay {i}: {out:?}"
-        );
-    }
-    let out = tools.execute(&ctx("after-crash-3"), &call).expect("replay");
-    assert!(out.output.contains("waits for a human"), "{out:?}");
+    // The replay fails: the model reads it, and the call is settled.
+    let out = tools.execute(&ctx("after-crash-1"), &call).expect("replay");
+    assert_eq!((out.ok, out.output.as_str()), (false, "disk quota exceeded"));
     let db = system.db();
+    let row = store.get(db.conn(), "before-the-crash").expect("get").expect("row");
+    assert_eq!((row.status, row.replay_attempts), (ToolCallStatus::Failed, 1));
     assert_eq!(
         store.run_status(db.conn(), &run).expect("status"),
-        RunStatus::WaitingForHuman
+        RunStatus::Running
     );
     drop(db);
-    let waiting = system.waiting_for_human().expect("listing");
-    assert_eq!(waiting.len(), 1, "{waiting:?}");
-    // A fresh call records prepared → running → failed; asked again
-    // (another call id, same key) it answers from the ledger.
+    // Asked again after another crash: answered from the ledger, not run.
+    let again = tools.execute(&ctx("after-crash-2"), &call).expect("answered");
+    assert_eq!(again, out);
+    assert!(system.waiting_for_human().expect("listing").is_empty());
     let fresh = ToolContext {
         idempotency_key: "key-2",
         ..ctx("fresh")
@@ -436,7 +431,7 @@ fn in_flight_calls_replay_through_the_tool_call_ledger_and_repeated_failure_wait
         (ToolCallStatus::Failed, SideEffect::Reversible)
     );
     let runs = broken.0.load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(runs, 4, "three replays and the fresh call");
+    assert_eq!(runs, 2, "one replay and the fresh call");
     let again = tools
         .execute(
             &ToolContext {

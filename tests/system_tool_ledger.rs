@@ -1,7 +1,6 @@
 //! The tool-call ledger's replay accounting and stripping, through
-//! `System::boot` on SimFs and on the store alone: bugs a review proved
-//! (2026-11-28). Three are fixed; two are known and not fixed yet
-//! (`#[ignore]`d with the reason; run with `--ignored`).
+//! `System::boot` on SimFs and on the store alone: five bugs a review
+//! proved (2026-11-28), each test failing before its fix.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,7 +11,7 @@ use durable_agent::runtime::{
 };
 use durable_agent::store::schema::migrate;
 use durable_agent::store::tool_calls::{NewToolCall, RunStatus, SideEffect, ToolCallStatus, ToolCallStore};
-use durable_agent::system::{session_run, Deps, LogicalClock, System, SystemConfig};
+use durable_agent::system::{parked_answer, session_run, Deps, LogicalClock, System, SystemConfig};
 use durable_agent::world::World;
 use serde_json::json;
 
@@ -71,13 +70,11 @@ fn session_of(system: &System, agent: &AgentId) -> SessionId {
 }
 
 /// A reversible call in flight at a crash, replayed on resume, answers
-/// a failure: the model reads it, the turn completes — and the ledger
-/// row stays `running` for ever. The turn will never ask for it again
-/// (its result is logged), yet the ledger lists it in flight, `gc` never
-/// collects it and `strip_payloads` never strips its arguments and error
-/// (a first run with the same answer is settled `failed`).
+/// a failure: the model reads it and the turn completes. Before, the
+/// ledger row stayed `running` for ever: the turn never asks for it
+/// again (its result is logged), yet the ledger listed it in flight, `gc`
+/// never collected it and `strip_payloads` never stripped it.
 #[test]
-#[ignore = "known, not fixed: settling a failed replay the model read conflicts with R9 and max_replays as designed"]
 fn a_failed_replay_the_model_read_is_settled_not_left_in_flight_for_ever() {
     let fs = SimFs::new(SimConfig::new(SEED));
     let clock = Arc::new(Clock::default());
@@ -120,11 +117,13 @@ fn a_failed_replay_the_model_read_is_settled_not_left_in_flight_for_ever() {
 }
 
 /// A replay that never returns (the process dies inside the replayed
-/// tool, e.g. the tool itself brings the process down) is never
-/// counted: every restart replays the call again, and `max_replays`
-/// never parks the run — the one loop the limit exists to stop.
+/// tool, e.g. the tool itself brings the process down) counts: the
+/// tool runs once and is replayed `max_replays` times, then the next ask
+/// is not run, the run waits for a human and the turn reads why. Before,
+/// a replay was counted after it returned, so every restart replayed the
+/// call again with its count stuck at 0 — the one loop the limit exists
+/// to stop.
 #[test]
-#[ignore = "known, not fixed: a replay is counted after it returns (a trigger's attempts still bound the loop)"]
 fn replays_the_process_died_in_count_toward_max_replays() {
     let fs = SimFs::new(SimConfig::new(SEED));
     let clock = Arc::new(Clock::default());
@@ -133,11 +132,18 @@ fn replays_the_process_died_in_count_toward_max_replays() {
     let mut system = boot(&fs, tool.clone(), clock.clone());
     let agent = system.runtime_mut().create_root("a", "").expect("agent");
     let max = ToolCallStore::default().max_replays;
+    let mut answered = None;
     for _ in 0..=(max + 3) {
-        let died = system.runtime_mut().run_turn(&agent, LOOKUP);
-        assert!(died.is_err(), "{died:?}");
-        drop(system);
-        system = boot(&fs, tool.clone(), clock.clone());
+        match system.runtime_mut().run_turn(&agent, LOOKUP) {
+            Ok(outcome) => {
+                answered = Some(outcome);
+                break;
+            }
+            Err(_) => {
+                drop(system);
+                system = boot(&fs, tool.clone(), clock.clone());
+            }
+        }
     }
     let run = session_run(session_of(&system, &agent).as_str());
     let store = ToolCallStore::default();
@@ -145,18 +151,29 @@ fn replays_the_process_died_in_count_toward_max_replays() {
     let calls = store.calls_of(system.db().conn(), &run).unwrap();
     let runs = tool.runs.load(Ordering::SeqCst);
     assert!(
-        runs <= 1 + max && status == RunStatus::WaitingForHuman,
+        runs == 1 + max && status == RunStatus::WaitingForHuman,
         "the tool ran {runs} times (first run + {} replays, limit {max}); run {status:?}; \
          replay count in the ledger: {:?}",
         runs - 1,
         calls.iter().map(|c| c.replay_attempts).collect::<Vec<_>>()
     );
+    let outcome = answered.expect("the turn was answered once the call was refused");
+    let (_, _, output) = &outcome.tool_calls[0];
+    assert_eq!(
+        (output.ok, output.output.as_str()),
+        (false, parked_answer("lookup", max).as_str())
+    );
+    assert_eq!(
+        (calls[0].status, calls[0].replay_attempts),
+        (ToolCallStatus::Failed, max),
+        "the refused call is settled with the answer the model read"
+    );
 }
 
-/// Once `max_replays` failed replays parked the run `waiting_for_human`,
-/// its stuck call is still replayed when asked again (no release by a
-/// human): nothing checks the run's status, so the "limit" only relabels
-/// the run while the tool goes on running.
+/// Once a run waits for a human, a call of it in flight is not replayed
+/// before the human's release: before, nothing checked the run's status,
+/// so the "limit" only relabelled the run while the tool went on running.
+/// After the release, it runs again.
 #[test]
 fn a_call_of_a_run_parked_waiting_for_human_is_not_replayed_before_its_release() {
     let fs = SimFs::new(SimConfig::new(SEED));
@@ -174,45 +191,59 @@ fn a_call_of_a_run_parked_waiting_for_human_is_not_replayed_before_its_release()
         invalid_args: None,
     };
     {
-        // A call the crashed process had started.
+        // Two calls the crashed processes had started; c-1's replays all
+        // died, and the last ask parked the run.
         let db = system.db();
         store.create_run(db.conn(), &run, session.as_str(), 0).unwrap();
-        let new = NewToolCall {
-            id: "c-1".into(),
-            run_id: run.clone(),
-            tool_name: "lookup".into(),
-            raw_tool_name: "lookup".into(),
-            input: call.args.clone(),
-            idempotency_key: "key-1".into(),
-            side_effect: SideEffect::Reversible,
-        };
-        store.prepare(db.conn(), &new, 0).unwrap();
-        store.mark_running(db.conn(), "c-1", 0).unwrap();
-    }
-    let tools = system.runtime().config().tools.clone();
-    let ctx = ToolContext {
-        agent: &agent,
-        session: &session,
-        call_id: "c-1",
-        idempotency_key: "key-1",
-        now: 0,
-    };
-    for _ in 0..store.max_replays {
-        tools.execute(&ctx, &call).expect("replay");
+        for id in ["c-1", "c-2"] {
+            let new = NewToolCall {
+                id: id.into(),
+                run_id: run.clone(),
+                tool_name: "lookup".into(),
+                raw_tool_name: "lookup".into(),
+                input: json!({ "key": id }),
+                idempotency_key: format!("key-{id}"),
+                side_effect: SideEffect::Reversible,
+            };
+            store.prepare(db.conn(), &new, 0).unwrap();
+            store.mark_running(db.conn(), id, 0).unwrap();
+        }
+        for _ in 0..=store.max_replays {
+            store.begin_replay(db.conn(), "c-1", 0).unwrap();
+        }
     }
     assert_eq!(
         store.run_status(system.db().conn(), &run).unwrap(),
         RunStatus::WaitingForHuman
     );
-    let before = tool.runs.load(Ordering::SeqCst);
-    let out = tools.execute(&ctx, &call);
-    let after = tool.runs.load(Ordering::SeqCst);
-    let row = store.get(system.db().conn(), "c-1").unwrap().unwrap();
+    let tools = system.runtime().config().tools.clone();
+    let ctx = |call_id| ToolContext {
+        agent: &agent,
+        session: &session,
+        call_id,
+        idempotency_key: if call_id == "c-1" { "key-c-1" } else { "key-c-2" },
+        now: 0,
+    };
+    let out = tools.execute(&ctx("c-2"), &call).expect("answered");
     assert_eq!(
-        after, before,
-        "a parked run's call ran again without a release ({out:?}); replay count now {}",
-        row.replay_attempts
+        tool.runs.load(Ordering::SeqCst),
+        0,
+        "a parked run's call ran ({out:?})"
     );
+    assert_eq!((out.ok, out.output), (false, parked_answer("lookup", 0)));
+    let row = store.get(system.db().conn(), "c-2").unwrap().unwrap();
+    assert_eq!(
+        row.status,
+        ToolCallStatus::Failed,
+        "settled with the answer the model read"
+    );
+
+    // Released, the stuck call runs again (a replay, counted).
+    system.release_run(&run).expect("release");
+    let out = tools.execute(&ctx("c-1"), &call).expect("replayed");
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 1, "{out:?}");
+    let row = store.get(system.db().conn(), "c-1").unwrap().unwrap();
+    assert_eq!((row.status, row.replay_attempts), (ToolCallStatus::Failed, 1));
 }
 
 /// Store level: `record_replay` with a failure on a call that is not in

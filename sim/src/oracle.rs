@@ -78,19 +78,26 @@
 //!   sends them again. Its children, deferred to `turn.complete`, never
 //!   exist without it.
 //!
-//! - **R9 A failing call replayed after crashes.** The tool-call ledger
-//!   of a turn answered live is checked call by call against the rule the
+//! - **R9 A call replayed after crashes.** The tool-call ledger of a
+//!   turn answered live is checked call by call against the rule the
 //!   model states ([`crate::model::ledger_calls`]: settled as its result
-//!   says, its side-effect class, no failed replay; no row at all for a
-//!   call a hook denied; the session's run `running`) — except that a
-//!   failing reversible call of a re-run turn, caught in flight by n
-//!   crashes, is replayed after each and each
-//!   failed replay is counted on its row, which stays `running` with
-//!   n ≥ 1 replays (`ToolCallStore::record_replay`); the run then waits
-//!   for a human exactly when a call of it reached the limit
-//!   ([`crate::model::MAX_REPLAYS`]). The harness cannot know which call
-//!   a crash caught in flight; a succeeding call, or an irreversible one
-//!   (the activity ledger decides it, never a replay), is never relaxed.
+//!   says, its side-effect class, no replay; no row at all for a call a
+//!   hook denied; the session's run `running`) — except that a reversible
+//!   call caught in flight by a crash is replayed when its turn runs
+//!   again, each replay counted on its row as it begins
+//!   (`ToolCallStore::begin_replay`); its answer settles the row, and a
+//!   success clears the count. The count is held exactly where the boot
+//!   read the calls in flight (`driver::replays`: one more than the boot
+//!   found, or 0 after a success, for a call the boot found in flight; 0
+//!   for any other) and otherwise only to "0 for a success". A call asked
+//!   again after [`crate::model::MAX_REPLAYS`] replays that never
+//!   answered is refused: not run, answered and settled failed with
+//!   `system::parked_answer` (whatever the script says; the turn's
+//!   answer is judged with it), its count unchanged, and its run waits
+//!   for a human — which every later replay of the run is refused for
+//!   too. The run waits for a human only if a call of it reached the
+//!   limit. An irreversible call (the activity ledger decides it, never a
+//!   replay) or one a hook parks for a human is never counted.
 //!
 //! - **R10 A job run's inner states.** A job run (`Action::JobRun`: its
 //!   root agent → its row `running` → its work turn `run:{id}` → its

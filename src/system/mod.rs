@@ -70,7 +70,7 @@ pub use calls::StoreCallLog;
 pub use job_run::{job_work, settled_status, JobRunError, JobStart};
 pub use outbox::OutboxRoutes;
 pub use resume::{resume_key, resume_key_parts};
-pub use tools::{session_run, SystemTools};
+pub use tools::{parked_answer, session_run, SystemTools};
 pub use wake::{wake_key, WakeUps};
 
 /// The stores' database, inside the root.

@@ -13,13 +13,17 @@
 //! whose provider cannot deduplicate is never re-sent: the call fails
 //! with [`ToolError::NeedsConfirmation`], which ends the turn at that call
 //! (its ledger row stays `running`), so the work that depends on it waits
-//! until a human answers the key (`System::confirm`) and the turn resumes. A call the ledger already holds (the same key, asked
-//! again after a crash) is a replay: a finished one answers from the
-//! ledger; an in-flight reversible one runs again and is recorded as a
-//! replay, and after `max_replays` failed replays the run waits for a human
-//! instead of retrying forever (its calls are not run again until a human
-//! releases it); an in-flight irreversible one is decided by
-//! the activity ledger, never blindly re-run.
+//! until a human answers the key (`System::confirm`) and the turn resumes.
+//!
+//! A call the ledger already holds (the same key, asked again after a
+//! crash) is a replay: a finished one answers from the ledger; an
+//! in-flight reversible one runs again, counted before it runs, and its
+//! answer settles it; one asked again after `max_replays` replays that
+//! never answered (each process replaying it died) is not run: its run
+//! waits for a human, and until they release it no call of the run is
+//! replayed — each is answered [`parked_answer`] and settled failed; an
+//! in-flight irreversible one is decided by the activity ledger, never
+//! blindly re-run.
 //!
 //! Retries (seed 000's `call_tool_with_retry`): a hard failure
 //! ([`ToolError::Transient`]: not reached, or a server error) is recorded as
@@ -43,7 +47,7 @@ use crate::store::activities::{
     ActivityError, ActivityGate, ActivityOutcome, ActivityStatus, IrreversibleCall,
 };
 use crate::store::tool_calls::{
-    NewToolCall, Parked, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
+    NewToolCall, Parked, ReplayStart, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
 };
 use crate::store::StoreError;
 
@@ -60,6 +64,17 @@ pub struct SystemTools {
     pub calls: ToolCallStore,
     /// How hard failures are retried (none: [`crate::runtime::NoRetries`]).
     pub retries: Arc<dyn ToolRetries>,
+}
+
+/// What a replay is answered when it may not run
+/// ([`ReplayStart::Parked`]): `replay_attempts` replays of the call began
+/// and none answered (the last one that parked the run had
+/// `max_replays`), or another call of its run parked it.
+pub fn parked_answer(tool: &str, replay_attempts: u32) -> String {
+    format!(
+        "{tool}: not run again; its run waits for a human to release it \
+         ({replay_attempts} replays of this call never answered)"
+    )
 }
 
 /// The tool-call ledger's run of an agent's calls: its session.
@@ -246,20 +261,22 @@ impl ToolExecutor for SystemTools {
         }
         if fresh {
             self.ledger(|db| self.calls.mark_running(db.conn(), &row.id, now))?;
-        } else if !call.irreversible
-            && self.ledger(|db| self.calls.run_status(db.conn(), &row.run_id))? == RunStatus::WaitingForHuman
-        {
-            // A replay of a run parked for a human: not run until they
-            // release it (`System::release_run`). Before, each ask ran the
-            // tool again, so the limit only relabelled the run (found by a
-            // review). Answered as the replay that parked it was.
-            return Ok(ToolOutput {
-                ok: false,
-                output: format!(
-                    "{}: not run again; its run waits for a human after {} failed replays",
-                    call.tool, row.replay_attempts
-                ),
-            });
+        } else if !call.irreversible {
+            // A reversible call in flight at a crash: a replay, counted
+            // before it runs (a replay the process dies in counts too).
+            let start = self.ledger(|db| self.calls.begin_replay(db.conn(), &row.id, now))?;
+            if let ReplayStart::Parked { replay_attempts } = start {
+                // Not run until a human releases the run
+                // (`System::release_run`): answered, and settled, so the
+                // model goes on knowing it did not run and the row is not
+                // left in flight for ever.
+                let output = ToolOutput {
+                    ok: false,
+                    output: parked_answer(&call.tool, replay_attempts),
+                };
+                self.ledger(|db| self.calls.mark_failed(db.conn(), &row.id, &output.output, now))?;
+                return Ok(output);
+            }
         }
         let output = self.attempts(ctx, call, &row.id)?;
         let now = self.clock.now_ms();
@@ -272,23 +289,14 @@ impl ToolExecutor for SystemTools {
             })?;
             return Ok(output);
         }
-        // A reversible call in flight at a crash, run again: a replay.
+        // A replay answered: its answer settles the call.
         let outcome = if output.ok {
             Ok(&result)
         } else {
             Err(output.output.as_str())
         };
-        let replay = self.ledger(|db| self.calls.record_replay(db.conn(), &row.id, outcome, now))?;
-        Ok(match replay {
-            ReplayOutcome::WaitingForHuman => ToolOutput {
-                ok: false,
-                output: format!(
-                    "{}: failed again on replay ({}); the run waits for a human",
-                    call.tool, output.output
-                ),
-            },
-            ReplayOutcome::Succeeded | ReplayOutcome::WillRetry { .. } => output,
-        })
+        self.ledger(|db| self.calls.record_replay(db.conn(), &row.id, outcome, now))?;
+        Ok(output)
     }
 
     /// Park the call for a human the first time (its key NEEDS_CONFIRMATION

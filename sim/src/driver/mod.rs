@@ -37,6 +37,7 @@ mod collected;
 mod errors;
 mod misuse;
 mod project;
+mod replays;
 mod stamps;
 mod typed;
 mod usage;
@@ -280,6 +281,9 @@ pub struct Driver {
     /// The context budget the system runs under, and the judge of what
     /// the provider is asked under it ([`ContextOracle`]).
     context: ContextOracle,
+    /// The tool calls the last boot found in flight, with their replay
+    /// counts ([`replays`]).
+    in_flight: replays::InFlight,
 }
 
 /// The driver's id↔name bookkeeping, saved at the start of an op so a
@@ -353,6 +357,7 @@ impl Driver {
             report_violations: Vec::new(),
             verified: None,
             boot_logs: None,
+            in_flight: replays::InFlight::default(),
             answer_violations: Vec::new(),
             work_answers: BTreeMap::new(),
             trigger_ids: BTreeMap::new(),
@@ -542,6 +547,9 @@ impl Driver {
                 self.fs.set_fault(armed);
             }
             v.extend(identity_violation(&self.fs, store_id));
+            // (Unreadable: the INTENT read above says why.)
+            self.in_flight =
+                replays::InFlight::after_boot(&decided, self.boot_logs.as_ref(), || self.store_copy());
             let lost_at_boot: Vec<String> = self
                 .lost_replies
                 .lock()
@@ -575,6 +583,7 @@ impl Driver {
     }
 
     fn close(&mut self) {
+        self.in_flight.forget();
         self.store_cache = None;
         self.views_due = true;
         self.boot_logs = None;
@@ -737,19 +746,30 @@ impl Driver {
         if self.fs.crashed() {
             return;
         }
+        let project::LedgerVerdict {
+            violations: mut ledger,
+            parked,
+            answered,
+        } = self.ledger_violations(agent, outcome, tools);
+        self.in_flight.settled(&answered);
+        let script: Vec<(bool, bool)> = tools.iter().map(|t| (t.irreversible, t.ok)).collect();
+        // A call the ledger shows refused for a parked run (R9) answered
+        // failed whatever the script says: it did not run.
         let did: Vec<(bool, bool)> = outcome
             .tool_calls
             .iter()
-            .map(|(_, call, out)| (call.irreversible, out.ok))
+            .zip(script.iter().map(|s| Some(s.1)).chain(std::iter::repeat(None)))
+            .map(|((id, call, out), ok)| match (parked.contains(id), ok) {
+                (true, Some(ok)) => (call.irreversible, ok),
+                _ => (call.irreversible, out.ok),
+            })
             .collect();
-        let script: Vec<(bool, bool)> = tools.iter().map(|t| (t.irreversible, t.ok)).collect();
         if did != script || outcome.response != response {
             self.answer_violations.push(format!(
                 "turn answer of {agent}: {:?} with calls (irreversible, ok) {did:?}, but the turn did {response:?} with {script:?}",
                 outcome.response
             ));
         }
-        let mut ledger = self.ledger_violations(agent, outcome, tools);
         self.answer_violations.append(&mut ledger);
     }
 
@@ -901,8 +921,18 @@ impl Driver {
             .ok_or_else(|| format!("harness: no live agent named {name}"))
     }
 
-    /// Run one action on the system.
+    /// Run one action on the system. One that failed may leave tool
+    /// calls in flight that this process replays later: the boot's
+    /// reading of them no longer holds ([`replays`]).
     pub fn exec(&mut self, action: &Action) -> Result<(), String> {
+        let done = self.exec_action(action);
+        if done.is_err() {
+            self.in_flight.forget();
+        }
+        done
+    }
+
+    fn exec_action(&mut self, action: &Action) -> Result<(), String> {
         let now = self.now();
         self.blocked = None;
         self.provider_failed = false;

@@ -22,9 +22,10 @@ use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Messag
 use durable_agent::store::session::{SessionRecord, SessionState, SESSION_FILE};
 use durable_agent::store::tool_calls::{RunStatus, SideEffect, ToolCall, ToolCallStatus, ToolCallStore};
 use durable_agent::store::triggers::TriggerStatus as StoreStatus;
-use durable_agent::system::session_run;
 use durable_agent::system::System;
+use durable_agent::system::{parked_answer, session_run};
 
+use super::replays::Expect;
 use super::{Driver, LOOP_RUN, LOOP_SESSION};
 use crate::model::{
     ledger_calls, round_messages, Agent, Msg, Record, State, Status, TriggerRow, TriggerStatus, Turn,
@@ -45,6 +46,17 @@ pub(super) fn checkpoint(checkpoints: &CheckpointStore, db: &Db, round: u64, now
         .write_checkpoint(db.conn(), &input, now)
         .map(drop)
         .map_err(|e| format!("loop checkpoint: {e}"))
+}
+
+/// What [`Driver::ledger_violations`] found of one answered turn.
+#[derive(Debug, Default)]
+pub(super) struct LedgerVerdict {
+    pub violations: Vec<String>,
+    /// The calls refused for a parked run (R9): their answer is the
+    /// refusal, whatever the script says.
+    pub parked: BTreeSet<String>,
+    /// The rows this turn's answers settled (no longer in flight).
+    pub answered: Vec<String>,
 }
 
 impl Driver {
@@ -257,19 +269,22 @@ impl Driver {
     /// call's row (its own, or the row of the same call a rolled-back run
     /// of the turn left, which the ledger answers it from) in the agent's
     /// session run, settled as the call's result says, with its
-    /// side-effect class, no failed replay unless R9; the run `running`
-    /// unless a call reached the replay limit. Read through the system's
-    /// own connection, as an operator's `runs` view would.
+    /// side-effect class, no replay unless R9; the run `running` unless a
+    /// call reached the replay limit, and waiting for a human once a call
+    /// was refused for it. Read through the system's own connection, as an
+    /// operator's `runs` view would. Returns the violations, and the calls
+    /// refused for a parked run (R9), whose answer is the refusal.
     pub(super) fn ledger_violations(
         &self,
         agent: &str,
         outcome: &TurnOutcome,
         tools: &[ToolStep],
-    ) -> Vec<String> {
+    ) -> LedgerVerdict {
+        let mut verdict = LedgerVerdict::default();
         let expected = ledger_calls(tools);
         if expected.iter().all(Option::is_none) {
             // No call of this turn is in the ledger; the SQL is the cost.
-            return Vec::new();
+            return verdict;
         }
         let read = || -> Result<(Vec<ToolCall>, RunStatus), String> {
             let system = self.system()?;
@@ -303,13 +318,22 @@ impl Driver {
             self.fs.set_fault(armed);
         }
         if self.fs.crashed() {
-            return Vec::new();
+            return verdict;
         }
         let (rows, run_status) = match read {
             Ok(read) => read,
-            Err(e) => return vec![format!("ledger of {agent}: cannot be read: {e}")],
+            Err(e) => {
+                verdict
+                    .violations
+                    .push(format!("ledger of {agent}: cannot be read: {e}"));
+                return verdict;
+            }
         };
-        let mut out = Vec::new();
+        let LedgerVerdict {
+            violations: out,
+            parked,
+            answered,
+        } = &mut verdict;
         let calls = outcome
             .tool_calls
             .iter()
@@ -318,7 +342,7 @@ impl Driver {
             // in, it shifted every later call onto the wrong expectation:
             // found by the gate's unseeded libFuzzer smoke, 2026-11-28).
             .filter(|(_, req, _)| OrchestrationTool::from_name(&req.tool).is_none());
-        for ((call_id, req, _), want) in calls.zip(expected) {
+        for ((call_id, req, answer), want) in calls.zip(expected) {
             let row = rows.iter().find(|r| r.id == *call_id).or_else(|| {
                 rows.iter()
                     .find(|r| r.input == req.args && r.raw_tool_name == req.tool)
@@ -345,17 +369,41 @@ impl Driver {
             } else {
                 SideEffect::Reversible
             };
-            let settled = match want.succeeded {
-                true => row.status == ToolCallStatus::Succeeded && row.replay_attempts == 0,
-                false => {
-                    (row.status == ToolCallStatus::Failed && row.replay_attempts == 0)
-                        // R9: replayed after crashes, each replay failed.
-                        || (!want.irreversible && row.status == ToolCallStatus::Running && row.replay_attempts >= 1)
-                }
+            // R9: refused for a parked run — answered, and settled, with
+            // the refusal.
+            let refused = !want.irreversible
+                && !want.confirmed
+                && !answer.ok
+                && run_status == RunStatus::WaitingForHuman
+                && row.status == ToolCallStatus::Failed
+                && row.error.as_deref() == Some(answer.output.as_str())
+                && answer.output == parked_answer(&req.tool, row.replay_attempts);
+            if refused {
+                parked.insert(call_id.clone());
+            }
+            // R9: a reversible call caught in flight by crashes is
+            // replayed after each, counted as it begins; a success clears
+            // the count. Where the boot's reading is known, the count is
+            // exact ([`super::replays`]).
+            let n = row.replay_attempts;
+            let counted = !want.irreversible && !want.confirmed;
+            let replays_ok = match self.in_flight.expect(&row.id, call_id) {
+                Expect::Unknown => n == 0 || (counted && (refused || !want.succeeded)),
+                Expect::FirstRun => n == 0 && !refused,
+                Expect::Unstarted(c) => n == c && !refused,
+                Expect::Replayed(c) if !counted || refused => n == c,
+                Expect::Replayed(_) if want.succeeded => n == 0,
+                Expect::Replayed(c) => n == c + 1,
             };
+            let status = match (refused, want.succeeded) {
+                (true, _) | (false, false) => ToolCallStatus::Failed,
+                (false, true) => ToolCallStatus::Succeeded,
+            };
+            let settled = row.status == status && replays_ok;
+            answered.push(row.id.clone());
             if row.side_effect != class || !settled {
                 out.push(format!(
-                    "ledger of {agent}: call {call_id} ({}) is {:?}, {:?}, {} failed replays; the turn answered it {} ({:?} expected)",
+                    "ledger of {agent}: call {call_id} ({}) is {:?}, {:?}, {} replays; the turn answered it {} ({:?} expected)",
                     req.tool,
                     row.status,
                     row.side_effect,
@@ -365,18 +413,20 @@ impl Driver {
                 ));
             }
         }
-        let exhausted = rows.iter().any(|r| r.replay_attempts >= MAX_REPLAYS);
-        let want_run = if exhausted {
-            RunStatus::WaitingForHuman
-        } else {
-            RunStatus::Running
+        // Parked only by a call asked again after its limit of replays
+        // (whose count then stays); a call at the limit whose last replay
+        // answered leaves the run running.
+        let at_limit = rows.iter().any(|r| r.replay_attempts >= MAX_REPLAYS);
+        let fine = match run_status {
+            RunStatus::WaitingForHuman => at_limit,
+            _ => parked.is_empty() && run_status == RunStatus::Running,
         };
-        if run_status != want_run {
+        if !fine {
             out.push(format!(
-                "ledger of {agent}: run is {run_status:?}, {want_run:?} expected (a call at the replay limit: {exhausted})"
+                "ledger of {agent}: run is {run_status:?} (a call at the replay limit: {at_limit}; calls refused for a parked run: {parked:?})"
             ));
         }
-        out
+        verdict
     }
 
     /// Each live agent's session record as the process sees it on disk

@@ -284,18 +284,25 @@ pub const MAX_TOOLS_PER_TURN: usize = 3;
 /// the runtime answered: settled — `succeeded` exactly when its result
 /// was ok —, classed irreversible exactly when it acts on the world, and
 /// never replayed. The session's run is `running`. What a crash may
-/// change (oracle R9): a failing reversible call of a turn re-run after a
-/// crash that caught it in flight is replayed, once per such crash; each
-/// failed replay is counted on the call, which then stays `running`, and
-/// the run waits for a human once a call reaches [`MAX_REPLAYS`].
+/// change (oracle R9): a reversible call of a turn re-run after a crash
+/// that caught it in flight is replayed, once per such crash, each replay
+/// counted as it begins; its answer settles it (a success clears the
+/// count); asked again after [`MAX_REPLAYS`] replays that never answered,
+/// it is refused — answered and settled failed with
+/// `system::parked_answer` — and its run waits for a human, whose calls
+/// in flight are all refused from then on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LedgerCall {
     pub irreversible: bool,
     pub succeeded: bool,
+    /// A hook parks it for a human first: run once they answer, never
+    /// replayed (`ToolExecutor::execute_after_confirmation`).
+    pub confirmed: bool,
 }
 
-/// Failed replays of one call before its run waits for a human (the
-/// system's tool-call ledger is built with the default limit, 3).
+/// Replays of one call (each counted as it begins) before the next ask
+/// parks its run for a human (the system's tool-call ledger is built with
+/// the default limit, 3).
 pub const MAX_REPLAYS: u32 = 3;
 
 /// Deepest child a spawn may create (a root is depth 0): the product's
@@ -363,6 +370,7 @@ pub fn ledger_calls(tools: &[ToolStep]) -> Vec<Option<LedgerCall>> {
             (!t.denied).then_some(LedgerCall {
                 irreversible: t.irreversible,
                 succeeded: t.ok,
+                confirmed: t.confirm,
             })
         })
         .collect()

@@ -3,10 +3,11 @@
 //! with its side-effect class.
 //!
 //! Invariant: on resume, exactly the calls left `prepared|running` are
-//! returned for forced replay (in creation order); a replay success updates
-//! the *original* row (no second row per key), and a run whose replay failed
-//! `max_replays` times is `waiting_for_human` — in the same transaction as
-//! the failure that crossed the limit.
+//! returned for forced replay (in creation order); each replay is counted
+//! before its tool runs, and its answer settles the *original* row (no
+//! second row per key); a call asked again after `max_replays` replays
+//! that never answered is not run, and its run is `waiting_for_human` —
+//! in the same transaction as the refusal — until a human releases it.
 //!
 //! Every failed attempt of a call is a numbered row of
 //! `tool_call_attempts` (numbers go on across resumes, never reused); a
@@ -31,7 +32,8 @@ pub use gc::ToolCallGcReport;
 pub use strip::{STRIPPED_JSON, STRIPPED_TEXT};
 
 pub use model::{
-    FailedAttempt, NewToolCall, Parked, ReplayOutcome, RunStatus, SideEffect, ToolCall, ToolCallStatus,
+    FailedAttempt, NewToolCall, Parked, ReplayOutcome, ReplayStart, RunStatus, SideEffect, ToolCall,
+    ToolCallStatus,
 };
 
 /// A job run (seed 004): what it runs and where it came from.
@@ -50,7 +52,8 @@ pub struct RunRecord {
 /// The run/tool-call ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ToolCallStore {
-    /// Failed replays allowed before the run goes `waiting_for_human`.
+    /// Replays of one call (each counted as it begins) before the next
+    /// ask parks its run `waiting_for_human` instead of running it.
     pub max_replays: u32,
 }
 
@@ -311,16 +314,7 @@ impl ToolCallStore {
             )
             .map_err(sql("tool call update"))?;
         if n == 0 {
-            let actual = self
-                .get(conn, id)?
-                .map_or("missing".to_string(), |c| c.status.as_str().to_string());
-            return Err(StoreError::WrongState {
-                table: "tool_calls",
-                id: id.to_string(),
-                op,
-                expected: from,
-                actual,
-            });
+            return Err(self.wrong_state(conn, id, op, from)?);
         }
         Ok(())
     }
@@ -374,8 +368,65 @@ impl ToolCallStore {
         Ok(released)
     }
 
-    /// Record one forced replay of in-flight call `id`. Success updates the
-    /// original row; the `max_replays`-th failure parks the run.
+    /// Begin one forced replay of in-flight call `id`, counted before the
+    /// tool runs: a replay the process dies in (the tool itself brings it
+    /// down) counts as much as one that answers, so a call that kills
+    /// every process replaying it is run at most `1 + max_replays` times.
+    /// Counted after the tool returned instead, such a call was replayed
+    /// at every boot with its count stuck at 0 (found by a review,
+    /// 2026-11-28). When the call already had `max_replays` replays, or
+    /// its run waits for a human, it is not to run: the run is (or stays)
+    /// `waiting_for_human`, in the same transaction.
+    pub fn begin_replay(&self, conn: &Connection, id: &str, now_ms: u64) -> Result<ReplayStart, StoreError> {
+        let tx = WriteTx::begin(conn).map_err(sql("replay begin"))?;
+        let call = self.get(&tx, id)?.ok_or_else(|| StoreError::NotFound {
+            table: "tool_calls",
+            id: id.to_string(),
+        })?;
+        if !matches!(call.status, ToolCallStatus::Prepared | ToolCallStatus::Running) {
+            // A settled call is no replay: its answer is the ledger's.
+            return Err(StoreError::WrongState {
+                table: "tool_calls",
+                id: id.to_string(),
+                op: "begin_replay",
+                expected: "prepared or running",
+                actual: call.status.as_str().to_string(),
+            });
+        }
+        let parked = self.run_status(&tx, &call.run_id)? == RunStatus::WaitingForHuman;
+        let start = if parked || call.replay_attempts >= self.max_replays {
+            if !parked {
+                set_run_status(&tx, &call.run_id, RunStatus::WaitingForHuman, now_ms)?;
+                tracing::warn!(
+                    run_id = call.run_id,
+                    id,
+                    replays = call.replay_attempts,
+                    "replays exhausted: the run waits for a human"
+                );
+            }
+            ReplayStart::Parked {
+                replay_attempts: call.replay_attempts,
+            }
+        } else {
+            let replay_attempts = call.replay_attempts + 1;
+            tx.execute_cached(
+                "UPDATE tool_calls SET status = 'running', replay_attempts = ?2, updated_at = ?3 WHERE id = ?1",
+                params![id, replay_attempts, now_ms],
+            )
+            .map_err(sql("replay count"))?;
+            ReplayStart::Started { replay_attempts }
+        };
+        tx.commit().map_err(sql("replay commit"))?;
+        Ok(start)
+    }
+
+    /// Settle call `id` with the answer its replay gave the model (see
+    /// [`Self::begin_replay`]): a success updates the original row and
+    /// clears its replay count (seed 004: "removes the replay item"); a
+    /// failure is settled `failed` with its count kept, since the model
+    /// read it and no turn asks for the call again (left `running`, it
+    /// was listed in flight, never stripped nor collected: found by a
+    /// review). A settled call is refused (`WrongState`). One statement.
     pub fn record_replay(
         &self,
         conn: &Connection,
@@ -383,55 +434,59 @@ impl ToolCallStore {
         outcome: Result<&serde_json::Value, &str>,
         now_ms: u64,
     ) -> Result<ReplayOutcome, StoreError> {
-        let tx = WriteTx::begin(conn).map_err(sql("replay begin"))?;
-        let call = self.get(&tx, id)?.ok_or_else(|| StoreError::NotFound {
-            table: "tool_calls",
-            id: id.to_string(),
-        })?;
-        let result = match outcome {
+        match outcome {
             Ok(value) => {
-                self.mark_succeeded(&tx, id, value, now_ms)?;
-                ReplayOutcome::Succeeded
+                let json = serde_json::to_string(value).map_err(|source| StoreError::Json {
+                    what: format!("tool call result of {id}"),
+                    source,
+                })?;
+                let n = conn
+                    .execute_cached(
+                        "UPDATE tool_calls SET status = 'succeeded', result_json = ?2, replay_attempts = 0, \
+                         updated_at = ?3 WHERE id = ?1 AND status IN ('prepared', 'running')",
+                        params![id, json, now_ms],
+                    )
+                    .map_err(sql("replay record success"))?;
+                if n == 0 {
+                    return Err(self.wrong_state(conn, id, "record_replay", "in-flight")?);
+                }
+                Ok(ReplayOutcome::Succeeded)
             }
             Err(error) => {
-                let attempts = call.replay_attempts + 1;
-                let changed = tx
-                    .execute_cached(
-                        "UPDATE tool_calls SET replay_attempts = ?2, error = ?3, updated_at = ?4 \
-                         WHERE id = ?1 AND status IN ('prepared', 'running')",
-                        params![id, attempts, error, now_ms],
-                    )
-                    .map_err(sql("replay record failure"))?;
-                // A settled call is no replay: refused like the success
-                // arm's, not counted and its run not parked (found by a
-                // review: the run was parked with nothing in flight).
-                if changed == 0 {
-                    return Err(StoreError::WrongState {
-                        table: "tool_calls",
-                        id: id.to_string(),
-                        op: "record_replay",
-                        expected: "prepared or running",
-                        actual: call.status.as_str().to_string(),
-                    });
-                }
-                if attempts >= self.max_replays {
-                    set_run_status(&tx, &call.run_id, RunStatus::WaitingForHuman, now_ms)?;
-                    tracing::warn!(
-                        run_id = call.run_id,
-                        id,
-                        attempts,
-                        "replay exhausted: waiting for human"
-                    );
-                    ReplayOutcome::WaitingForHuman
-                } else {
-                    ReplayOutcome::WillRetry {
-                        replay_attempts: attempts,
-                    }
-                }
+                self.update(
+                    conn,
+                    id,
+                    "record_replay",
+                    "in-flight",
+                    ToolCallStatus::Failed,
+                    None,
+                    Some(error),
+                    now_ms,
+                )?;
+                let replay_attempts = self.get(conn, id)?.map_or(0, |c| c.replay_attempts);
+                Ok(ReplayOutcome::Failed { replay_attempts })
             }
-        };
-        tx.commit().map_err(sql("replay commit"))?;
-        Ok(result)
+        }
+    }
+
+    /// The refusal of change `op` to call `id`, which is not `expected`.
+    fn wrong_state(
+        &self,
+        conn: &Connection,
+        id: &str,
+        op: &'static str,
+        expected: &'static str,
+    ) -> Result<StoreError, StoreError> {
+        let actual = self
+            .get(conn, id)?
+            .map_or("missing".to_string(), |c| c.status.as_str().to_string());
+        Ok(StoreError::WrongState {
+            table: "tool_calls",
+            id: id.to_string(),
+            op,
+            expected,
+            actual,
+        })
     }
 
     /// Record a failed attempt of call `id` (`error` says why): numbered

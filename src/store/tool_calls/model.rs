@@ -61,16 +61,24 @@ pub struct ToolCall {
     pub replay_attempts: u32,
 }
 
-/// Result of recording one replay attempt.
+/// Whether a replay may run ([`super::ToolCallStore::begin_replay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayStart {
+    /// Counted: this is replay number `replay_attempts`; run the tool.
+    Started { replay_attempts: u32 },
+    /// Not to run: the call had its `max_replays` replays (none of which
+    /// answered), or its run already waits for a human.
+    Parked { replay_attempts: u32 },
+}
+
+/// How a replay settled its call ([`super::ToolCallStore::record_replay`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplayOutcome {
     Succeeded,
-    /// Failed; another replay may be tried.
-    WillRetry {
+    /// Settled `failed`, on replay number `replay_attempts`.
+    Failed {
         replay_attempts: u32,
     },
-    /// Failed for the `max_replays`-th time: the run waits for a human.
-    WaitingForHuman,
 }
 
 /// One failed attempt of a call (a hard failure: the tool was not reached
