@@ -398,7 +398,7 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
     let store = ToolCallStore { max_replays: 1 };
     let call = NewToolCall {
         id: "call-1".into(),
-        run_id: "run-stuck".into(),
+        run_id: "session:s2".into(),
         tool_name: "charge".into(),
         raw_tool_name: "charge".into(),
         input: json!({ "amount": 5 }),
@@ -407,8 +407,8 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
     };
     {
         let db = system.db();
-        store.create_run(db.conn(), "run-fine", "s1", 0).expect("run");
-        store.create_run(db.conn(), "run-stuck", "s2", 1).expect("run");
+        store.create_run(db.conn(), "session:s1", "s1", 0).expect("run");
+        store.create_run(db.conn(), "session:s2", "s2", 1).expect("run");
         store.prepare(db.conn(), &call, 1).expect("prepare");
         // One replay began and never answered; the next ask parks the run.
         let first = store.begin_replay(db.conn(), "call-1", 2).expect("replay");
@@ -418,13 +418,13 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
     }
     let waiting = system.waiting_for_human().expect("list");
     assert_eq!(waiting.len(), 1);
-    assert_eq!(waiting[0].run.run_id, "run-stuck");
+    assert_eq!(waiting[0].run.run_id, "session:s2");
     assert_eq!(waiting[0].in_flight.len(), 1);
     assert_eq!(waiting[0].in_flight[0].replay_attempts, 1);
 
     // The human fixed the cause and releases it: running again, its
     // stuck call's replay count restarted (a full set of replays ahead).
-    let released = system.release_run("run-stuck").expect("release");
+    let released = system.release_run("session:s2").expect("release");
     assert_eq!(released.status, RunStatus::Running);
     assert!(system.waiting_for_human().expect("list").is_empty());
     {
@@ -442,7 +442,7 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
         );
     }
     assert_eq!(
-        wrong_state(system.release_run("run-stuck").unwrap_err()),
+        wrong_state(system.release_run("session:s2").unwrap_err()),
         "running",
         "only a parked run is released"
     );
@@ -450,6 +450,26 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
         system.release_run("run-404"),
         Err(SystemError::Store(StoreError::NotFound { .. }))
     ));
+    // A job run waits for a human only on a confirmation, which a release
+    // cannot answer: refused, unchanged, pointing at `confirm`.
+    {
+        let db = system.db();
+        store.create_run(db.conn(), "job-1", "s3", 4).expect("run");
+        store
+            .set_run_status(db.conn(), "job-1", RunStatus::WaitingForHuman, 5)
+            .expect("park");
+    }
+    let refused = system.release_run("job-1").unwrap_err();
+    assert!(
+        matches!(&refused, SystemError::AwaitsConfirmation { run_id } if run_id == "job-1"),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("`confirm`"), "{refused}");
+    let db = system.db();
+    assert_eq!(
+        store.run_status(db.conn(), "job-1").expect("status"),
+        RunStatus::WaitingForHuman
+    );
 }
 
 #[test]

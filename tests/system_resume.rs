@@ -406,7 +406,10 @@ fn in_flight_calls_replay_through_the_tool_call_ledger_once_and_settle() {
     let out = tools.execute(&ctx("after-crash-1"), &call).expect("replay");
     assert_eq!((out.ok, out.output.as_str()), (false, "disk quota exceeded"));
     let db = system.db();
-    let row = store.get(db.conn(), "before-the-crash").expect("get").expect("row");
+    let row = store
+        .get(db.conn(), "before-the-crash")
+        .expect("get")
+        .expect("row");
     assert_eq!((row.status, row.replay_attempts), (ToolCallStatus::Failed, 1));
     assert_eq!(
         store.run_status(db.conn(), &run).expect("status"),

@@ -192,6 +192,10 @@ fn kill_9_mid_delivery_then_resume_without_dedup_asks_a_human_instead_of_resendi
     );
     assert_eq!(status["runs"][0]["status"], "waiting_for_human");
     assert_eq!(status["waiting_for_human"][0]["run_id"], "killed", "{status}");
+    // A release cannot answer the call: refused, pointing at `confirm`.
+    let release = run(&["release", "killed", "--config", path_str(&w.config)])?;
+    assert_eq!(release.status.code(), Some(1), "{release:?}");
+    assert!(release.stderr.contains("`confirm`"), "{release:?}");
     let confirmed = run(&[
         "confirm",
         &key,

@@ -208,10 +208,26 @@ impl System {
     /// A human releases a run parked `waiting_for_human` (see
     /// `ToolCallStore::release`): `running` again, its in-flight calls'
     /// replay counts reset, so resuming the work replays them again.
+    ///
+    /// Only an agent's session run (`session:…`, where its calls are
+    /// counted) is parked by replays. A job run waits for a human only
+    /// when its turn stopped on a call needing confirmation, which a
+    /// release cannot answer: refused (unchanged), naming `confirm`.
+    /// Before, it was set `running` while nothing could run it, and left
+    /// the waiting list with its key still unanswered (found by a review).
     pub fn release_run(&self, run_id: &str) -> Result<RunRecord, SystemError> {
         let now = self.now_ms();
         let db = self.db();
-        Ok(ToolCallStore::default().release(db.conn(), run_id, now)?)
+        let store = ToolCallStore::default();
+        if !run_id.starts_with(BOOKKEEPING_RUN_PREFIX) {
+            let run = store.get_run(db.conn(), run_id)?;
+            if run.is_some_and(|r| r.status == RunStatus::WaitingForHuman) {
+                return Err(SystemError::AwaitsConfirmation {
+                    run_id: run_id.to_string(),
+                });
+            }
+        }
+        Ok(store.release(db.conn(), run_id, now)?)
     }
 
     /// Collect settled rows older than `ttl_ms` (use [`DEFAULT_GC_TTL_MS`]

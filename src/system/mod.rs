@@ -192,6 +192,14 @@ pub enum SystemError {
     Runtime(#[from] RuntimeError),
     #[error("loop resume: {0}")]
     LoopResume(StoreError),
+    /// A release asked for a job run that waits for a confirmation
+    /// (`System::release_run`).
+    #[error(
+        "run {run_id} waits for a human's answer to a call needing confirmation, \
+         which a release cannot give: answer its key with `confirm` (`status` lists it), \
+         and the run resumes"
+    )]
+    AwaitsConfirmation { run_id: String },
     #[error("after recovery the runtime breaks its invariants: {0:?}")]
     Invariants(Vec<String>),
     /// Damage outside the crash model (see [`crate::recovery::damage`]):

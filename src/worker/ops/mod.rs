@@ -357,6 +357,7 @@ fn admin_error(e: SystemError) -> OpError {
     match e {
         SystemError::Store(e @ StoreError::NotFound { .. }) => OpError::NotFound(e.to_string()),
         SystemError::Store(e @ StoreError::WrongState { .. }) => OpError::Conflict(e.to_string()),
+        e @ SystemError::AwaitsConfirmation { .. } => OpError::Conflict(e.to_string()),
         SystemError::Store(e) => e.into(),
         e => OpError::UnknownOutcome(e.to_string()),
     }
