@@ -218,6 +218,56 @@ fn an_approved_reversible_call_runs_after_confirm() {
     assert_eq!(*flaky.keys.lock().unwrap(), [key]);
 }
 
+/// A reversible tool whose every run kills the process (the executor
+/// errs and nothing after it runs), counting its runs.
+#[derive(Debug, Default)]
+struct Deadly(AtomicU32);
+
+impl ToolExecutor for Deadly {
+    fn execute(&self, _ctx: &ToolContext<'_>, _call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(ToolError::Failed("the process died inside the tool".into()))
+    }
+}
+
+/// An approved call's runs are counted like replays: a tool that brings
+/// the process down runs `max_replays` times, then the next ask is
+/// refused and the run waits for a human. Before, each boot ran it again
+/// with nothing counted (found by a review).
+#[test]
+fn an_approved_call_that_kills_every_process_is_run_at_most_max_replays_times() {
+    let deadly = Arc::new(Deadly::default());
+    let mut bench = Bench::new(World::without_dedup());
+    bench.hooks = Some(Arc::new(Confirm));
+    bench.tools = deadly.clone();
+    let mut system = bench.boot();
+    let a = agent(&mut system);
+    let key = blocked_key(system.runtime_mut().run_turn(&a, LOOKUP).unwrap_err());
+    system.confirm(&key, &Resolution::NotDelivered).unwrap();
+    let max = ToolCallStore::default().max_replays;
+    let mut answered = None;
+    for _ in 0..=(max + 3) {
+        match system.runtime_mut().run_turn(&a, LOOKUP) {
+            Ok(outcome) => {
+                answered = Some(outcome);
+                break;
+            }
+            Err(_) => {
+                drop(system);
+                system = bench.boot();
+            }
+        }
+    }
+    assert_eq!(deadly.0.load(Ordering::SeqCst), max, "runs after the approval");
+    let outcome = answered.expect("answered once refused");
+    assert!(!outcome.tool_calls[0].2.ok, "{outcome:?}");
+    assert!(
+        outcome.tool_calls[0].2.output.contains("waits for a human"),
+        "{outcome:?}"
+    );
+    assert_eq!(system.waiting_for_human().unwrap().len(), 1);
+}
+
 #[test]
 fn a_hard_failure_is_retried_with_the_same_key_and_each_attempt_recorded() {
     let flaky = Arc::new(Flaky::default());

@@ -97,7 +97,10 @@
 //!   for a human — which every later replay of the run is refused for
 //!   too. The run waits for a human only if a call of it reached the
 //!   limit. An irreversible call (the activity ledger decides it, never a
-//!   replay) or one a hook parks for a human is never counted.
+//!   replay) is never counted; a reversible one a hook parked for a human
+//!   is counted on each run after their release (so its count may grow by
+//!   one even when its answer is failed) and not when their word answers
+//!   it.
 //!
 //! - **R10 A job run's inner states.** A job run (`Action::JobRun`: its
 //!   root agent → its row `running` → its work turn `run:{id}` → its

@@ -36,7 +36,8 @@
 //! run out its fate stays unknown (a `ToolError::Failed`: recovery decides),
 //! never a failed answer. A call a hook parked for a human
 //! ([`ToolExecutor::execute_after_confirmation`]) runs only after
-//! `System::confirm` released its key.
+//! `System::confirm` released its key, a reversible one counted on each
+//! such run like a replay (bounded by `max_replays` the same way).
 
 use std::sync::{Arc, Mutex};
 
@@ -237,7 +238,35 @@ impl SystemTools {
         Ok((row, fresh))
     }
 
-    /// Record the answer of a call run after a human released it.
+    /// Run reversible call `id` again, counted before it runs (a replay
+    /// the process dies in counts too), and settle it with its answer —
+    /// or, once its replays are spent or its run waits for a human, do
+    /// not run it: answered [`parked_answer`] and settled, so the model
+    /// goes on knowing it did not run and the row is not left in flight
+    /// for ever.
+    fn replay(&self, ctx: &ToolContext<'_>, call: &ToolRequest, id: &str) -> Result<ToolOutput, ToolError> {
+        let now = self.clock.now_ms();
+        let start = self.ledger(|db| self.calls.begin_replay(db.conn(), id, now))?;
+        if let ReplayStart::Parked { replay_attempts } = start {
+            let output = ToolOutput {
+                ok: false,
+                output: parked_answer(&call.tool, replay_attempts),
+            };
+            return self.settle(id, output);
+        }
+        let output = self.attempts(ctx, call, id)?;
+        let now = self.clock.now_ms();
+        let result = serde_json::Value::String(output.output.clone());
+        let outcome = if output.ok {
+            Ok(&result)
+        } else {
+            Err(output.output.as_str())
+        };
+        self.ledger(|db| self.calls.record_replay(db.conn(), id, outcome, now))?;
+        Ok(output)
+    }
+
+    /// Record the answer of a call: settled as it says.
     fn settle(&self, id: &str, output: ToolOutput) -> Result<ToolOutput, ToolError> {
         let now = self.clock.now_ms();
         let result = serde_json::Value::String(output.output.clone());
@@ -262,41 +291,13 @@ impl ToolExecutor for SystemTools {
         if fresh {
             self.ledger(|db| self.calls.mark_running(db.conn(), &row.id, now))?;
         } else if !call.irreversible {
-            // A reversible call in flight at a crash: a replay, counted
-            // before it runs (a replay the process dies in counts too).
-            let start = self.ledger(|db| self.calls.begin_replay(db.conn(), &row.id, now))?;
-            if let ReplayStart::Parked { replay_attempts } = start {
-                // Not run until a human releases the run
-                // (`System::release_run`): answered, and settled, so the
-                // model goes on knowing it did not run and the row is not
-                // left in flight for ever.
-                let output = ToolOutput {
-                    ok: false,
-                    output: parked_answer(&call.tool, replay_attempts),
-                };
-                self.ledger(|db| self.calls.mark_failed(db.conn(), &row.id, &output.output, now))?;
-                return Ok(output);
-            }
+            // A reversible call in flight at a crash: a replay.
+            return self.replay(ctx, call, &row.id);
         }
         let output = self.attempts(ctx, call, &row.id)?;
-        let now = self.clock.now_ms();
-        let result = serde_json::Value::String(output.output.clone());
-        if fresh || call.irreversible {
-            // Irreversible: the activity ledger decided; record its answer.
-            self.ledger(|db| match output.ok {
-                true => self.calls.mark_succeeded(db.conn(), &row.id, &result, now),
-                false => self.calls.mark_failed(db.conn(), &row.id, &output.output, now),
-            })?;
-            return Ok(output);
-        }
-        // A replay answered: its answer settles the call.
-        let outcome = if output.ok {
-            Ok(&result)
-        } else {
-            Err(output.output.as_str())
-        };
-        self.ledger(|db| self.calls.record_replay(db.conn(), &row.id, outcome, now))?;
-        Ok(output)
+        // Irreversible and not fresh: the activity ledger decided; its
+        // answer is recorded the same way.
+        self.settle(&row.id, output)
     }
 
     /// Park the call for a human the first time (its key NEEDS_CONFIRMATION
@@ -341,7 +342,10 @@ impl ToolExecutor for SystemTools {
         }
         let answer = self.ledger(|db| self.gate.store().get(db.conn(), ctx.idempotency_key))?;
         let output = match answer {
-            None => self.attempts(ctx, call, &row.id)?,
+            // Released (`--not-delivered`): every run from now on is
+            // counted like a replay, so a tool that kills the process is
+            // not run at every boot for ever (found by a review).
+            None => return self.replay(ctx, call, &row.id),
             Some(a) => match a.status {
                 ActivityStatus::Done => ToolOutput {
                     ok: true,

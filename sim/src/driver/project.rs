@@ -372,7 +372,6 @@ impl Driver {
             // R9: refused for a parked run — answered, and settled, with
             // the refusal.
             let refused = !want.irreversible
-                && !want.confirmed
                 && !answer.ok
                 && run_status == RunStatus::WaitingForHuman
                 && row.status == ToolCallStatus::Failed
@@ -386,12 +385,15 @@ impl Driver {
             // the count. Where the boot's reading is known, the count is
             // exact ([`super::replays`]).
             let n = row.replay_attempts;
-            let counted = !want.irreversible && !want.confirmed;
+            // A call a hook parked runs after its release counted like a
+            // replay, or is answered from the human's word uncounted.
+            let counted = !want.irreversible;
             let replays_ok = match self.in_flight.expect(&row.id, call_id) {
                 Expect::Unknown => n == 0 || (counted && (refused || !want.succeeded)),
                 Expect::FirstRun => n == 0 && !refused,
                 Expect::Unstarted(c) => n == c && !refused,
                 Expect::Replayed(c) if !counted || refused => n == c,
+                Expect::Replayed(c) if want.confirmed && !want.succeeded => n == c || n == c + 1,
                 Expect::Replayed(_) if want.succeeded => n == 0,
                 Expect::Replayed(c) => n == c + 1,
             };

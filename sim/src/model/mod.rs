@@ -295,8 +295,9 @@ pub const MAX_TOOLS_PER_TURN: usize = 3;
 pub struct LedgerCall {
     pub irreversible: bool,
     pub succeeded: bool,
-    /// A hook parks it for a human first: run once they answer, never
-    /// replayed (`ToolExecutor::execute_after_confirmation`).
+    /// A hook parks it for a human first: run once they release it,
+    /// each run then counted like a replay, or answered from their word
+    /// uncounted (`ToolExecutor::execute_after_confirmation`).
     pub confirmed: bool,
 }
 
