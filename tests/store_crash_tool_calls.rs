@@ -97,7 +97,7 @@ fn check(db: &Db, m: &Model) -> Vec<String> {
     // Forced replay, then the run continues with the calls never prepared.
     for t in &in_flight {
         let replay = l
-            .begin_replay(c, &t.id, 10)
+            .begin_replay(c, &t.id, ReplayOf::Crash, 10)
             .and_then(|_| l.record_replay(c, &t.id, Ok(&json!({ "replayed": true })), 10));
         if let Err(e) = replay {
             bad.push(format!("replay of {} failed: {e}", t.id));
@@ -137,11 +137,11 @@ fn setup_in_flight(db: &Db) {
 fn run_dying_replays(db: &Db, m: &mut Model) -> Result<(), String> {
     for now in [10, 11] {
         ledger()
-            .begin_replay(db.conn(), "c1", now)
+            .begin_replay(db.conn(), "c1", ReplayOf::Crash, now)
             .map_err(|e| e.to_string())?;
         m.begun += 1;
     }
-    match ledger().begin_replay(db.conn(), "c1", 12) {
+    match ledger().begin_replay(db.conn(), "c1", ReplayOf::Crash, 12) {
         Ok(ReplayStart::Parked { .. }) => m.parked = true,
         Ok(other) => return Err(format!("the third ask after 2 replays: {other:?}")),
         Err(e) => return Err(e.to_string()),

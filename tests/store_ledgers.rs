@@ -217,14 +217,16 @@ fn replays_are_counted_as_they_begin_and_the_next_ask_after_the_limit_parks_the_
     // Two replays begin and never answer (each process died in the tool).
     for n in 1..=2 {
         assert_eq!(
-            ledger.begin_replay(&conn, "c1", 1 + u64::from(n)).unwrap(),
+            ledger
+                .begin_replay(&conn, "c1", ReplayOf::Crash, 1 + u64::from(n))
+                .unwrap(),
             ReplayStart::Started { replay_attempts: n }
         );
         assert_eq!(ledger.run_status(&conn, "run-1").unwrap(), RunStatus::Running);
     }
     // The third ask: not run, and the run waits for a human.
     assert_eq!(
-        ledger.begin_replay(&conn, "c1", 4).unwrap(),
+        ledger.begin_replay(&conn, "c1", ReplayOf::Crash, 4).unwrap(),
         ReplayStart::Parked { replay_attempts: 2 }
     );
     assert_eq!(
@@ -234,11 +236,23 @@ fn replays_are_counted_as_they_begin_and_the_next_ask_after_the_limit_parks_the_
     // Another call of the parked run is not run either, whatever its count.
     ledger.prepare(&conn, &call("c2", 2), 5).unwrap();
     assert_eq!(
-        ledger.begin_replay(&conn, "c2", 6).unwrap(),
+        ledger.begin_replay(&conn, "c2", ReplayOf::Crash, 6).unwrap(),
         ReplayStart::Parked { replay_attempts: 0 }
+    );
+    // A call a human approved runs though the run is parked, held to its
+    // own count only.
+    ledger.prepare(&conn, &call("c3", 3), 7).unwrap();
+    assert_eq!(
+        ledger.begin_replay(&conn, "c3", ReplayOf::Approval, 8).unwrap(),
+        ReplayStart::Started { replay_attempts: 1 }
     );
     let c1 = ledger.get(&conn, "c1").unwrap().unwrap();
     assert_eq!((c1.status, c1.replay_attempts), (ToolCallStatus::Running, 2));
+    assert_eq!(
+        ledger.begin_replay(&conn, "c1", ReplayOf::Approval, 9).unwrap(),
+        ReplayStart::Parked { replay_attempts: 2 },
+        "its own count spent"
+    );
     assert!(ledger.mark_running(&conn, "missing", 4).is_err());
 }
 
@@ -249,8 +263,8 @@ fn a_replays_answer_settles_its_call_and_a_settled_call_cannot_replay() {
     ledger.create_run(&conn, "run-1", "s1", 0).unwrap();
     ledger.prepare(&conn, &call("c1", 1), 1).unwrap();
     ledger.prepare(&conn, &call("c2", 2), 1).unwrap();
-    ledger.begin_replay(&conn, "c1", 2).unwrap();
-    ledger.begin_replay(&conn, "c1", 3).unwrap();
+    ledger.begin_replay(&conn, "c1", ReplayOf::Crash, 2).unwrap();
+    ledger.begin_replay(&conn, "c1", ReplayOf::Crash, 3).unwrap();
     assert_eq!(
         ledger.record_replay(&conn, "c1", Err("eio"), 4).unwrap(),
         ReplayOutcome::Failed { replay_attempts: 2 }
@@ -261,7 +275,7 @@ fn a_replays_answer_settles_its_call_and_a_settled_call_cannot_replay() {
         (ToolCallStatus::Failed, 2, Some("eio"))
     );
     // A success clears the count (seed 004: "removes the replay item").
-    ledger.begin_replay(&conn, "c2", 5).unwrap();
+    ledger.begin_replay(&conn, "c2", ReplayOf::Crash, 5).unwrap();
     assert_eq!(
         ledger.record_replay(&conn, "c2", Ok(&json!("ok")), 6).unwrap(),
         ReplayOutcome::Succeeded
@@ -272,7 +286,10 @@ fn a_replays_answer_settles_its_call_and_a_settled_call_cannot_replay() {
     assert_eq!(ledger.run_status(&conn, "run-1").unwrap(), RunStatus::Running);
     // Settled: neither begun nor settled again.
     for id in ["c1", "c2"] {
-        assert!(ledger.begin_replay(&conn, id, 7).is_err(), "{id}");
+        assert!(
+            ledger.begin_replay(&conn, id, ReplayOf::Crash, 7).is_err(),
+            "{id}"
+        );
         assert!(ledger.record_replay(&conn, id, Err("x"), 7).is_err(), "{id}");
         assert!(
             ledger.record_replay(&conn, id, Ok(&json!("x")), 7).is_err(),

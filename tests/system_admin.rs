@@ -14,7 +14,9 @@ use durable_agent::runtime::{
     WorkTurn,
 };
 use durable_agent::store::activities::{ActivityOutcome, ActivityStatus, IrreversibleCall};
-use durable_agent::store::tool_calls::{NewToolCall, ReplayStart, RunStatus, SideEffect, ToolCallStore};
+use durable_agent::store::tool_calls::{
+    NewToolCall, ReplayOf, ReplayStart, RunStatus, SideEffect, ToolCallStore,
+};
 use durable_agent::store::triggers::{EmitOutcome, TriggerPolicy, TriggerSource, TriggerSpec, TriggerStatus};
 use durable_agent::store::StoreError;
 use durable_agent::system::{
@@ -411,16 +413,20 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
         store.create_run(db.conn(), "session:s2", "s2", 1).expect("run");
         store.prepare(db.conn(), &call, 1).expect("prepare");
         // One replay began and never answered; the next ask parks the run.
-        let first = store.begin_replay(db.conn(), "call-1", 2).expect("replay");
+        let first = store
+            .begin_replay(db.conn(), "call-1", ReplayOf::Crash, 2)
+            .expect("replay");
         assert_eq!(first, ReplayStart::Started { replay_attempts: 1 });
-        let parked = store.begin_replay(db.conn(), "call-1", 3).expect("replay");
+        let parked = store
+            .begin_replay(db.conn(), "call-1", ReplayOf::Crash, 3)
+            .expect("replay");
         assert_eq!(parked, ReplayStart::Parked { replay_attempts: 1 });
     }
     let waiting = system.waiting_for_human().expect("list");
     assert_eq!(waiting.len(), 1);
     assert_eq!(waiting[0].run.run_id, "session:s2");
-    assert_eq!(waiting[0].in_flight.len(), 1);
-    assert_eq!(waiting[0].in_flight[0].replay_attempts, 1);
+    assert_eq!(waiting[0].stuck.len(), 1);
+    assert_eq!(waiting[0].stuck[0].replay_attempts, 1);
 
     // The human fixed the cause and releases it: running again, its
     // stuck call's replay count restarted (a full set of replays ahead).
@@ -433,7 +439,7 @@ fn runs_parked_waiting_for_human_are_listed_with_their_stuck_calls() {
         assert_eq!(call.replay_attempts, 0);
         // (The system's ledger allows 3 replays: the count starts over.)
         let again = ToolCallStore::default()
-            .begin_replay(db.conn(), "call-1", 4)
+            .begin_replay(db.conn(), "call-1", ReplayOf::Crash, 4)
             .expect("replay");
         assert_eq!(
             again,

@@ -10,7 +10,9 @@ use durable_agent::runtime::{
     AgentId, FakeProvider, SessionId, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest,
 };
 use durable_agent::store::schema::migrate;
-use durable_agent::store::tool_calls::{NewToolCall, RunStatus, SideEffect, ToolCallStatus, ToolCallStore};
+use durable_agent::store::tool_calls::{
+    NewToolCall, ReplayOf, RunStatus, SideEffect, ToolCallStatus, ToolCallStore,
+};
 use durable_agent::system::{parked_answer, session_run, Deps, LogicalClock, System, SystemConfig};
 use durable_agent::world::World;
 use serde_json::json;
@@ -209,7 +211,7 @@ fn a_call_of_a_run_parked_waiting_for_human_is_not_replayed_before_its_release()
             store.mark_running(db.conn(), id, 0).unwrap();
         }
         for _ in 0..=store.max_replays {
-            store.begin_replay(db.conn(), "c-1", 0).unwrap();
+            store.begin_replay(db.conn(), "c-1", ReplayOf::Crash, 0).unwrap();
         }
     }
     assert_eq!(

@@ -138,9 +138,10 @@ enum Command {
         /// The trigger's id (`trg-N`).
         trigger_id: String,
     },
-    /// Release a run parked `waiting_for_human` (listed by `status`) once
-    /// what made its replays fail is fixed: `running` again, its stuck
-    /// calls' replay counts reset; resuming the work replays them.
+    /// Release a session run parked `waiting_for_human` (listed by
+    /// `status`) once what made its replays die is fixed: `running` again,
+    /// the replay counts of its calls still in flight reset. A job run
+    /// waiting on a confirmation is answered with `confirm` instead.
     Release {
         #[arg(long)]
         config: PathBuf,

@@ -62,13 +62,15 @@ pub use crate::store::activities::Resolution;
 /// day after their last update.
 pub const DEFAULT_GC_TTL_MS: u64 = 24 * 3600 * 1000;
 
-/// A run parked `waiting_for_human` by the tool-call ledger, with the
-/// calls whose replay kept failing.
+/// A run parked `waiting_for_human`, with the calls a human should look
+/// at.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WaitingRun {
     pub run: RunRecord,
-    /// Its calls still `prepared`/`running`, in creation order.
-    pub in_flight: Vec<ToolCall>,
+    /// Its calls still in flight, and those whose replays reached the
+    /// limit (the one that parked the run is settled with its refusal),
+    /// in creation order ([`ToolCallStore::stuck`]).
+    pub stuck: Vec<ToolCall>,
 }
 
 /// What [`System::gc`] collected from each store.
@@ -198,8 +200,8 @@ impl System {
                 continue;
             };
             if run.status == RunStatus::WaitingForHuman {
-                let in_flight = store.in_flight(conn, &run_id)?;
-                waiting.push(WaitingRun { run, in_flight });
+                let stuck = store.stuck(conn, &run_id)?;
+                waiting.push(WaitingRun { run, stuck });
             }
         }
         Ok(waiting)
@@ -207,7 +209,9 @@ impl System {
 
     /// A human releases a run parked `waiting_for_human` (see
     /// `ToolCallStore::release`): `running` again, its in-flight calls'
-    /// replay counts reset, so resuming the work replays them again.
+    /// replay counts reset, so a resume replays them again. A call
+    /// refused while the run was parked stays settled: the model read
+    /// the refusal.
     ///
     /// Only an agent's session run (`session:…`, where its calls are
     /// counted) is parked by replays. A job run waits for a human only

@@ -48,7 +48,7 @@ use crate::store::activities::{
     ActivityError, ActivityGate, ActivityOutcome, ActivityStatus, IrreversibleCall,
 };
 use crate::store::tool_calls::{
-    NewToolCall, Parked, ReplayStart, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
+    NewToolCall, Parked, ReplayOf, ReplayStart, SideEffect, ToolCall, ToolCallStatus, ToolCallStore,
 };
 use crate::store::StoreError;
 
@@ -244,9 +244,15 @@ impl SystemTools {
     /// not run it: answered [`parked_answer`] and settled, so the model
     /// goes on knowing it did not run and the row is not left in flight
     /// for ever.
-    fn replay(&self, ctx: &ToolContext<'_>, call: &ToolRequest, id: &str) -> Result<ToolOutput, ToolError> {
+    fn replay(
+        &self,
+        ctx: &ToolContext<'_>,
+        call: &ToolRequest,
+        id: &str,
+        of: ReplayOf,
+    ) -> Result<ToolOutput, ToolError> {
         let now = self.clock.now_ms();
-        let start = self.ledger(|db| self.calls.begin_replay(db.conn(), id, now))?;
+        let start = self.ledger(|db| self.calls.begin_replay(db.conn(), id, of, now))?;
         if let ReplayStart::Parked { replay_attempts } = start {
             let output = ToolOutput {
                 ok: false,
@@ -292,11 +298,11 @@ impl ToolExecutor for SystemTools {
             self.ledger(|db| self.calls.mark_running(db.conn(), &row.id, now))?;
         } else if !call.irreversible {
             // A reversible call in flight at a crash: a replay.
-            return self.replay(ctx, call, &row.id);
+            return self.replay(ctx, call, &row.id, ReplayOf::Crash);
         }
+        // A first run, or an irreversible call the activity ledger
+        // decides: settled with its answer.
         let output = self.attempts(ctx, call, &row.id)?;
-        // Irreversible and not fresh: the activity ledger decided; its
-        // answer is recorded the same way.
         self.settle(&row.id, output)
     }
 
@@ -345,7 +351,7 @@ impl ToolExecutor for SystemTools {
             // Released (`--not-delivered`): every run from now on is
             // counted like a replay, so a tool that kills the process is
             // not run at every boot for ever (found by a review).
-            None => return self.replay(ctx, call, &row.id),
+            None => return self.replay(ctx, call, &row.id, ReplayOf::Approval),
             Some(a) => match a.status {
                 ActivityStatus::Done => ToolOutput {
                     ok: true,

@@ -751,7 +751,7 @@ impl Driver {
             parked,
             answered,
         } = self.ledger_violations(agent, outcome, tools);
-        self.in_flight.settled(&answered);
+        self.in_flight.settled(answered);
         let script: Vec<(bool, bool)> = tools.iter().map(|t| (t.irreversible, t.ok)).collect();
         // A call the ledger shows refused for a parked run (R9) answered
         // failed whatever the script says: it did not run.

@@ -55,8 +55,9 @@ pub(super) struct LedgerVerdict {
     /// The calls refused for a parked run (R9): their answer is the
     /// refusal, whatever the script says.
     pub parked: BTreeSet<String>,
-    /// The rows this turn's answers settled (no longer in flight).
-    pub answered: Vec<String>,
+    /// The rows this turn's answers settled, as read after it: (id,
+    /// replays begun, status).
+    pub answered: Vec<(String, u32, ToolCallStatus)>,
 }
 
 impl Driver {
@@ -392,6 +393,7 @@ impl Driver {
                 Expect::Unknown => n == 0 || (counted && (refused || !want.succeeded)),
                 Expect::FirstRun => n == 0 && !refused,
                 Expect::Unstarted(c) => n == c && !refused,
+                Expect::Settled(c) => n == c,
                 Expect::Replayed(c) if !counted || refused => n == c,
                 Expect::Replayed(c) if want.confirmed && !want.succeeded => n == c || n == c + 1,
                 Expect::Replayed(_) if want.succeeded => n == 0,
@@ -402,7 +404,7 @@ impl Driver {
                 (false, true) => ToolCallStatus::Succeeded,
             };
             let settled = row.status == status && replays_ok;
-            answered.push(row.id.clone());
+            answered.push((row.id.clone(), row.replay_attempts, row.status));
             if row.side_effect != class || !settled {
                 out.push(format!(
                     "ledger of {agent}: call {call_id} ({}) is {:?}, {:?}, {} replays; the turn answered it {} ({:?} expected)",

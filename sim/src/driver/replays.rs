@@ -1,12 +1,13 @@
-//! The tool calls a crash left in flight, as the boot after it found them,
-//! and how many replays each had begun: what the ledger check
+//! The tool calls a crash left in the ledger, as the boot after it found
+//! them — in flight, or settled before their result reached the log — and
+//! how many replays each had begun: what the ledger check
 //! ([`super::Driver::ledger_violations`]) holds a replay's count to.
 //!
 //! Invariant: the map is exact for the process it was read in, or absent.
 //! It is read once per boot that a crash did not cut short — on a
 //! detached copy of the disk, so the read adds no I/O point and moves no
-//! crash point of a case — and it loses
-//! a call once a turn the process answered settled it. An op that failed
+//! crash point of a case — and it
+//! follows each row a turn the process answered settled. An op that failed
 //! in a live process may leave calls in flight that the same process
 //! replays later, so it drops the map ([`InFlight::forget`]) until the next
 //! boot: the counts are then held to the looser rule alone (oracle R9).
@@ -20,10 +21,9 @@ use durable_agent::sqlite::Db;
 use durable_agent::store::tool_calls::{ToolCallStatus, ToolCallStore};
 use durable_agent::store::StoreError;
 
-/// Call id → (replays begun, still `prepared`), of every call the last
-/// boot found in flight.
+/// Call id → (replays begun, status), of every call the last boot found.
 #[derive(Debug, Clone, Default)]
-pub(super) struct InFlight(Option<BTreeMap<String, (u32, bool)>>);
+pub(super) struct InFlight(Option<BTreeMap<String, (u32, ToolCallStatus)>>);
 
 /// What the count of a call's row must be after the turn answered it,
 /// given what the boot found.
@@ -43,13 +43,19 @@ pub(super) enum Expect {
     /// under its own id: a first attempt, not a replay
     /// (`SystemTools::enter`).
     Unstarted(u32),
+    /// Settled before the boot (a crash between the ledger's commit and
+    /// the result's log line): answered from the ledger, count unchanged
+    /// (found by a review: taken for a first run, a replayed call's
+    /// count was a false alarm).
+    Settled(u32),
 }
 
 impl InFlight {
-    /// What the boot left in flight. A call is in the ledger only once
+    /// What the boot left in the ledger. A call is in the ledger only once
     /// its round's decision is durable (I6), and settled before its
     /// result is logged (`SystemTools`), so a boot whose logs answer
-    /// every decided call has none in flight: the store is read (`open`,
+    /// every decided call has none in flight and none a resumed turn asks
+    /// again: the store is read (`open`,
     /// a copy: an SQLite open, +13% of the `ci` fuzz's instructions if
     /// paid at every boot) only when some decided call has no result.
     pub(super) fn after_boot(
@@ -70,16 +76,14 @@ impl InFlight {
             .unwrap_or_default()
     }
 
-    /// Read the ledger the boot left, on `db`: every run's calls in
-    /// flight.
+    /// Read the ledger the boot left, on `db`: every run's calls.
     fn read(db: &Db) -> Result<InFlight, StoreError> {
         let store = ToolCallStore::default();
         let conn = db.conn();
         let mut calls = BTreeMap::new();
         for run in store.run_ids(conn)? {
-            for call in store.in_flight(conn, &run)? {
-                let prepared = call.status == ToolCallStatus::Prepared;
-                calls.insert(call.id, (call.replay_attempts, prepared));
+            for call in store.calls_of(conn, &run)? {
+                calls.insert(call.id, (call.replay_attempts, call.status));
             }
         }
         Ok(InFlight(Some(calls)))
@@ -97,16 +101,18 @@ impl InFlight {
         };
         match calls.get(row_id) {
             None => Expect::FirstRun,
-            Some((n, true)) if row_id == call_id => Expect::Unstarted(*n),
+            Some((n, ToolCallStatus::Succeeded | ToolCallStatus::Failed)) => Expect::Settled(*n),
+            Some((n, ToolCallStatus::Prepared)) if row_id == call_id => Expect::Unstarted(*n),
             Some((n, _)) => Expect::Replayed(*n),
         }
     }
 
-    /// Calls `ids` were answered and settled: no longer in flight.
-    pub(super) fn settled<'a>(&mut self, ids: impl IntoIterator<Item = &'a String>) {
+    /// Rows a turn answered, as the check read them after it: settled,
+    /// so an ask of one of them again is answered from the ledger.
+    pub(super) fn settled(&mut self, rows: Vec<(String, u32, ToolCallStatus)>) {
         if let Some(calls) = &mut self.0 {
-            for id in ids {
-                calls.remove(id);
+            for (id, n, status) in rows {
+                calls.insert(id, (n, status));
             }
         }
     }

@@ -32,8 +32,8 @@ pub use gc::ToolCallGcReport;
 pub use strip::{STRIPPED_JSON, STRIPPED_TEXT};
 
 pub use model::{
-    FailedAttempt, NewToolCall, Parked, ReplayOutcome, ReplayStart, RunStatus, SideEffect, ToolCall,
-    ToolCallStatus,
+    FailedAttempt, NewToolCall, Parked, ReplayOf, ReplayOutcome, ReplayStart, RunStatus, SideEffect,
+    ToolCall, ToolCallStatus,
 };
 
 /// A job run (seed 004): what it runs and where it came from.
@@ -329,15 +329,31 @@ impl ToolCallStore {
         )
     }
 
+    /// The calls of a parked run a human should look at, oldest first:
+    /// those still in flight, and those whose replays reached the limit
+    /// (the one that parked the run is settled with its refusal).
+    pub fn stuck(&self, conn: &Connection, run_id: &str) -> Result<Vec<ToolCall>, StoreError> {
+        self.select(
+            conn,
+            &format!(
+                "WHERE run_id = ?1 AND (status IN ('prepared', 'running') OR replay_attempts >= {}) \
+                 ORDER BY created_at, rowid",
+                self.max_replays
+            ),
+            run_id,
+        )
+    }
+
     /// Every call of a run, oldest first.
     pub fn calls_of(&self, conn: &Connection, run_id: &str) -> Result<Vec<ToolCall>, StoreError> {
         self.select(conn, "WHERE run_id = ?1 ORDER BY created_at, rowid", run_id)
     }
 
     /// A human releases run `run_id` parked `waiting_for_human` (they fixed
-    /// what made its replays fail): `running` again, and its in-flight
-    /// calls' replay counts restart at 0, so the next resume replays them
-    /// `max_replays` more times. One transaction; a run in any other state
+    /// what made its replays die): `running` again, and the replay counts
+    /// of its calls still in flight restart at 0, so a resume may replay
+    /// each `max_replays` more times. A call refused while the run was
+    /// parked is settled (the model read the refusal) and stays so. One transaction; a run in any other state
     /// is [`StoreError::WrongState`], unchanged.
     pub fn release(&self, conn: &Connection, run_id: &str, now_ms: u64) -> Result<RunRecord, StoreError> {
         let tx = WriteTx::begin(conn).map_err(sql("run release begin"))?;
@@ -376,8 +392,17 @@ impl ToolCallStore {
     /// at every boot with its count stuck at 0 (found by a review,
     /// 2026-11-28). When the call already had `max_replays` replays, or
     /// its run waits for a human, it is not to run: the run is (or stays)
-    /// `waiting_for_human`, in the same transaction.
-    pub fn begin_replay(&self, conn: &Connection, id: &str, now_ms: u64) -> Result<ReplayStart, StoreError> {
+    /// `waiting_for_human`, in the same transaction. An approved call
+    /// (`ReplayOf::Approval`: a human released it) is held to its own
+    /// count only: a human's approval is not undone by another call
+    /// having parked the run (found by a review).
+    pub fn begin_replay(
+        &self,
+        conn: &Connection,
+        id: &str,
+        of: ReplayOf,
+        now_ms: u64,
+    ) -> Result<ReplayStart, StoreError> {
         let tx = WriteTx::begin(conn).map_err(sql("replay begin"))?;
         let call = self.get(&tx, id)?.ok_or_else(|| StoreError::NotFound {
             table: "tool_calls",
@@ -394,7 +419,8 @@ impl ToolCallStore {
             });
         }
         let parked = self.run_status(&tx, &call.run_id)? == RunStatus::WaitingForHuman;
-        let start = if parked || call.replay_attempts >= self.max_replays {
+        let held = parked && of == ReplayOf::Crash;
+        let start = if held || call.replay_attempts >= self.max_replays {
             if !parked {
                 set_run_status(&tx, &call.run_id, RunStatus::WaitingForHuman, now_ms)?;
                 tracing::warn!(
@@ -426,7 +452,7 @@ impl ToolCallStore {
     /// failure is settled `failed` with its count kept, since the model
     /// read it and no turn asks for the call again (left `running`, it
     /// was listed in flight, never stripped nor collected: found by a
-    /// review). A settled call is refused (`WrongState`). One statement.
+    /// review). A settled call is refused (`WrongState`). One write.
     pub fn record_replay(
         &self,
         conn: &Connection,

@@ -71,6 +71,17 @@ pub enum ReplayStart {
     Parked { replay_attempts: u32 },
 }
 
+/// Why a call in flight runs again ([`super::ToolCallStore::begin_replay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayOf {
+    /// A crash caught it in flight: held back while its run waits for a
+    /// human.
+    Crash,
+    /// A human released it (`confirm --not-delivered`): held to its own
+    /// count only.
+    Approval,
+}
+
 /// How a replay settled its call ([`super::ToolCallStore::record_replay`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplayOutcome {

@@ -401,8 +401,9 @@ pub fn status(system: &mut System) -> Result<Value, OpError> {
         .collect();
     let store = ToolCallStore::default();
     let mut runs = Vec::new();
-    // Runs parked after their replays kept failing, with the stuck calls:
-    // `POST /runs/{id}/release` (`durable-agent release`) once fixed.
+    // Runs parked for a human, with the calls to look at (in flight, or
+    // replayed to the limit): `POST /runs/{id}/release` (`durable-agent
+    // release`) once fixed; a job run waits on a confirmation instead.
     let mut waiting = Vec::new();
     for run_id in store.run_ids(conn.conn())? {
         let Some(run) = store.get_run(conn.conn(), &run_id)? else {
@@ -410,11 +411,11 @@ pub fn status(system: &mut System) -> Result<Value, OpError> {
         };
         if run.status == RunStatus::WaitingForHuman {
             let stuck: Vec<Value> = store
-                .in_flight(conn.conn(), &run_id)?
+                .stuck(conn.conn(), &run_id)?
                 .into_iter()
                 .map(|c| json!({"call_id": c.id, "tool": c.raw_tool_name, "error": c.error, "replay_attempts": c.replay_attempts}))
                 .collect();
-            waiting.push(json!({"run_id": run.run_id, "in_flight": stuck}));
+            waiting.push(json!({"run_id": run.run_id, "stuck_calls": stuck}));
         }
         // Job runs only: the tool-call ledger also keeps one run per agent
         // session (`session:{id}`), which is bookkeeping, not a job.
