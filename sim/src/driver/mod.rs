@@ -758,9 +758,9 @@ impl Driver {
         let did: Vec<(bool, bool)> = outcome
             .tool_calls
             .iter()
-            .zip(script.iter().map(|s| Some(s.1)).chain(std::iter::repeat(None)))
-            .map(|((id, call, out), ok)| match (parked.contains(id), ok) {
-                (true, Some(ok)) => (call.irreversible, ok),
+            .enumerate()
+            .map(|(i, (id, call, out))| match script.get(i) {
+                Some(&(_, ok)) if parked.contains(id) => (call.irreversible, ok),
                 _ => (call.irreversible, out.ok),
             })
             .collect();

@@ -508,13 +508,8 @@ impl Driver {
                 .and_then(|b| serde_json::from_slice::<SessionRecord>(b).ok())
                 .and_then(|r| self.names.get(&r.agent_id).cloned())
                 .unwrap_or_else(|| format!("?{}", path.display()));
-            let lines = bytes.split(|b| *b == b'\n');
-            for line in lines.filter(|l| l.windows(15).any(|w| w == b"\"round.decided\"")) {
-                if let Ok(LogEntry {
-                    event: Event::RoundDecided { calls, .. },
-                    ..
-                }) = LogEntry::parse(line)
-                {
+            for event in events_in(bytes, "round.decided") {
+                if let Event::RoundDecided { calls, .. } = event {
                     for call in calls {
                         seen.entry(call.idempotency_key)
                             .or_default()
@@ -621,23 +616,34 @@ pub(super) fn is_log_file(path: &Path) -> bool {
 /// decisions ([`undecided_effects`], [`hook_violations`]). Only the lines
 /// that name the event are parsed.
 pub(super) fn decided_calls(logs: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<DecidedCall> {
-    let mut out = Vec::new();
-    for (path, bytes) in logs {
-        if path.file_name().and_then(|n| n.to_str()) != Some("events.jsonl") {
-            continue;
-        }
-        let lines = bytes.split(|b| *b == b'\n');
-        for line in lines.filter(|l| l.windows(15).any(|w| w == b"\"round.decided\"")) {
-            if let Ok(LogEntry {
-                event: Event::RoundDecided { calls, .. },
-                ..
-            }) = LogEntry::parse(line)
-            {
-                out.extend(calls);
-            }
-        }
-    }
-    out
+    events_named(logs, "round.decided")
+        .flat_map(|event| match event {
+            Event::RoundDecided { calls, .. } => calls,
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// The events named `name` (`Event::name`) in the event logs `logs`
+/// (`events.jsonl` only), in each log's order. Only the lines that name
+/// the event are parsed; a line that does not parse is not one.
+pub(super) fn events_named<'a>(
+    logs: &'a BTreeMap<PathBuf, Vec<u8>>,
+    name: &str,
+) -> impl Iterator<Item = Event> + 'a {
+    let name = name.to_string();
+    logs.iter()
+        .filter(|(path, _)| path.file_name().and_then(|n| n.to_str()) == Some("events.jsonl"))
+        .flat_map(move |(_, bytes)| events_in(bytes, &name))
+}
+
+/// The events named `name` in one event log's bytes, as
+/// [`events_named`] reads them.
+fn events_in<'a>(log: &'a [u8], name: &str) -> impl Iterator<Item = Event> + 'a {
+    let needle = format!("\"{name}\"").into_bytes();
+    log.split(|b| *b == b'\n')
+        .filter(move |line| line.windows(needle.len()).any(|w| w == needle.as_slice()))
+        .filter_map(|line| LogEntry::parse(line).ok().map(|entry| entry.event))
 }
 
 /// I6: every irreversible effect the world received carries the

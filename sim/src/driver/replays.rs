@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use durable_agent::log::{DecidedCall, Event, LogEntry};
+use durable_agent::log::{DecidedCall, Event};
 
 use durable_agent::sqlite::Db;
 use durable_agent::store::tool_calls::{ToolCallStatus, ToolCallStore};
@@ -118,24 +118,12 @@ impl InFlight {
     }
 }
 
-/// The call ids of every `tool.result` in the event logs `logs`. Only the
-/// lines that name the event are parsed.
+/// The call ids of every `tool.result` in the event logs `logs`.
 fn answered_calls(logs: &BTreeMap<PathBuf, Vec<u8>>) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for (path, bytes) in logs {
-        if path.file_name().and_then(|n| n.to_str()) != Some("events.jsonl") {
-            continue;
-        }
-        let lines = bytes.split(|b| *b == b'\n');
-        for line in lines.filter(|l| l.windows(13).any(|w| w == b"\"tool.result\"")) {
-            if let Ok(LogEntry {
-                event: Event::ToolResult { call_id, .. },
-                ..
-            }) = LogEntry::parse(line)
-            {
-                out.insert(call_id);
-            }
-        }
-    }
-    out
+    super::project::events_named(logs, "tool.result")
+        .filter_map(|event| match event {
+            Event::ToolResult { call_id, .. } => Some(call_id),
+            _ => None,
+        })
+        .collect()
 }

@@ -353,8 +353,9 @@ impl ToolCallStore {
     /// what made its replays die): `running` again, and the replay counts
     /// of its calls still in flight restart at 0, so a resume may replay
     /// each `max_replays` more times. A call refused while the run was
-    /// parked is settled (the model read the refusal) and stays so. One transaction; a run in any other state
-    /// is [`StoreError::WrongState`], unchanged.
+    /// parked is settled (the model read the refusal) and stays so. One
+    /// transaction; a run in any other state is [`StoreError::WrongState`],
+    /// unchanged.
     pub fn release(&self, conn: &Connection, run_id: &str, now_ms: u64) -> Result<RunRecord, StoreError> {
         let tx = WriteTx::begin(conn).map_err(sql("run release begin"))?;
         let missing = || StoreError::NotFound {
@@ -410,13 +411,7 @@ impl ToolCallStore {
         })?;
         if !matches!(call.status, ToolCallStatus::Prepared | ToolCallStatus::Running) {
             // A settled call is no replay: its answer is the ledger's.
-            return Err(StoreError::WrongState {
-                table: "tool_calls",
-                id: id.to_string(),
-                op: "begin_replay",
-                expected: "prepared or running",
-                actual: call.status.as_str().to_string(),
-            });
+            return Err(self.wrong_state(&tx, id, "begin_replay", "in-flight")?);
         }
         let parked = self.run_status(&tx, &call.run_id)? == RunStatus::WaitingForHuman;
         let held = parked && of == ReplayOf::Crash;
