@@ -37,9 +37,10 @@ pub struct ToolStep {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub joins_round: bool,
     /// The world loses the call's answer to the live process that sent it
-    /// (an irreversible call that succeeds only; see [`Lost`]). Like
-    /// `joins_round`, how the turn was asked, not what it did: recorded
-    /// turns have [`Lost::None`].
+    /// (see [`Lost`]): an irreversible call that succeeds, or a reversible
+    /// one (the lookup's endpoint cannot be reached: a hard failure the
+    /// executor retries). Like `joins_round`, how the turn was asked, not
+    /// what it did: recorded turns have [`Lost::None`].
     #[serde(default, skip_serializing_if = "Lost::is_none")]
     pub lost: Lost,
     /// An orchestration call the runtime performs itself ([`Orch`]),
@@ -93,8 +94,9 @@ fn is_zero(n: &u8) -> bool {
 
 impl ToolStep {
     /// The step as the scripted provider can ask it: an orchestration
-    /// call is reversible and succeeds, and only an irreversible call that
-    /// succeeds can lose its answer (`arbitrary` decodes any combination;
+    /// call is reversible and succeeds, only an irreversible call that
+    /// succeeds or a reversible one can lose its answer, and a lookup that
+    /// never answers fails (`arbitrary` decodes any combination;
     /// the model resolves every turn's steps through this).
     pub fn normalized(self) -> ToolStep {
         let step = ToolStep {
@@ -120,8 +122,10 @@ impl ToolStep {
                 lost: Lost::None,
                 ..step
             },
+            // A lookup whose endpoint never answers fails.
+            Orch::None if !step.irreversible && step.lost == Lost::Reply => ToolStep { ok: false, ..step },
             Orch::None => ToolStep {
-                lost: if step.irreversible && step.ok {
+                lost: if step.ok || !step.irreversible {
                     step.lost
                 } else {
                     Lost::None
@@ -178,6 +182,14 @@ impl Orch {
 /// sender of an irreversible call hears nothing back, and only the world
 /// knows whether it acted. Its fate is unknown to the runtime though
 /// nothing crashed ([`crate::standins::ScriptedOutbox`] decides it).
+///
+/// A reversible call (the lookup) acts on nothing, so a lost answer is a
+/// hard failure the executor may retry (`ToolError::Transient`, the
+/// harness boots with [`crate::standins::LOOKUP_RETRIES`] retries of it):
+/// `Reply`, its endpoint never answers (every attempt fails, so the call
+/// fails, each attempt numbered in the ledger); `Request`, the first
+/// attempt of its key is lost and the retry answers
+/// ([`crate::standins::SimTools`] decides it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, Arbitrary)]
 #[serde(rename_all = "snake_case")]
 pub enum Lost {

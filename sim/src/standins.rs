@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use durable_agent::fs::SimFs;
 use durable_agent::runtime::{
     ConversationItem, HookDecision, Hooks, PreToolUse, Provider, ProviderError, ProviderReply,
-    ProviderRequest, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest, Usage,
+    ProviderRequest, ToolContext, ToolError, ToolExecutor, ToolOutput, ToolRequest, ToolRetries, Usage,
 };
 use durable_agent::system::LogicalClock;
 use durable_agent::world::{DeliveryError, Outbox, World};
@@ -469,21 +469,95 @@ impl Hooks for ScriptedHooks {
     }
 }
 
-/// The reversible tool `lookup`: a pure function of its arguments. The
-/// irreversible `effect` never reaches here: the system routes it through
-/// its activity ledger to [`ScriptedOutbox`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SimTools;
+/// The reversible tool `lookup`: a pure function of its arguments, at an
+/// endpoint that may not answer ([`Lost`] on a reversible step): a hard
+/// failure (`ToolError::Transient`), which the system retries
+/// ([`LookupRetries`]) and numbers in the ledger's attempts. `"lost":
+/// "reply"`: the endpoint never answers. `"lost": "request"`: the first
+/// attempt of the call's idempotency key is lost, every later one answers
+/// (the key is remembered in `lost_first` with the I/O point count it was
+/// lost after, so a crash image forked at point `n` keeps the losses
+/// before `n`, as the world would; a dead process reaches nothing and
+/// loses nothing). The irreversible `effect` never reaches here: the
+/// system routes it through its activity ledger to [`ScriptedOutbox`].
+#[derive(Debug, Clone)]
+pub struct SimTools {
+    pub fs: SimFs,
+    pub lost_first: Arc<Mutex<Vec<(String, u64)>>>,
+}
+
+impl SimTools {
+    pub fn new(fs: SimFs) -> SimTools {
+        SimTools {
+            fs,
+            lost_first: Arc::default(),
+        }
+    }
+
+    /// The tools of a run killed at I/O point `point` on `fs`: the world
+    /// keeps the first attempts it lost before that point.
+    pub fn fork(&self, fs: SimFs, point: u64) -> SimTools {
+        let kept = self
+            .lost_first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, at)| *at < point)
+            .cloned()
+            .collect();
+        SimTools {
+            fs,
+            lost_first: Arc::new(Mutex::new(kept)),
+        }
+    }
+}
+
+/// A lookup's hard failure as the executor reports it.
+pub fn unreachable_lookup(idem_key: &str) -> String {
+    format!("lookup {idem_key}: its endpoint did not answer")
+}
 
 impl ToolExecutor for SimTools {
-    fn execute(&self, _ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
+    fn execute(&self, ctx: &ToolContext<'_>, call: &ToolRequest) -> Result<ToolOutput, ToolError> {
         let key = call.args.get("key").and_then(|v| v.as_str()).unwrap_or("");
         let ok = call.args.get("ok").and_then(|v| v.as_bool()).unwrap_or(false);
+        let unreachable = || Err(ToolError::Transient(unreachable_lookup(ctx.idempotency_key)));
+        match call.args.get("lost").and_then(|v| v.as_str()) {
+            Some("reply") => return unreachable(),
+            Some("request") if self.fs.crashed() => return unreachable(),
+            Some("request") => {
+                let mut lost = self.lost_first.lock().unwrap_or_else(|e| e.into_inner());
+                if !lost.iter().any(|(k, _)| k == ctx.idempotency_key) {
+                    lost.push((ctx.idempotency_key.to_string(), self.fs.points()));
+                    return unreachable();
+                }
+            }
+            _ => {}
+        }
         Ok(ToolOutput {
             ok,
             output: format!("lookup:{key}"),
         })
     }
+}
+
+/// Retries of a lookup's hard failure the harness boots with, as an
+/// operator's `[retries.tools.lookup] max_retries = 1` would: a call whose
+/// endpoint never answers fails after `1 + LOOKUP_RETRIES` attempts.
+pub const LOOKUP_RETRIES: u32 = 1;
+
+/// The retry plan the harness boots with: [`LOOKUP_RETRIES`] immediate
+/// retries of the lookup, none of anything else (an irreversible call
+/// whose answer was lost keeps its unknown fate, as before).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LookupRetries;
+
+impl ToolRetries for LookupRetries {
+    fn delay_before(&self, call: &ToolRequest, next_attempt: u32) -> Option<u64> {
+        (call.tool == tool_name(false) && next_attempt <= 1 + LOOKUP_RETRIES).then_some(0)
+    }
+
+    fn wait(&self, _delay_ms: u64) {}
 }
 
 /// The harness's logical clock: set by the driver before each op (and

@@ -22,7 +22,7 @@ const MODES: [CrashMode; 3] = [
 fn deps(fs: &SimFs, world: &World, clock: &SteppedClock) -> Deps {
     Deps {
         provider: Arc::new(ScriptedProvider::default()),
-        tools: Arc::new(SimTools),
+        tools: Arc::new(SimTools::new(fs.clone())),
         outbox: Arc::new(ScriptedOutbox {
             world: world.clone(),
             fs: fs.clone(),

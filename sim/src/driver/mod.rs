@@ -323,6 +323,7 @@ impl Driver {
 
     pub(crate) fn with_fs(seed: u64, canaries: Canaries, fs: SimFs) -> Driver {
         let context = ContextOracle::new(seed, fs.clone());
+        let tools = SimTools::new(fs.clone());
         Driver {
             asks: Rewording {
                 seed,
@@ -338,7 +339,7 @@ impl Driver {
                 World::without_dedup()
             },
             canaries,
-            tools: SimTools,
+            tools,
             clock: SteppedClock::default(),
             seed,
             system: None,
@@ -396,6 +397,7 @@ impl Driver {
         driver.sent_at = Arc::new(Mutex::new(sent));
         driver.asks = self.asks.fork(driver.fs.clone(), point);
         driver.faults = self.faults.fork(driver.fs.clone(), point);
+        driver.tools = self.tools.fork(driver.fs.clone(), point);
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
         driver.msgs = names.msgs;
@@ -458,13 +460,14 @@ impl Driver {
         config.orchestration = Some(orchestration);
         config.context_budget = self.context.budget();
         config.hooks = Arc::new(crate::standins::ScriptedHooks);
+        config.tool_retries = Arc::new(crate::standins::LookupRetries);
         let deps = Deps {
             provider: Arc::new(ScriptedProvider {
                 rewording: Some(self.asks.clone()),
                 asked: Some(self.context.recorder()),
                 faults: Some(self.faults.clone()),
             }),
-            tools: Arc::new(self.tools),
+            tools: Arc::new(self.tools.clone()),
             outbox: Arc::new(ScriptedOutbox {
                 world: self.world.clone(),
                 fs: self.fs.clone(),

@@ -16,7 +16,7 @@ use durable_agent::world::Delivery;
 use durable_agent::recovery::RecoveryReport;
 use durable_agent::runtime::orchestration::{OrchestrationTool, SEND_MESSAGE, SPAWN_AGENT};
 use durable_agent::runtime::{AgentId, ConversationItem, MessageId, SessionId};
-use durable_agent::runtime::{RuntimeState, TurnOutcome};
+use durable_agent::runtime::{RuntimeState, ToolOutput, ToolRequest, TurnOutcome};
 use durable_agent::sqlite::Db;
 use durable_agent::store::checkpoints::{CheckpointInput, CheckpointStore, Message, TokenUsage};
 use durable_agent::store::session::{SessionRecord, SessionState, SESSION_FILE};
@@ -32,6 +32,7 @@ use crate::model::{
     MAX_REPLAYS,
 };
 use crate::op::{Lost, Orch, ToolStep};
+use crate::standins::LOOKUP_RETRIES;
 
 /// The loop's checkpoint after round `round`.
 pub(super) fn checkpoint(checkpoints: &CheckpointStore, db: &Db, round: u64, now: u64) -> Result<(), String> {
@@ -287,7 +288,20 @@ impl Driver {
             // No call of this turn is in the ledger; the SQL is the cost.
             return verdict;
         }
-        let read = || -> Result<(Vec<ToolCall>, RunStatus), String> {
+        let calls: Vec<_> = outcome
+            .tool_calls
+            .iter()
+            // Every orchestration call is the runtime's own, never the
+            // ledger's, as `ledger_calls` says: `list_agents` too (left
+            // in, it shifted every later call onto the wrong expectation:
+            // found by the gate's unseeded libFuzzer smoke, 2026-11-28).
+            .filter(|(_, req, _)| OrchestrationTool::from_name(&req.tool).is_none())
+            .collect();
+        // The attempts of the calls an endpoint failed hard, by row,
+        // through the store's own reading (what an operator's `inspect`
+        // shows): numbered `1..=n`.
+        type Attempts = BTreeMap<String, Vec<u32>>;
+        let read = || -> Result<(Vec<ToolCall>, RunStatus, Attempts), String> {
             let system = self.system()?;
             let id = self.id(agent)?;
             let session = system
@@ -300,10 +314,25 @@ impl Driver {
             let db = system.db();
             let rows = store.calls_of(db.conn(), &run).map_err(|e| e.to_string())?;
             if rows.is_empty() {
-                return Ok((rows, RunStatus::Running));
+                return Ok((rows, RunStatus::Running, Attempts::new()));
             }
             let status = store.run_status(db.conn(), &run).map_err(|e| e.to_string())?;
-            Ok((rows, status))
+            let mut attempts = Attempts::new();
+            for ((call_id, req, _), want) in calls.iter().zip(&expected) {
+                if !want.is_some_and(|w| !w.hard.is_none()) {
+                    continue;
+                }
+                if let Some(row) = row_of(&rows, call_id, req) {
+                    let numbers = store
+                        .attempts(db.conn(), &row.id)
+                        .map_err(|e| e.to_string())?
+                        .into_iter()
+                        .map(|a| a.attempt)
+                        .collect();
+                    attempts.insert(row.id.clone(), numbers);
+                }
+            }
+            Ok((rows, status, attempts))
         };
         // An I/O fault armed for the op, not reached by it, is not the
         // harness's to trip (suspended for the read, as the boot's check
@@ -321,7 +350,7 @@ impl Driver {
         if self.fs.crashed() {
             return verdict;
         }
-        let (rows, run_status) = match read {
+        let (rows, run_status, attempts) = match read {
             Ok(read) => read,
             Err(e) => {
                 verdict
@@ -335,19 +364,8 @@ impl Driver {
             parked,
             answered,
         } = &mut verdict;
-        let calls = outcome
-            .tool_calls
-            .iter()
-            // Every orchestration call is the runtime's own, never the
-            // ledger's, as `ledger_calls` says: `list_agents` too (left
-            // in, it shifted every later call onto the wrong expectation:
-            // found by the gate's unseeded libFuzzer smoke, 2026-11-28).
-            .filter(|(_, req, _)| OrchestrationTool::from_name(&req.tool).is_none());
-        for ((call_id, req, answer), want) in calls.zip(expected) {
-            let row = rows.iter().find(|r| r.id == *call_id).or_else(|| {
-                rows.iter()
-                    .find(|r| r.input == req.args && r.raw_tool_name == req.tool)
-            });
+        for ((call_id, req, answer), want) in calls.into_iter().zip(expected) {
+            let row = row_of(&rows, call_id, req);
             let Some(want) = want else {
                 // Denied by a hook: never handed to the executor.
                 if let Some(row) = row {
@@ -389,7 +407,14 @@ impl Driver {
             // A call a hook parked runs after its release counted like a
             // replay, or is answered from the human's word uncounted.
             let counted = !want.irreversible;
-            let replays_ok = match self.in_flight.expect(&row.id, call_id) {
+            let expect = self.in_flight.expect(&row.id, call_id);
+            if let (false, Some(numbers)) = (refused, attempts.get(&row.id)) {
+                if let Some(why) = attempts_violation(want.hard, numbers, answer, expect == Expect::FirstRun)
+                {
+                    out.push(format!("ledger of {agent}: call {call_id} ({}): {why}", req.tool));
+                }
+            }
+            let replays_ok = match expect {
                 Expect::Unknown => n == 0 || (counted && (refused || !want.succeeded)),
                 Expect::FirstRun => n == 0 && !refused,
                 Expect::Unstarted(c) => n == c && !refused,
@@ -888,4 +913,92 @@ pub(super) fn report_violations(
         }
     }
     out
+}
+
+/// The ledger's row of the call `call_id` of an answered turn: its own,
+/// or the row of the same call a rolled-back run of the turn left, which
+/// the ledger answers it from.
+fn row_of<'a>(rows: &'a [ToolCall], call_id: &str, req: &ToolRequest) -> Option<&'a ToolCall> {
+    rows.iter().find(|r| r.id == call_id).or_else(|| {
+        rows.iter()
+            .find(|r| r.input == req.args && r.raw_tool_name == req.tool)
+    })
+}
+
+/// What is wrong with the attempts (`numbers`, as the store lists them)
+/// a lookup's hard failures left ([`crate::model::LedgerCall::hard`]),
+/// given its `answer`: numbered `1..=n`; an endpoint that never answers
+/// makes at least `1 + LOOKUP_RETRIES` of them (exactly that on a
+/// `first_run`: no earlier process ran the call), every one counted in
+/// the failed answer; a lost first attempt makes at most one.
+fn attempts_violation(hard: Lost, numbers: &[u32], answer: &ToolOutput, first_run: bool) -> Option<String> {
+    let n = numbers.len() as u32;
+    if !numbers.iter().copied().eq(1..=n) {
+        return Some(format!(
+            "its failed attempts are numbered {numbers:?}, not 1 to {n}"
+        ));
+    }
+    let least = 1 + LOOKUP_RETRIES;
+    match hard {
+        Lost::Reply
+            if !answer.output.ends_with(&format!("(failed {n} time(s))"))
+                || n < least
+                || (first_run && n != least) =>
+        {
+            Some(format!(
+                "its endpoint never answers, and the ledger holds {n} failed attempts ({least} {} expected), the answer {:?}",
+                if first_run { "exactly, on a first run," } else { "at least" },
+                answer.output
+            ))
+        }
+        Lost::Request if n > 1 => Some(format!(
+            "only its first attempt was lost, yet the ledger holds {n} failed attempts"
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(n: u32) -> ToolOutput {
+        ToolOutput {
+            ok: false,
+            output: format!("lookup k: its endpoint did not answer (failed {n} time(s))"),
+        }
+    }
+
+    #[test]
+    fn an_endpoint_that_never_answers_is_held_to_its_numbered_attempts() {
+        assert_eq!(attempts_violation(Lost::Reply, &[1, 2], &failed(2), true), None);
+        // Continued across a crash: more rows, the answer counts them all.
+        assert_eq!(
+            attempts_violation(Lost::Reply, &[1, 2, 3, 4], &failed(4), false),
+            None
+        );
+        for (numbers, answer, first) in [
+            (&[1, 2][..], failed(1), true),    // the answer miscounts
+            (&[][..], failed(0), true),        // no attempt recorded
+            (&[1][..], failed(1), false),      // fewer than 1 + the retries
+            (&[1, 2, 3][..], failed(3), true), // a first run made more
+            (&[1, 3][..], failed(2), false),   // a gap in the numbers
+        ] {
+            assert!(
+                attempts_violation(Lost::Reply, numbers, &answer, first).is_some(),
+                "{numbers:?} {answer:?} first run {first}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lost_first_attempt_leaves_at_most_one() {
+        let ok = ToolOutput {
+            ok: true,
+            output: "lookup:k".into(),
+        };
+        assert_eq!(attempts_violation(Lost::Request, &[], &ok, false), None);
+        assert_eq!(attempts_violation(Lost::Request, &[1], &ok, true), None);
+        assert!(attempts_violation(Lost::Request, &[1, 2], &ok, false).is_some());
+    }
 }

@@ -299,6 +299,15 @@ pub struct LedgerCall {
     /// each run then counted like a replay, or answered from their word
     /// uncounted (`ToolExecutor::execute_after_confirmation`).
     pub confirmed: bool,
+    /// A lookup whose endpoint fails it hard ([`Lost`] on a reversible
+    /// step; `None` for every other call): each failed attempt is a
+    /// numbered row of the call's attempts, which continue across crashes
+    /// and which the answer counts — a call that never answers fails
+    /// "(failed N time(s))" with N its rows, at least
+    /// `1 + LOOKUP_RETRIES` (exactly that when no earlier process ran it);
+    /// one whose first attempt was lost answers as scripted with at most
+    /// one row ([`crate::standins::SimTools`]).
+    pub hard: Lost,
 }
 
 /// Replays of one call (each counted as it begins) before the next ask
@@ -372,6 +381,7 @@ pub fn ledger_calls(tools: &[ToolStep]) -> Vec<Option<LedgerCall>> {
                 irreversible: t.irreversible,
                 succeeded: t.ok,
                 confirmed: t.confirm,
+                hard: if t.irreversible { Lost::None } else { t.lost },
             })
         })
         .collect()
@@ -455,7 +465,9 @@ pub fn effect_key(agent: &str, prompt: &str, index: usize, occurrence: usize) ->
 /// `p7:I+r` asks for both in one round; `p7:I~~r` has the provider fail
 /// the first two asks of the second round ([`ToolStep::provider_fails`]),
 /// and `p7:I~` the first ask for the final answer; `L` and `N` are irreversible ones
-/// whose answer the world loses, having acted or not ([`Lost`]); `X` and
+/// whose answer the world loses, having acted or not ([`Lost`]); `U` a
+/// reversible one whose endpoint never answers, `F` and `f` one whose
+/// first attempt the world loses, then answers ok or failed; `X` and
 /// `x` an irreversible and a reversible one with nonsense arguments
 /// ([`ToolStep::garbled`]); `D` and `d` an irreversible and a reversible
 /// one a hook denies ([`ToolStep::denied`]); `Q` and `q` one a hook
@@ -521,6 +533,9 @@ pub fn script_prompt(
                 (true, true) if t.lost == Lost::Request => 'N',
                 (true, true) => 'I',
                 (true, false) => 'i',
+                (false, _) if t.lost == Lost::Reply => 'U',
+                (false, true) if t.lost == Lost::Request => 'F',
+                (false, false) if t.lost == Lost::Request => 'f',
                 (false, true) => 'R',
                 (false, false) => 'r',
             }),
@@ -684,11 +699,11 @@ pub fn parse_script(prompt: &str) -> Vec<ScriptStep> {
         let index = out.len();
         let mut step = ToolStep {
             irreversible: matches!(c, 'I' | 'i' | 'L' | 'N' | 'X' | 'D' | 'Q'),
-            ok: (c.is_ascii_uppercase() && !matches!(c, 'X' | 'D')) || c == 'q',
+            ok: (c.is_ascii_uppercase() && !matches!(c, 'X' | 'D' | 'U')) || c == 'q',
             joins_round: joins,
             lost: match c {
-                'L' => Lost::Reply,
-                'N' => Lost::Request,
+                'L' | 'U' => Lost::Reply,
+                'N' | 'F' | 'f' => Lost::Request,
                 _ => Lost::None,
             },
             orch: Orch::None,
