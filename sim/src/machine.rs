@@ -25,6 +25,9 @@ pub struct RefState {
     /// The previous op armed a crash: the next turn may be rolled back, so
     /// it becomes a candidate for `resume_turn`.
     pub crash_armed: bool,
+    /// That crash lies deep enough into the next op (40 points or more)
+    /// to reach a turn's first call.
+    pub deep_crash: bool,
     /// Ops applied so far: the clock the executor's model reads
     /// ([`Model::at_step`]).
     pub steps: u64,
@@ -44,6 +47,7 @@ impl ReferenceStateMachine for RefMachine {
                 seed,
                 model: Model::for_seed(seed),
                 crash_armed: false,
+                deep_crash: false,
                 steps: 0,
             })
             .boxed()
@@ -67,12 +71,44 @@ impl ReferenceStateMachine for RefMachine {
         } else if state.crash_armed {
             // A crash armed into a work turn: cut after its start, it gets
             // a RESUME trigger and a retry (see `work_retry`).
-            prop_oneof![
-                1 => (0u8..8, prop::collection::vec(crate::op::tool_step(), 1..3))
-                    .prop_map(|(i, tools)| Op::WorkTurn { agent: AgentRef(i), work: i % 3, tools }),
-                3 => op_strategy(),
-            ]
-            .boxed()
+            let work =
+                (0u8..8, prop::collection::vec(crate::op::tool_step(), 1..3)).prop_map(|(i, tools)| {
+                    Op::WorkTurn {
+                        agent: AgentRef(i),
+                        work: i % 3,
+                        tools,
+                    }
+                });
+            if !state.deep_crash {
+                return prop_oneof![1 => work, 3 => op_strategy()].boxed();
+            }
+            // Deep enough to reach a turn's first call (40–70 points in):
+            // a turn that opens with an irreversible call, whose INTENT
+            // window, effect and result the crash may cut — where a
+            // runtime that sends before its INTENT is durable, or forgets
+            // it, sends twice on the re-run (left to chance, the ci seed
+            // of a generator reached that window in one run of five).
+            let intent =
+                (0u8..8, prop::collection::vec(crate::op::tool_step(), 0..2)).prop_map(|(i, rest)| {
+                    let first = crate::op::ToolStep {
+                        irreversible: true,
+                        ok: true,
+                        joins_round: false,
+                        lost: crate::op::Lost::None,
+                        orch: crate::op::Orch::None,
+                        provider_fails: 0,
+                        garbled: false,
+                        denied: false,
+                        confirm: false,
+                    };
+                    let tools = std::iter::once(first).chain(rest).collect();
+                    Op::RunTurn {
+                        agent: AgentRef(i),
+                        tools,
+                        final_fails: 0,
+                    }
+                });
+            prop_oneof![1 => work, 1 => intent, 3 => op_strategy()].boxed()
         } else if !state.model.needs_human.is_empty() {
             // A turn stopped at a call waiting for a human: answer it, and
             // run the turn again (the ledger must then answer the call as
@@ -162,6 +198,7 @@ impl ReferenceStateMachine for RefMachine {
             }
         }
         state.crash_armed = matches!(op, Op::Crash { .. });
+        state.deep_crash = matches!(op, Op::Crash { offset, .. } if *offset >= 40);
         state
     }
 

@@ -391,6 +391,14 @@ pub enum Op {
     /// whose agent is live, in any status. A run a crash cut is continued
     /// from its logged decisions; a finished one is answered from the log.
     JobResume { run: u8 },
+    /// An operator's `durable-agent release` (`System::release_run`, `POST
+    /// /runs/{id}/release`) of the `run`-th of the model's job runs, then
+    /// the live agents' session runs (`session:<id>`, the tool-call
+    /// ledger's run of an agent's calls): released only when the run
+    /// waits for a human (as the operator's view showed it just before),
+    /// refused otherwise — a job run waiting on a confirmation, a run not
+    /// waiting, or a session run with no call yet.
+    Release { run: u8 },
     /// Arm a crash inside the NEXT op: at its `offset`-th I/O point (from
     /// 0). If that op has fewer points, the process dies right after it.
     /// Either way the disk gets `kind` and the runtime recovers.
@@ -532,6 +540,7 @@ pub fn op_strategy() -> BoxedStrategy<Op> {
         2 => (agent_ref(), any::<u8>()).prop_map(|(agent, of)| Op::TwinTurn { agent, of }),
         2 => prop::collection::vec(tool_step(), 0..3).prop_map(|tools| Op::JobRun { tools }),
         1 => any::<u8>().prop_map(|run| Op::JobResume { run }),
+        1 => any::<u8>().prop_map(|run| Op::Release { run }),
     ]
     .boxed()
 }
@@ -643,5 +652,6 @@ pub fn render(op: &Op) -> String {
         Op::Gc => "gc".into(),
         Op::JobRun { tools } => format!("job_run(tools={})", render_tools(tools)),
         Op::JobResume { run } => format!("job_resume(#{run})"),
+        Op::Release { run } => format!("release(#{run})"),
     }
 }

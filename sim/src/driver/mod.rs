@@ -37,6 +37,7 @@ mod collected;
 mod errors;
 mod misuse;
 mod project;
+mod release;
 mod replays;
 mod stamps;
 mod typed;
@@ -954,6 +955,7 @@ impl Driver {
                 | Action::Gc { .. }
                 | Action::JobRun { .. }
                 | Action::JobResume { .. }
+                | Action::Release { .. }
         ) {
             self.store_cache = None;
         }
@@ -1285,6 +1287,7 @@ impl Driver {
                     self.answer_violations.append(&mut left);
                 }
             }
+            Action::Release { run } => self.release(run)?,
             Action::Confirm { idem, delivered, .. } => {
                 let resolution = if *delivered {
                     Resolution::Delivered {

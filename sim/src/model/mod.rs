@@ -250,6 +250,24 @@ pub enum Action {
         response: String,
         done: bool,
     },
+    /// An operator's release of `run` ([`Op::Release`]). Nothing the model
+    /// holds changes: a job run is never released (one waiting waits on a
+    /// confirmation), and whether a session run waits for a human is the
+    /// ledger's (oracle R9); the driver holds the answer to the run's
+    /// status just before.
+    Release {
+        run: RunRef,
+    },
+}
+
+/// A run an operator names ([`Action::Release`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunRef {
+    /// A job run, by id.
+    Job(String),
+    /// The session run of the live agent so named.
+    Session(String),
 }
 
 /// A run's status as the runs table spells it.
@@ -1616,6 +1634,16 @@ impl Model {
                 round: n,
                 tools: tools % 3,
             },
+            Op::Release { run } => {
+                let mut runs: Vec<RunRef> = self.state.runs.keys().cloned().map(RunRef::Job).collect();
+                runs.extend(all.iter().map(|a| RunRef::Session((*a).clone())));
+                if runs.is_empty() {
+                    return None;
+                }
+                Action::Release {
+                    run: runs[usize::from(*run) % runs.len()].clone(),
+                }
+            }
             Op::JobResume { run } => {
                 // A run whose agent is live (else `run --resume` refuses:
                 // its agent is gone), in any status.
@@ -1912,7 +1940,7 @@ impl Model {
                 self.state.loop_messages.extend(round_messages(*round, *tools))
             }
             Action::Gc { strip: false } => self.collect(),
-            Action::Gc { strip: true } => {}
+            Action::Gc { strip: true } | Action::Release { .. } => {}
             Action::Confirm {
                 idem,
                 effect,
