@@ -226,6 +226,9 @@ pub struct Driver {
     lost_replies: Arc<Mutex<Vec<String>>>,
     /// Keys whose first request the world lost ([`ScriptedOutbox`]).
     lost_keys: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    /// Runs an operator's release was asked for (whatever its outcome):
+    /// a call refused for such a run may be answered while it runs (R9).
+    released_runs: std::collections::BTreeSet<String>,
     /// The model's asks so far: a model that does not repeat itself
     /// answers a re-asked round in other words ([`Rewording`]).
     asks: Rewording,
@@ -353,6 +356,7 @@ impl Driver {
             sent_at: Arc::default(),
             lost_replies: Arc::default(),
             lost_keys: Arc::default(),
+            released_runs: Default::default(),
             rot: None,
             corruption: None,
             refusal: None,
@@ -399,6 +403,7 @@ impl Driver {
         driver.asks = self.asks.fork(driver.fs.clone(), point);
         driver.faults = self.faults.fork(driver.fs.clone(), point);
         driver.tools = self.tools.fork(driver.fs.clone(), point);
+        driver.released_runs = self.released_runs.clone();
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
         driver.msgs = names.msgs;

@@ -301,7 +301,7 @@ impl Driver {
         // through the store's own reading (what an operator's `inspect`
         // shows): numbered `1..=n`.
         type Attempts = BTreeMap<String, Vec<u32>>;
-        let read = || -> Result<(Vec<ToolCall>, RunStatus, Attempts), String> {
+        let read = || -> Result<(Vec<ToolCall>, RunStatus, Attempts, String), String> {
             let system = self.system()?;
             let id = self.id(agent)?;
             let session = system
@@ -314,7 +314,7 @@ impl Driver {
             let db = system.db();
             let rows = store.calls_of(db.conn(), &run).map_err(|e| e.to_string())?;
             if rows.is_empty() {
-                return Ok((rows, RunStatus::Running, Attempts::new()));
+                return Ok((rows, RunStatus::Running, Attempts::new(), run));
             }
             let status = store.run_status(db.conn(), &run).map_err(|e| e.to_string())?;
             let mut attempts = Attempts::new();
@@ -332,7 +332,7 @@ impl Driver {
                     attempts.insert(row.id.clone(), numbers);
                 }
             }
-            Ok((rows, status, attempts))
+            Ok((rows, status, attempts, run))
         };
         // An I/O fault armed for the op, not reached by it, is not the
         // harness's to trip (suspended for the read, as the boot's check
@@ -350,7 +350,7 @@ impl Driver {
         if self.fs.crashed() {
             return verdict;
         }
-        let (rows, run_status, attempts) = match read {
+        let (rows, run_status, attempts, run) = match read {
             Ok(read) => read,
             Err(e) => {
                 verdict
@@ -389,10 +389,10 @@ impl Driver {
                 SideEffect::Reversible
             };
             // R9: refused for a parked run — answered, and settled, with
-            // the refusal.
+            // the refusal (judged by the row: a release since leaves the
+            // refusal, which the model read, and the run running).
             let refused = !want.irreversible
                 && !answer.ok
-                && run_status == RunStatus::WaitingForHuman
                 && row.status == ToolCallStatus::Failed
                 && row.error.as_deref() == Some(answer.output.as_str())
                 && answer.output == parked_answer(&req.tool, row.replay_attempts);
@@ -448,7 +448,7 @@ impl Driver {
         let at_limit = rows.iter().any(|r| r.replay_attempts >= MAX_REPLAYS);
         let fine = match run_status {
             RunStatus::WaitingForHuman => at_limit,
-            _ => parked.is_empty() && run_status == RunStatus::Running,
+            _ => (parked.is_empty() || self.released_runs.contains(&run)) && run_status == RunStatus::Running,
         };
         if !fine {
             out.push(format!(
@@ -930,7 +930,9 @@ fn row_of<'a>(rows: &'a [ToolCall], call_id: &str, req: &ToolRequest) -> Option<
 /// given its `answer`: numbered `1..=n`; an endpoint that never answers
 /// makes at least `1 + LOOKUP_RETRIES` of them (exactly that on a
 /// `first_run`: no earlier process ran the call), every one counted in
-/// the failed answer; a lost first attempt makes at most one.
+/// the failed answer; a lost first attempt makes at most one (exactly
+/// one on a first run: the world loses a key's first attempt once, and
+/// a key has one row).
 fn attempts_violation(hard: Lost, numbers: &[u32], answer: &ToolOutput, first_run: bool) -> Option<String> {
     let n = numbers.len() as u32;
     if !numbers.iter().copied().eq(1..=n) {
@@ -951,8 +953,9 @@ fn attempts_violation(hard: Lost, numbers: &[u32], answer: &ToolOutput, first_ru
                 answer.output
             ))
         }
-        Lost::Request if n > 1 => Some(format!(
-            "only its first attempt was lost, yet the ledger holds {n} failed attempts"
+        Lost::Request if n > 1 || (first_run && n != 1) => Some(format!(
+            "only its first attempt was lost, and the ledger holds {n} failed attempts (at most 1{} expected)",
+            if first_run { ", exactly 1 on a first run," } else { "" }
         )),
         _ => None,
     }
@@ -1000,5 +1003,6 @@ mod tests {
         assert_eq!(attempts_violation(Lost::Request, &[], &ok, false), None);
         assert_eq!(attempts_violation(Lost::Request, &[1], &ok, true), None);
         assert!(attempts_violation(Lost::Request, &[1, 2], &ok, false).is_some());
+        assert!(attempts_violation(Lost::Request, &[], &ok, true).is_some());
     }
 }

@@ -41,6 +41,7 @@ impl Driver {
             .map(|r| r.status);
         let waiting = before == Some(RunStatus::WaitingForHuman);
         let answer = system.release_run(&id);
+        self.released_runs.insert(id.clone());
         let right = match &answer {
             Ok(released) => waiting && session && released.status == RunStatus::Running,
             Err(SystemError::AwaitsConfirmation { .. }) => waiting && !session,

@@ -21,9 +21,14 @@ use durable_agent::sqlite::Db;
 use durable_agent::store::tool_calls::{ToolCallStatus, ToolCallStore};
 use durable_agent::store::StoreError;
 
-/// Call id → (replays begun, status), of every call the last boot found.
+/// Call id → (replays begun, status), of every call the last boot found;
+/// `None` for a call the boot found settled without reading its row (the
+/// logs answer every decided call: a resumed turn may still answer it
+/// from its log, with whatever count an earlier process left — found by
+/// a review: taken for a first run, such a call's count was a false
+/// alarm).
 #[derive(Debug, Clone, Default)]
-pub(super) struct InFlight(Option<BTreeMap<String, (u32, ToolCallStatus)>>);
+pub(super) struct InFlight(Option<BTreeMap<String, Option<(u32, ToolCallStatus)>>>);
 
 /// What the count of a call's row must be after the turn answered it,
 /// given what the boot found.
@@ -54,8 +59,9 @@ impl InFlight {
     /// What the boot left in the ledger. A call is in the ledger only once
     /// its round's decision is durable (I6), and settled before its
     /// result is logged (`SystemTools`), so a boot whose logs answer
-    /// every decided call has none in flight and none a resumed turn asks
-    /// again: the store is read (`open`,
+    /// every decided call has none in flight, and a resumed turn answers
+    /// those calls from its log, their counts whatever they were (held to
+    /// R9's looser rule): the store is read (`open`,
     /// a copy: an SQLite open, +13% of the `ci` fuzz's instructions if
     /// paid at every boot) only when some decided call has no result.
     pub(super) fn after_boot(
@@ -68,7 +74,7 @@ impl InFlight {
         };
         let answered = answered_calls(logs);
         if decided.iter().all(|c| answered.contains(c.call_id.as_str())) {
-            return InFlight(Some(BTreeMap::new()));
+            return InFlight(Some(decided.iter().map(|c| (c.call_id.clone(), None)).collect()));
         }
         open()
             .ok()
@@ -83,7 +89,7 @@ impl InFlight {
         let mut calls = BTreeMap::new();
         for run in store.run_ids(conn)? {
             for call in store.calls_of(conn, &run)? {
-                calls.insert(call.id, (call.replay_attempts, call.status));
+                calls.insert(call.id, Some((call.replay_attempts, call.status)));
             }
         }
         Ok(InFlight(Some(calls)))
@@ -101,9 +107,10 @@ impl InFlight {
         };
         match calls.get(row_id) {
             None => Expect::FirstRun,
-            Some((n, ToolCallStatus::Succeeded | ToolCallStatus::Failed)) => Expect::Settled(*n),
-            Some((n, ToolCallStatus::Prepared)) if row_id == call_id => Expect::Unstarted(*n),
-            Some((n, _)) => Expect::Replayed(*n),
+            Some(None) => Expect::Unknown,
+            Some(Some((n, ToolCallStatus::Succeeded | ToolCallStatus::Failed))) => Expect::Settled(*n),
+            Some(Some((n, ToolCallStatus::Prepared))) if row_id == call_id => Expect::Unstarted(*n),
+            Some(Some((n, _))) => Expect::Replayed(*n),
         }
     }
 
@@ -112,7 +119,7 @@ impl InFlight {
     pub(super) fn settled(&mut self, rows: Vec<(String, u32, ToolCallStatus)>) {
         if let Some(calls) = &mut self.0 {
             for (id, n, status) in rows {
-                calls.insert(id, (n, status));
+                calls.insert(id, Some((n, status)));
             }
         }
     }

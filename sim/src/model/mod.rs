@@ -322,9 +322,10 @@ pub struct LedgerCall {
     /// numbered row of the call's attempts, which continue across crashes
     /// and which the answer counts — a call that never answers fails
     /// "(failed N time(s))" with N its rows, at least
-    /// `1 + LOOKUP_RETRIES` (exactly that when no earlier process ran it);
-    /// one whose first attempt was lost answers as scripted with at most
-    /// one row ([`crate::standins::SimTools`]).
+    /// `1 + LOOKUP_RETRIES` (exactly that when the boot's reading shows
+    /// no earlier process ran it); one whose first attempt was lost
+    /// answers as scripted with at most one row (exactly one then)
+    /// ([`crate::standins::SimTools`]).
     pub hard: Lost,
 }
 
