@@ -95,10 +95,10 @@ struct Input {
 
 const ROOT: &str = "/data";
 
-fn deps() -> Deps {
+fn deps(fs: &SimFs) -> Deps {
     Deps {
         provider: Arc::new(ScriptedProvider::default()),
-        tools: Arc::new(SimTools),
+        tools: Arc::new(SimTools::new(fs.clone())),
         outbox: Arc::new(World::without_dedup()),
         clock: Arc::new(SteppedClock::default()),
     }
@@ -113,7 +113,7 @@ fn base_image() -> &'static Vec<(PathBuf, Vec<u8>)> {
         let fs = SimFs::new(SimConfig::new(1));
         let shared: Arc<dyn Fs> = Arc::new(fs.clone());
         let built = (|| -> Result<(), Box<dyn std::error::Error>> {
-            let (mut system, _) = System::boot(shared.clone(), SystemConfig::new(ROOT, 1), deps())?;
+            let (mut system, _) = System::boot(shared.clone(), SystemConfig::new(ROOT, 1), deps(&fs))?;
             let spec = TriggerSpec {
                 source: TriggerSource::System,
                 dedup_key: Some("nightly".into()),
@@ -329,7 +329,7 @@ fuzz_target!(|input: Input| {
         let original = base_image().iter().find(|(p, _)| *p == rot.path).map(|(_, d)| d);
         original.is_some() && fs.read(&rot.path, "fuzz rot check").ok().as_ref() == original
     };
-    let booted = System::boot(shared, SystemConfig::new(ROOT, 3), deps());
+    let booted = System::boot(shared, SystemConfig::new(ROOT, 3), deps(&fs));
     if let Some(refuse) = &refuse {
         match &booted {
             Ok(_) if !refuse.is_empty() => {
