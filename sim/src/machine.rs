@@ -93,13 +93,7 @@ impl ReferenceStateMachine for RefMachine {
                     let first = crate::op::ToolStep {
                         irreversible: true,
                         ok: true,
-                        joins_round: false,
-                        lost: crate::op::Lost::None,
-                        orch: crate::op::Orch::None,
-                        provider_fails: 0,
-                        garbled: false,
-                        denied: false,
-                        confirm: false,
+                        ..Default::default()
                     };
                     let tools = std::iter::once(first).chain(rest).collect();
                     Op::RunTurn {

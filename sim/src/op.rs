@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 #[serde(transparent)]
 pub struct AgentRef(pub u8);
 
-/// One tool call the scripted provider asks for inside a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Arbitrary)]
+/// One tool call the scripted provider asks for inside a turn. The
+/// default is a plain reversible call that fails, asked in a round of its
+/// own, with nothing the world or a hook does to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, Arbitrary)]
 pub struct ToolStep {
     /// Irreversible tools act on the external world (the outbox); reversible
     /// ones only produce output.

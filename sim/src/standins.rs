@@ -482,8 +482,8 @@ impl Hooks for ScriptedHooks {
 /// system routes it through its activity ledger to [`ScriptedOutbox`].
 #[derive(Debug, Clone)]
 pub struct SimTools {
-    pub fs: SimFs,
-    pub lost_first: Arc<Mutex<Vec<(String, u64)>>>,
+    fs: SimFs,
+    lost_first: Arc<Mutex<Vec<(String, u64)>>>,
 }
 
 impl SimTools {
@@ -513,7 +513,7 @@ impl SimTools {
 }
 
 /// A lookup's hard failure as the executor reports it.
-pub fn unreachable_lookup(idem_key: &str) -> String {
+fn unreachable_lookup(idem_key: &str) -> String {
     format!("lookup {idem_key}: its endpoint did not answer")
 }
 

@@ -31,7 +31,7 @@ use crate::model::{
     ledger_calls, round_messages, Agent, Msg, Record, State, Status, TriggerRow, TriggerStatus, Turn,
     MAX_REPLAYS,
 };
-use crate::op::{Lost, Orch, ToolStep};
+use crate::op::{Lost, ToolStep};
 use crate::standins::LOOKUP_RETRIES;
 
 /// The loop's checkpoint after round `round`.
@@ -303,13 +303,7 @@ impl Driver {
         type Attempts = BTreeMap<String, Vec<u32>>;
         let read = || -> Result<(Vec<ToolCall>, RunStatus, Attempts, String), String> {
             let system = self.system()?;
-            let id = self.id(agent)?;
-            let session = system
-                .runtime()
-                .session_id(&id)
-                .cloned()
-                .ok_or_else(|| format!("{agent} has no session"))?;
-            let run = session_run(session.as_str());
+            let run = self.session_run_of(agent)?;
             let store = ToolCallStore::default();
             let db = system.db();
             let rows = store.calls_of(db.conn(), &run).map_err(|e| e.to_string())?;
@@ -458,6 +452,17 @@ impl Driver {
         verdict
     }
 
+    /// The tool-call ledger's run of `agent`'s calls (`session:<id>`).
+    pub(super) fn session_run_of(&self, agent: &str) -> Result<String, String> {
+        let session = self
+            .system()?
+            .runtime()
+            .session_id(&self.id(agent)?)
+            .cloned()
+            .ok_or_else(|| format!("{agent} has no session"))?;
+        Ok(session_run(session.as_str()))
+    }
+
     /// Each live agent's session record as the process sees it on disk
     /// (read outside the I/O trace: no point is added to the run), and
     /// what is wrong with a record beyond the model's fields: missing,
@@ -602,14 +607,7 @@ fn turns(items: &[ConversationItem]) -> Vec<Turn> {
                 if let Some(t) = out.last_mut() {
                     t.tools.push(ToolStep {
                         irreversible: *irreversible,
-                        ok: false,
-                        joins_round: false,
-                        lost: Lost::None,
-                        orch: Orch::None,
-                        provider_fails: 0,
-                        garbled: false,
-                        denied: false,
-                        confirm: false,
+                        ..ToolStep::default()
                     });
                 }
             }

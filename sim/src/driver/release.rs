@@ -14,26 +14,18 @@
 
 use durable_agent::store::tool_calls::{RunStatus, ToolCallStore};
 use durable_agent::store::StoreError;
-use durable_agent::system::{session_run, SystemError};
+use durable_agent::system::SystemError;
 
 use super::Driver;
 use crate::model::RunRef;
 
 impl Driver {
     pub(super) fn release(&mut self, run: &RunRef) -> Result<(), String> {
-        let system = self.system()?;
         let (id, session) = match run {
             RunRef::Job(id) => (id.clone(), false),
-            RunRef::Session(agent) => {
-                let agent_id = self.id(agent)?;
-                let session = system
-                    .runtime()
-                    .session_id(&agent_id)
-                    .cloned()
-                    .ok_or_else(|| format!("{agent} has no session"))?;
-                (session_run(session.as_str()), true)
-            }
+            RunRef::Session(agent) => (self.session_run_of(agent)?, true),
         };
+        let system = self.system()?;
         // What `durable-agent status` shows the operator first.
         let before = ToolCallStore::default()
             .get_run(system.db().conn(), &id)
