@@ -5,8 +5,8 @@
 //! run would go on from) is a function of what its recovery can observe —
 //! its phase ([`Judging`]: the models before and after the op in flight,
 //! the names and the op history), the rebooted disk's content, and the
-//! deliveries and model asks the world saw before the point
-//! ([`Observed`]). Two forks of one phase with equal keys therefore
+//! deliveries, model asks and lost lookup attempts the world saw before
+//! the point ([`Observed`]). Two forks of one phase with equal keys therefore
 //! get the same verdict, and the second reuses the first's. Many do: a
 //! read, a `len`, an `exists`, or a write whose page a power loss drops
 //! leaves the rebooted disk as the point before it left it.

@@ -422,6 +422,12 @@ impl Driver {
         (sent, self.asks.count_before(point))
     }
 
+    /// How many first attempts of lookups the world lost before I/O point
+    /// `point` (what [`Driver::fork`] keeps of them).
+    pub fn lost_attempts_before(&self, point: u64) -> usize {
+        self.tools.lost_before(point)
+    }
+
     /// How many answers the world has lost to a live process so far.
     pub fn lost_replies(&self) -> u64 {
         self.lost_replies.lock().unwrap_or_else(|e| e.into_inner()).len() as u64

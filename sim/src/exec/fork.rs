@@ -143,7 +143,8 @@ impl Exec {
 
     /// What the recovery of a fork killed at `point` can observe, beside
     /// its phase and mode: the rebooted `disk`'s content, and how many
-    /// deliveries and model asks the world had seen before the point.
+    /// deliveries, model asks and lost lookup attempts the world had seen
+    /// before the point.
     /// Two forks of one phase and mode with equal keys are judged alike
     /// (the verdict cache's invariant, see [`crate::verdicts`]).
     pub fn observed(&self, disk: &SimFs, point: u64) -> Observed {
@@ -152,6 +153,7 @@ impl Exec {
             disk: disk_key(disk),
             sent,
             asks,
+            lost_attempts: self.driver.lost_attempts_before(point),
         }
     }
 
@@ -273,6 +275,13 @@ pub struct Observed {
     pub sent: usize,
     /// Model asks answered before the crash point.
     pub asks: usize,
+    /// First attempts of lookups the world lost before the crash point
+    /// ([`crate::standins::SimTools`]): a fork that remembers one answers
+    /// its re-run at once, one that does not loses it then, and the two
+    /// leave different attempt rows even on equal disks (the loss and the
+    /// row's commit are separate points, and the key ignores a WAL's
+    /// uncommitted tail).
+    pub lost_attempts: usize,
 }
 
 impl Exec {
