@@ -135,6 +135,7 @@ impl ReferenceStateMachine for RefMachine {
             state.model = state.model.restarted();
         }
         if let Some(action) = state.model.resolve(op) {
+            state.model.note_started(&action);
             if let (true, Action::Fire { key, .. }) = (state.crash_armed, &action) {
                 // The fire may be cut between its commits: assume it left
                 // the trigger due, and steer towards its re-fire (and a

@@ -472,17 +472,26 @@ pub(crate) fn tool_step() -> impl Strategy<Value = ToolStep> {
 /// spawns a child and then names it in a second call, in the same round
 /// or the next: a send to it (`crate::model::script_prompt` addresses a
 /// send after a spawn to the spawned child) or a second spawn of its name
-/// (refused). What a delegating turn does, and what the runtime resolves
-/// among the turn's spawns still pending — by name, or by the id the
-/// spawn's result gave (`crate::model::send_by_id`). One in sixteen lists
-/// the agents, then sends to one by the id the listing gave.
+/// (refused), or spawns a second child (a fan-out, which meets the
+/// children and tree limits with a spawn of its own turn pending). What a
+/// delegating turn does, and what the runtime resolves among the turn's
+/// spawns still pending — by name, or by the id the spawn's result gave
+/// (`crate::model::send_by_id`). One in sixteen lists the agents, then
+/// sends to one by the id the listing gave.
 fn turn_tools() -> impl Strategy<Value = Vec<ToolStep>> {
     prop_oneof![
         14 => prop::collection::vec(tool_step(), 0..3),
         2 => (tool_step(), tool_step(), any::<bool>()).prop_map(|(spawn, then, send)| vec![
             ToolStep { orch: Orch::Spawn, ..spawn },
             ToolStep {
-                orch: if send { Orch::Send(AgentRef(0)) } else { Orch::RefusedSpawn },
+                // (`irreversible` means nothing to an orchestration call:
+                // it picks the fan-out, with no draw of its own, so the
+                // generator's stream stays as it was.)
+                orch: match (send, then.irreversible) {
+                    (true, _) => Orch::Send(AgentRef(0)),
+                    (false, true) => Orch::Spawn,
+                    (false, false) => Orch::RefusedSpawn,
+                },
                 ..then
             },
         ]),

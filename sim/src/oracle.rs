@@ -276,8 +276,11 @@
 //! (`driver/misuse.rs`): its task, now stale, is handed a step again and
 //! must be refused with `TurnNotInFlight`, writing nothing and poisoning
 //! nothing. And the model holds spawns to the product's default depth
-//! limit ([`crate::model::MAX_DEPTH`]): a spawn asked from that depth is
-//! a failed call that creates nothing.
+//! limit ([`crate::model::MAX_DEPTH`]) and to low children and tree limits
+//! ([`crate::model::MAX_CHILDREN`], [`crate::model::max_agents`]), each
+//! counting the spawns pending in turns in flight: a spawn past any is a
+//! failed call that creates nothing (an op whose answer hangs on other
+//! agents' open turns is skipped, `Model::limit_refusals`).
 //!
 //! And after every step and every restart, each live agent's bookkeeping
 //! rows an operator reads: its token usage (U1–U3, `driver/usage.rs`)

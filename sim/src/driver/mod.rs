@@ -459,16 +459,15 @@ impl Driver {
         config.trigger_policy.backoff_base_ms = crate::model::BACKOFF_BASE_MS;
         config.trigger_policy.backoff_cap_ms = crate::model::BACKOFF_CAP_MS;
         // The model's tool steps spawn and send through the runtime's own
-        // tools; the model holds them to the depth limit
-        // (`model::MAX_DEPTH`), but does not count the other two (see
-        // there), so neither is reached.
+        // tools; the model holds them to the three limits, set low enough
+        // to be reached (`model::MAX_DEPTH`, `MAX_CHILDREN`, `max_agents`).
         let mut orchestration = durable_agent::runtime::orchestration::Orchestration::all();
         orchestration.max_depth = crate::model::MAX_DEPTH;
         // Some agents may not spawn, some may not send (by name: see
         // `model::granted`).
         orchestration.grants = crate::model::grants().clone();
-        orchestration.max_children = u32::MAX;
-        orchestration.max_agents = u32::MAX;
+        orchestration.max_children = crate::model::MAX_CHILDREN as u32;
+        orchestration.max_agents = u32::try_from(crate::model::max_agents(self.seed)).unwrap_or(u32::MAX);
         config.orchestration = Some(orchestration);
         config.context_budget = self.context.budget();
         config.hooks = Arc::new(crate::standins::ScriptedHooks);

@@ -302,6 +302,7 @@ impl Exec {
         let Some(action) = self.model.resolve(op) else {
             return Ok(()); // no agent fits: skipped, on both sides
         };
+        self.model.note_started(&action);
         let before = self.model.clone();
         let mut after = before.clone();
         after.apply(&action);

@@ -337,11 +337,28 @@ pub const MAX_REPLAYS: u32 = 3;
 /// Deepest child a spawn may create (a root is depth 0): the product's
 /// default (`Orchestration::all`), which the driver boots with. A spawn
 /// asked by an agent already at this depth is refused: the call fails,
-/// nothing is created, the turn goes on ([`Model::within_depth`]). The
-/// other two limits (children per agent, agents in the tree) count the
-/// spawns of turns in flight, whose fate a crash leaves open, so the
-/// driver boots without them and the model does not count them.
+/// nothing is created, the turn goes on ([`Model::within_depth`]).
 pub const MAX_DEPTH: u32 = 2;
+
+/// Children per agent (`orchestration.max_children`), live or being
+/// spawned by its turn: the driver boots with this, far below the
+/// product's default (8), so that cases reach it. A spawn past it is
+/// refused like one past [`MAX_DEPTH`] ([`Model::limit_refusals`]).
+pub const MAX_CHILDREN: usize = 2;
+
+/// Agents in the tree (`orchestration.max_agents`), live or being spawned
+/// by any turn in flight, that the run with `seed` boots with: 9 for half
+/// the seeds, 5 or 3 for a quarter each — far below the product's default
+/// (64), and small enough in some runs that a turn's second spawn meets
+/// the limit with its first still pending. Drawn from bits of the seed
+/// [`dedup_world`] and [`installed_by`] do not read.
+pub fn max_agents(seed: u64) -> usize {
+    match (seed >> 5) % 4 {
+        0 => 3,
+        1 => 5,
+        _ => 9,
+    }
+}
 
 /// Agent names the driver's orchestration grants cover: `a000` to
 /// `a999` ([`grants`]).
@@ -997,6 +1014,15 @@ pub struct Model {
     /// resume runs its prompt. Bookkeeping.
     #[serde(default)]
     pub jobs: BTreeMap<String, Action>,
+    /// Prompts with spawns whose turn started and never completed, by
+    /// agent ([`Model::note_started`]): what may still count against
+    /// the tree's limit ([`max_agents`]) while that turn is open. Bookkeeping.
+    #[serde(default)]
+    pub open_spawns: BTreeMap<String, BTreeSet<String>>,
+    /// The tree's limit the system was booted with ([`max_agents`]; 9
+    /// when not set).
+    #[serde(default)]
+    pub max_agents: Option<usize>,
 }
 
 fn pick<'a>(names: &[&'a String], r: u8) -> Option<&'a String> {
@@ -1013,6 +1039,7 @@ impl Model {
     pub fn for_seed(seed: u64) -> Model {
         Model {
             dedup_world: dedup_world(seed),
+            max_agents: Some(max_agents(seed)),
             ..Model::default()
         }
     }
@@ -1050,20 +1077,24 @@ impl Model {
     }
 
     /// `tools` as `caller` runs them: a spawn it asks from [`MAX_DEPTH`],
-    /// or without the grant, fails (the script still says `C`; the runtime
-    /// refuses the call), and so does a send after it, to the child it did
-    /// not make (a send after a spawn of the turn goes to that child:
-    /// [`script_prompt`]); a send without the grant fails too.
+    /// without the grant, or past the limits ([`Model::limit_refusals`]),
+    /// fails (the script still says `C`; the runtime refuses the call),
+    /// and so does a send after it, to the child it did not make (a send
+    /// after a spawn of the turn goes to that child: [`script_prompt`]); a
+    /// send without the grant fails too. (Where the limits' answer is not
+    /// known, spawns pass here; [`Model::limits_hold`] then skips the op.)
     fn within_depth(&self, caller: &str, tools: &[ToolStep]) -> Vec<ToolStep> {
         let no_spawn = self.spawn_refused(caller);
         let no_send = !granted(caller, OrchestrationTool::SendMessage);
+        let limited = self.limit_refusals(caller, tools).unwrap_or_default();
+        let spawn_refused = |i: usize| no_spawn || limited.get(i).copied().unwrap_or(false);
         tools
             .iter()
             .enumerate()
             .map(|(i, t)| {
                 let refused = match t.orch {
-                    Orch::Spawn => no_spawn,
-                    Orch::Send(_) => no_send || (no_spawn && spawn_before(tools, i).is_some()),
+                    Orch::Spawn => spawn_refused(i),
+                    Orch::Send(_) => no_send || spawn_before(tools, i).is_some_and(spawn_refused),
                     Orch::None | Orch::RefusedSpawn | Orch::List => false,
                 };
                 ToolStep {
@@ -1072,6 +1103,118 @@ impl Model {
                 }
             })
             .collect()
+    }
+
+    /// Which of the spawns of a turn of `caller` running `tools` (by step)
+    /// the limits refuse, as the runtime checks them when each call runs:
+    /// the caller's live children plus its turn's spawns before this one
+    /// against [`MAX_CHILDREN`], then the live tree plus the spawns of
+    /// every turn in flight against the tree's limit ([`max_agents`]). Spawns refused for
+    /// depth or grant count for nothing. The turns in flight of other
+    /// agents are the one unknown: a crash, a provider failure or a hook
+    /// leaves a turn open with as many of its spawns decided as got
+    /// logged, and the runtime counts them until that turn completes or
+    /// another turn of its agent supersedes it. Their number lies between
+    /// none and every spawn of the turns of other agents that started and
+    /// never completed ([`Model::open_spawns`]); `None` when the answer
+    /// differs across that range (the op is then skipped:
+    /// [`Model::limits_hold`]). A retried or resumed turn reuses the
+    /// decisions its earlier run logged, so it counts the same way only
+    /// if the limits answer now as they did then, which `limits_hold`
+    /// checks too.
+    fn limit_refusals(&self, caller: &str, tools: &[ToolStep]) -> Option<Vec<bool>> {
+        let mut refused = vec![false; tools.len()];
+        if self.spawn_refused(caller) || !tools.iter().any(|t| t.orch == Orch::Spawn) {
+            return Some(refused);
+        }
+        let children = self
+            .state
+            .agents
+            .values()
+            .filter(|a| a.parent.as_deref() == Some(caller))
+            .count();
+        // A job run's turn runs on the root the run makes first.
+        let live = self.state.agents.len() + usize::from(!self.state.agents.contains_key(caller));
+        let others: usize = self
+            .open_spawns
+            .iter()
+            .filter(|(agent, _)| *agent != caller && self.state.agents.contains_key(*agent))
+            .filter(|(agent, _)| !self.spawn_refused(agent))
+            .flat_map(|(_, prompts)| prompts)
+            .map(|p| {
+                orch_calls(p)
+                    .iter()
+                    .filter(|c| matches!(c, OrchCall::Spawn { .. }))
+                    .count()
+            })
+            .sum();
+        let max_agents = self.max_agents.unwrap_or(9);
+        let mut mine = 0;
+        for (i, t) in tools.iter().enumerate() {
+            if t.orch != Orch::Spawn {
+                continue;
+            }
+            if children + mine >= MAX_CHILDREN || live + mine >= max_agents {
+                refused[i] = true;
+            } else if live + mine + others < max_agents {
+                mine += 1;
+            } else {
+                return None;
+            }
+        }
+        Some(refused)
+    }
+
+    /// Whether the spawn decisions `action`'s turn carries are the ones
+    /// the limits give now ([`Model::limit_refusals`]): always for a turn
+    /// resolved now, and for a retried or resumed one unless the tree
+    /// changed under it since (a spawn its earlier run logged keeps the
+    /// answer it got, one it did not gets today's, and the model cannot
+    /// tell which are which), or unless the answer is not known.
+    fn limits_hold(&self, action: &Action) -> bool {
+        let (agent, tools) = match action {
+            Action::RunTurn { agent, tools, .. }
+            | Action::WorkTurn { agent, tools, .. }
+            | Action::Fire { agent, tools, .. }
+            | Action::JobRun { agent, tools, .. }
+            | Action::JobResume { agent, tools, .. } => (agent, tools),
+            _ => return true,
+        };
+        if self.spawn_refused(agent) {
+            return true;
+        }
+        let Some(refused) = self.limit_refusals(agent, tools) else {
+            return false;
+        };
+        tools
+            .iter()
+            .zip(refused)
+            .all(|(t, refused)| t.orch != Orch::Spawn || t.ok != refused)
+    }
+
+    /// `action` starts a turn whose spawns the runtime counts against
+    /// the tree's limit ([`max_agents`]) while it is in flight (or left open): remembered
+    /// in [`Model::open_spawns`] until a turn of its agent with that
+    /// prompt completes. Called on the model before the op's candidates
+    /// are cloned from it, so every one of them remembers it.
+    pub fn note_started(&mut self, action: &Action) {
+        let (agent, prompt) = match action {
+            Action::RunTurn { agent, prompt, .. }
+            | Action::WorkTurn { agent, prompt, .. }
+            | Action::Fire { agent, prompt, .. }
+            | Action::JobRun { agent, prompt, .. }
+            | Action::JobResume { agent, prompt, .. } => (agent, prompt),
+            _ => return,
+        };
+        if orch_calls(prompt)
+            .iter()
+            .any(|c| matches!(c, OrchCall::Spawn { .. }))
+        {
+            self.open_spawns
+                .entry(agent.clone())
+                .or_default()
+                .insert(prompt.clone());
+        }
     }
 
     fn has_children(&self, name: &str) -> bool {
@@ -1166,21 +1309,28 @@ impl Model {
             // Numbered by the turns with the prompt before this one.
             self.sent_by_turn(effect_key(agent, prompt, i, occurrence), t);
         }
-        self.orchestrate(agent, prompt);
+        self.orchestrate(agent, prompt, tools);
+        if let Some(open) = self.open_spawns.get_mut(agent) {
+            open.remove(prompt);
+            if open.is_empty() {
+                self.open_spawns.remove(agent);
+            }
+        }
     }
 
     /// The effects of a completed turn's orchestration calls: each child
     /// it spawned (SUSPENDED: it takes a slot at its first turn), each
     /// message it sent — once: a send a rolled-back run of the turn left
-    /// (adopted at recovery) is not sent again by its re-run.
-    fn orchestrate(&mut self, agent: &str, prompt: &str) {
-        let no_spawn = self.spawn_refused(agent);
+    /// (adopted at recovery) is not sent again by its re-run. Whether a
+    /// spawn succeeded is its step's in `tools` (refused for the caller's
+    /// depth, grant or the limits: [`Model::within_depth`]).
+    fn orchestrate(&mut self, agent: &str, prompt: &str, tools: &[ToolStep]) {
         let no_send = !granted(agent, OrchestrationTool::SendMessage);
-        for call in orch_calls(prompt) {
+        for (index, _, call) in parse_script(prompt) {
+            let Some(call) = call else { continue };
             match call {
-                // Refused for the caller's depth or grant: nothing is
-                // created, nothing is sent.
-                OrchCall::Spawn { .. } if no_spawn => {}
+                // Refused: nothing is created.
+                OrchCall::Spawn { .. } if !tools.get(index).is_some_and(|t| t.ok) => {}
                 OrchCall::Send { .. } if no_send => {}
                 OrchCall::Spawn { name } => {
                     self.state.agents.entry(name).or_insert_with(|| Agent {
@@ -1495,9 +1645,15 @@ impl Model {
     }
 
     /// Turn an abstract op into a concrete action against this state, or
-    /// `None` when no agent fits (the op is then skipped). Control ops
-    /// (crash, recover) have no action.
+    /// `None` when no agent fits, or when the spawn limits' answer to its
+    /// turn is not known ([`Model::limits_hold`]) (the op is then
+    /// skipped). Control ops (crash, recover) have no action.
     pub fn resolve(&self, op: &Op) -> Option<Action> {
+        let action = self.resolve_any(op)?;
+        self.limits_hold(&action).then_some(action)
+    }
+
+    fn resolve_any(&self, op: &Op) -> Option<Action> {
         let n = self.counter;
         let all = self.names(|_| true);
         Some(match op {
