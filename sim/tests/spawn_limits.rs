@@ -135,3 +135,27 @@ fn a_resumed_turn_whose_spawn_answers_changed_is_skipped() {
     }
     assert!(m.resolve(&resume).is_none());
 }
+
+#[test]
+fn an_answer_from_the_log_is_never_skipped_for_the_limits() {
+    let seed = seed_with(9);
+    // A job run whose turn spawns two children: its root then has both.
+    let job = Op::JobRun {
+        tools: vec![step(Orch::Spawn), step(Orch::Spawn)],
+    };
+    let m = run(seed, &[job]);
+    assert_eq!(children_of(&m, "a000"), 2);
+    // Its resume answers from the log (the work completed): no spawn call
+    // runs, so the limits, which would refuse both now, say nothing.
+    let resume = m
+        .resolve(&Op::JobResume { run: 0 })
+        .expect("the resume of a done job resolves");
+    assert!(
+        matches!(resume, Action::JobResume { done: true, .. }),
+        "{resume:?}"
+    );
+    // And it opens no turn that other agents' spawns would wait on.
+    let mut after = m.clone();
+    after.note_started(&resume);
+    assert!(after.open_spawns.is_empty(), "{:?}", after.open_spawns);
+}

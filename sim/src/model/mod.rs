@@ -1014,8 +1014,9 @@ pub struct Model {
     /// resume runs its prompt. Bookkeeping.
     #[serde(default)]
     pub jobs: BTreeMap<String, Action>,
-    /// Prompts with spawns whose turn started and never completed, by
-    /// agent ([`Model::note_started`]): what may still count against
+    /// Prompts with spawns whose turn started since the agent's last
+    /// completed turn, by agent ([`Model::note_started`]): what may still
+    /// count against
     /// the tree's limit ([`max_agents`]) while that turn is open. Bookkeeping.
     #[serde(default)]
     pub open_spawns: BTreeMap<String, BTreeSet<String>>,
@@ -1172,6 +1173,9 @@ impl Model {
     /// answer it got, one it did not gets today's, and the model cannot
     /// tell which are which), or unless the answer is not known.
     fn limits_hold(&self, action: &Action) -> bool {
+        if self.runs_no_turn(action) {
+            return true;
+        }
         let (agent, tools) = match action {
             Action::RunTurn { agent, tools, .. }
             | Action::WorkTurn { agent, tools, .. }
@@ -1194,10 +1198,13 @@ impl Model {
 
     /// `action` starts a turn whose spawns the runtime counts against
     /// the tree's limit ([`max_agents`]) while it is in flight (or left open): remembered
-    /// in [`Model::open_spawns`] until a turn of its agent with that
-    /// prompt completes. Called on the model before the op's candidates
+    /// in [`Model::open_spawns`] until a turn of its agent completes (an
+    /// answer from the log, [`Model::runs_no_turn`], starts none). Called on the model before the op's candidates
     /// are cloned from it, so every one of them remembers it.
     pub fn note_started(&mut self, action: &Action) {
+        if self.runs_no_turn(action) {
+            return;
+        }
         let (agent, prompt) = match action {
             Action::RunTurn { agent, prompt, .. }
             | Action::WorkTurn { agent, prompt, .. }
@@ -1214,6 +1221,18 @@ impl Model {
                 .entry(agent.clone())
                 .or_default()
                 .insert(prompt.clone());
+        }
+    }
+
+    /// Whether `action` answers from the log without a turn: the resume
+    /// of a job run whose work completed, or a re-fire of a trigger whose
+    /// turn completed (`AlreadyDone`). No spawn call runs, so the limits
+    /// say nothing of it and it opens no turn.
+    fn runs_no_turn(&self, action: &Action) -> bool {
+        match action {
+            Action::JobResume { done, .. } => *done,
+            Action::Fire { key, .. } => self.done_work.contains(key),
+            _ => false,
         }
     }
 
@@ -1310,12 +1329,10 @@ impl Model {
             self.sent_by_turn(effect_key(agent, prompt, i, occurrence), t);
         }
         self.orchestrate(agent, prompt, tools);
-        if let Some(open) = self.open_spawns.get_mut(agent) {
-            open.remove(prompt);
-            if open.is_empty() {
-                self.open_spawns.remove(agent);
-            }
-        }
+        // The completed turn was the agent's open one: any turn it
+        // superseded is parked, and the runtime counts a parked turn's
+        // spawns no more (a retry that resumes one notes it again).
+        self.open_spawns.remove(agent);
     }
 
     /// The effects of a completed turn's orchestration calls: each child
