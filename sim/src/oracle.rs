@@ -778,35 +778,28 @@ pub fn effects_of(model: &Model, action: Option<&Action>) -> BTreeSet<String> {
 /// by recipient: each may be pending after a crash that rolled the turn
 /// back (R8).
 pub fn messages_of(action: Option<&Action>) -> BTreeSet<(String, Msg)> {
-    match action {
-        Some(
-            Action::RunTurn { agent, prompt, .. }
-            | Action::Fire { agent, prompt, .. }
-            | Action::WorkTurn { agent, prompt, .. }
-            | Action::JobRun { agent, prompt, .. }
-            | Action::JobResume {
-                agent,
-                prompt,
-                done: false,
-                ..
-            },
-        ) => crate::model::orch_calls(prompt)
-            .into_iter()
-            .filter_map(|c| match c {
-                crate::model::OrchCall::Send { to, payload } => Some((
-                    to,
-                    Msg {
-                        from: agent.clone(),
-                        payload,
-                    },
-                )),
-                crate::model::OrchCall::Spawn { .. }
-                | crate::model::OrchCall::RefusedSpawn { .. }
-                | crate::model::OrchCall::List => None,
-            })
-            .collect(),
-        _ => BTreeSet::new(),
-    }
+    // A done job's resume answers from the log: no turn, no send.
+    let Some((agent, prompt, _)) = action
+        .filter(|a| !matches!(a, Action::JobResume { done: true, .. }))
+        .and_then(Action::turn)
+    else {
+        return BTreeSet::new();
+    };
+    crate::model::orch_calls(prompt)
+        .into_iter()
+        .filter_map(|c| match c {
+            crate::model::OrchCall::Send { to, payload } => Some((
+                to,
+                Msg {
+                    from: agent.clone(),
+                    payload,
+                },
+            )),
+            crate::model::OrchCall::Spawn { .. }
+            | crate::model::OrchCall::RefusedSpawn { .. }
+            | crate::model::OrchCall::List => None,
+        })
+        .collect()
 }
 
 /// Judge a recovered state. `before` is the model before the interrupted

@@ -497,26 +497,29 @@ impl SimTools {
     /// The tools of a run killed at I/O point `point` on `fs`: the world
     /// keeps the first attempts it lost before that point.
     pub fn fork(&self, fs: SimFs, point: u64) -> SimTools {
-        let kept = self.lost_first_before(point);
+        let kept = self
+            .lost_first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, at)| *at < point)
+            .cloned()
+            .collect();
         SimTools {
             fs,
             lost_first: Arc::new(Mutex::new(kept)),
         }
     }
 
-    /// How many first attempts the world lost before I/O point `point`.
+    /// How many first attempts the world lost before I/O point `point`
+    /// (counted in place: the sweep's verdict key asks at every point).
     pub fn lost_before(&self, point: u64) -> usize {
-        self.lost_first_before(point).len()
-    }
-
-    fn lost_first_before(&self, point: u64) -> Vec<(String, u64)> {
         self.lost_first
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|(_, at)| *at < point)
-            .cloned()
-            .collect()
+            .count()
     }
 }
 

@@ -261,6 +261,32 @@ pub enum Action {
 }
 
 /// A run an operator names ([`Action::Release`]).
+impl Action {
+    /// The agent, prompt and tool steps of the turn `self` runs, for every
+    /// action that runs one (a job resume's whether or not its work is
+    /// done: callers that care check `done`).
+    pub fn turn(&self) -> Option<(&String, &String, &[ToolStep])> {
+        match self {
+            Action::RunTurn {
+                agent, prompt, tools, ..
+            }
+            | Action::WorkTurn {
+                agent, prompt, tools, ..
+            }
+            | Action::Fire {
+                agent, prompt, tools, ..
+            }
+            | Action::JobRun {
+                agent, prompt, tools, ..
+            }
+            | Action::JobResume {
+                agent, prompt, tools, ..
+            } => Some((agent, prompt, tools)),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunRef {
@@ -356,8 +382,20 @@ pub fn max_agents(seed: u64) -> usize {
     match (seed >> 5) % 4 {
         0 => 3,
         1 => 5,
-        _ => 9,
+        _ => MAX_AGENTS_MOST,
     }
+}
+
+/// The tree's limit of most runs ([`max_agents`]), and of a model not
+/// made for a seed.
+const MAX_AGENTS_MOST: usize = 9;
+
+/// How many `spawn_agent` calls the script of `prompt` asks for.
+fn spawn_calls(prompt: &str) -> usize {
+    orch_calls(prompt)
+        .iter()
+        .filter(|c| matches!(c, OrchCall::Spawn { .. }))
+        .count()
 }
 
 /// Agent names the driver's orchestration grants cover: `a000` to
@@ -1016,12 +1054,12 @@ pub struct Model {
     pub jobs: BTreeMap<String, Action>,
     /// Prompts with spawns whose turn started since the agent's last
     /// completed turn, by agent ([`Model::note_started`]): what may still
-    /// count against
-    /// the tree's limit ([`max_agents`]) while that turn is open. Bookkeeping.
+    /// count against the tree's limit ([`max_agents`]) while that turn is
+    /// open. Bookkeeping.
     #[serde(default)]
     pub open_spawns: BTreeMap<String, BTreeSet<String>>,
-    /// The tree's limit the system was booted with ([`max_agents`]; 9
-    /// when not set).
+    /// The tree's limit the system was booted with ([`max_agents`];
+    /// [`MAX_AGENTS_MOST`] when not set).
     #[serde(default)]
     pub max_agents: Option<usize>,
 }
@@ -1110,8 +1148,8 @@ impl Model {
     /// the limits refuse, as the runtime checks them when each call runs:
     /// the caller's live children plus its turn's spawns before this one
     /// against [`MAX_CHILDREN`], then the live tree plus the spawns of
-    /// every turn in flight against the tree's limit ([`max_agents`]). Spawns refused for
-    /// depth or grant count for nothing. The turns in flight of other
+    /// every turn in flight against the tree's limit ([`max_agents`]).
+    /// Spawns refused for depth or grant count for nothing. The turns in flight of other
     /// agents are the one unknown: a crash, a provider failure or a hook
     /// leaves a turn open with as many of its spawns decided as got
     /// logged, and the runtime counts them until that turn completes or
@@ -1142,14 +1180,9 @@ impl Model {
             .filter(|(agent, _)| *agent != caller && self.state.agents.contains_key(*agent))
             .filter(|(agent, _)| !self.spawn_refused(agent))
             .flat_map(|(_, prompts)| prompts)
-            .map(|p| {
-                orch_calls(p)
-                    .iter()
-                    .filter(|c| matches!(c, OrchCall::Spawn { .. }))
-                    .count()
-            })
+            .map(|p| spawn_calls(p))
             .sum();
-        let max_agents = self.max_agents.unwrap_or(9);
+        let max_agents = self.max_agents.unwrap_or(MAX_AGENTS_MOST);
         let mut mine = 0;
         for (i, t) in tools.iter().enumerate() {
             if t.orch != Orch::Spawn {
@@ -1173,16 +1206,8 @@ impl Model {
     /// answer it got, one it did not gets today's, and the model cannot
     /// tell which are which), or unless the answer is not known.
     fn limits_hold(&self, action: &Action) -> bool {
-        if self.runs_no_turn(action) {
+        let Some((agent, _, tools)) = action.turn().filter(|_| !self.runs_no_turn(action)) else {
             return true;
-        }
-        let (agent, tools) = match action {
-            Action::RunTurn { agent, tools, .. }
-            | Action::WorkTurn { agent, tools, .. }
-            | Action::Fire { agent, tools, .. }
-            | Action::JobRun { agent, tools, .. }
-            | Action::JobResume { agent, tools, .. } => (agent, tools),
-            _ => return true,
         };
         if self.spawn_refused(agent) {
             return true;
@@ -1196,27 +1221,17 @@ impl Model {
             .all(|(t, refused)| t.orch != Orch::Spawn || t.ok != refused)
     }
 
-    /// `action` starts a turn whose spawns the runtime counts against
-    /// the tree's limit ([`max_agents`]) while it is in flight (or left open): remembered
-    /// in [`Model::open_spawns`] until a turn of its agent completes (an
-    /// answer from the log, [`Model::runs_no_turn`], starts none). Called on the model before the op's candidates
-    /// are cloned from it, so every one of them remembers it.
+    /// `action` starts a turn whose spawns the runtime counts against the
+    /// tree's limit ([`max_agents`]) while it is in flight (or left
+    /// open): remembered in [`Model::open_spawns`] until a turn of its
+    /// agent completes (an answer from the log, [`Model::runs_no_turn`],
+    /// starts none). Called on the model before the op's candidates are
+    /// cloned from it, so every one of them remembers it.
     pub fn note_started(&mut self, action: &Action) {
-        if self.runs_no_turn(action) {
+        let Some((agent, prompt, _)) = action.turn().filter(|_| !self.runs_no_turn(action)) else {
             return;
-        }
-        let (agent, prompt) = match action {
-            Action::RunTurn { agent, prompt, .. }
-            | Action::WorkTurn { agent, prompt, .. }
-            | Action::Fire { agent, prompt, .. }
-            | Action::JobRun { agent, prompt, .. }
-            | Action::JobResume { agent, prompt, .. } => (agent, prompt),
-            _ => return,
         };
-        if orch_calls(prompt)
-            .iter()
-            .any(|c| matches!(c, OrchCall::Spawn { .. }))
-        {
+        if spawn_calls(prompt) > 0 {
             self.open_spawns
                 .entry(agent.clone())
                 .or_default()
