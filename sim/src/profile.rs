@@ -15,7 +15,9 @@
 //! that turns it into a proptest `Config`, so every entry point (tests,
 //! benches, `repro`) searches the same way.
 
-use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
+use std::any::Any;
+
+use proptest::test_runner::{Config, FailurePersistence, FileFailurePersistence, PersistedSeed, RngSeed};
 
 /// Failures of the clean runtime are persisted here (committed) and replayed
 /// before any new case.
@@ -136,14 +138,90 @@ impl Profile {
                 Some(s) => RngSeed::Fixed(s),
                 None => RngSeed::Random,
             },
-            failure_persistence: if persist {
-                Some(Box::new(FileFailurePersistence::Direct(REGRESSIONS)))
-            } else {
-                None
+            failure_persistence: match (persist, regressions_read_only()) {
+                (false, _) => None,
+                (true, false) => Some(Box::new(FileFailurePersistence::Direct(REGRESSIONS))),
+                (true, true) => Some(Box::new(ReadOnly(FileFailurePersistence::Direct(REGRESSIONS)))),
             },
             max_global_rejects: 100_000,
             max_local_rejects: 100_000,
             ..Config::default()
         }
+    }
+}
+
+/// `DA_REGRESSIONS=read-only`: replay the committed failures but record no
+/// new one. Mutation testing (`.ci/mutants`) sets it: it runs the search
+/// once per mutant in place, and a failure one mutant recorded would replay
+/// first for every later mutant, so a mutant could be killed by a seed that
+/// is in no commit and the report would not be the committed fuzzer's.
+fn regressions_read_only() -> bool {
+    std::env::var("DA_REGRESSIONS").is_ok_and(|v| v == "read-only")
+}
+
+/// A failure persistence that loads like the one it wraps and never saves.
+#[derive(Debug, Clone, PartialEq)]
+struct ReadOnly(FileFailurePersistence);
+
+impl FailurePersistence for ReadOnly {
+    fn load_persisted_failures2(&self, source_file: Option<&'static str>) -> Vec<PersistedSeed> {
+        self.0.load_persisted_failures2(source_file)
+    }
+
+    fn save_persisted_failure2(
+        &mut self,
+        _source_file: Option<&'static str>,
+        _seed: PersistedSeed,
+        _shrunken_value: &dyn std::fmt::Debug,
+    ) {
+    }
+
+    fn box_clone(&self) -> Box<dyn FailurePersistence> {
+        Box::new(self.clone())
+    }
+
+    fn eq(&self, other: &dyn FailurePersistence) -> bool {
+        other.as_any().downcast_ref::<ReadOnly>() == Some(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
+
+    use super::ReadOnly;
+
+    fn regressions_file(dir: &std::path::Path, name: &str, seed_hex: &str) -> &'static str {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("cc {seed_hex} # a failure\n")).unwrap();
+        Box::leak(path.to_string_lossy().into_owned().into_boxed_str())
+    }
+
+    /// The read-only persistence replays what the file holds, and a failure
+    /// saved through it leaves the file byte for byte as it was (the same
+    /// save through the writable one adds a line).
+    #[test]
+    fn read_only_regressions_load_and_never_save() {
+        let dir = std::env::temp_dir().join(format!("da-readonly-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kept = regressions_file(&dir, "kept.txt", &"0d".repeat(32));
+        let other = regressions_file(&dir, "other.txt", &"7e".repeat(32));
+        let new_seed = FileFailurePersistence::Direct(other).load_persisted_failures2(None);
+        assert_eq!(new_seed.len(), 1);
+        let before = std::fs::read(kept).unwrap();
+
+        let mut read_only = ReadOnly(FileFailurePersistence::Direct(kept));
+        assert_eq!(read_only.load_persisted_failures2(None).len(), 1);
+        read_only.save_persisted_failure2(None, new_seed[0].clone(), &"shrunk");
+        assert_eq!(std::fs::read(kept).unwrap(), before);
+
+        let mut writable = FileFailurePersistence::Direct(kept);
+        writable.save_persisted_failure2(None, new_seed[0].clone(), &"shrunk");
+        assert_eq!(writable.load_persisted_failures2(None).len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2179,7 +2179,7 @@ impl Model {
     /// A DEAD or DONE RESUME row of a work still unfinished stays too: it
     /// records that the work was given up or settled by hand (collected,
     /// the next boot would emit it afresh and run the work again). So does
-    /// a fired trigger whose own turn started and never completed (only
+    /// a fired trigger whose own turn, on an agent still live, started and never completed (only
     /// its retry resumes it): known after a reading showed it kept
     /// ([`Model::unfinished_fires`]), else maybe
     /// ([`Model::triggers_maybe_kept`]).
@@ -2189,7 +2189,17 @@ impl Model {
             Some(Action::WorkTurn { agent, .. }) => self.state.agents.contains_key(agent),
             _ => false,
         };
-        let unfinished = |key: &str| !self.done_work.contains(key) && self.fire_work.contains_key(key);
+        // Only a live agent's unfinished turn keeps its trigger: the
+        // runtime asks the live agents for their unfinished work, so a
+        // terminated agent's fire is collected like any settled row.
+        let unfinished = |key: &str| {
+            !self.done_work.contains(key)
+                && self
+                    .fire_work
+                    .get(key)
+                    .and_then(Action::turn)
+                    .is_some_and(|(agent, _, _)| self.state.agents.contains_key(agent))
+        };
         let mut maybe = BTreeSet::new();
         let keep: Vec<bool> = self
             .state
