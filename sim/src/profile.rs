@@ -123,6 +123,19 @@ impl Profile {
         p
     }
 
+    /// How many generated ops the reference machine's preconditions may
+    /// refuse before the search gives up. proptest counts these across the
+    /// whole run, not per case (`TestRunner::reject_local`), so a fixed
+    /// bound caps the run's length: at 100,000 a `nightly` round (20,000
+    /// cases of up to 50 ops, ~6 refusals a case) aborted at its 16,573rd
+    /// case with "Too many local rejects" (seed 0x5d94145de1107a9c). The
+    /// bound scales with the ops the round may draw; it still stops a
+    /// generator that can draw nothing acceptable.
+    pub fn max_local_rejects(&self) -> u32 {
+        let draws = u64::from(self.cases) * (self.max_steps as u64) * 8;
+        u32::try_from(draws.max(100_000)).unwrap_or(u32::MAX)
+    }
+
     /// The proptest config. `persist`: replay and record failures in
     /// [`REGRESSIONS`] (off for canary searches, whose failures are expected
     /// and must not be replayed first, or the case counts would lie).
@@ -144,7 +157,7 @@ impl Profile {
                 (true, true) => Some(Box::new(ReadOnly(FileFailurePersistence::Direct(REGRESSIONS)))),
             },
             max_global_rejects: 100_000,
-            max_local_rejects: 100_000,
+            max_local_rejects: self.max_local_rejects(),
             ..Config::default()
         }
     }
@@ -193,7 +206,23 @@ impl FailurePersistence for ReadOnly {
 mod tests {
     use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
 
-    use super::ReadOnly;
+    use super::{Profile, ReadOnly};
+
+    /// proptest counts refused draws over the whole run, so each profile's
+    /// bound must allow several refusals for every op its round may draw
+    /// (a `nightly` round aborted at case 16,573 under a fixed 100,000).
+    #[test]
+    fn the_reject_bound_grows_with_the_ops_a_round_draws() {
+        for p in [Profile::ci(), Profile::nightly(), Profile::local()] {
+            let draws = u64::from(p.cases) * p.max_steps as u64;
+            let bound = u64::from(p.config(false).max_local_rejects);
+            assert!(
+                bound >= 4 * draws,
+                "{}: {bound} refusals allowed for {draws} ops",
+                p.name
+            );
+        }
+    }
 
     fn regressions_file(dir: &std::path::Path, name: &str, seed_hex: &str) -> &'static str {
         let path = dir.join(name);

@@ -122,7 +122,12 @@ pub fn search_with_progress(
             },
             step: 0,
             what: "the search aborted".into(),
-            detail: why.to_string(),
+            // No case failed: proptest itself stopped (a bound on rejected
+            // draws, `Profile::max_local_rejects`), so there is nothing to
+            // replay and the fault is the harness's.
+            detail: format!(
+                "{why}: proptest stopped the search, no case failed (a harness problem, not the runtime's; see Profile::max_local_rejects)"
+            ),
             crash: None,
             expected: None,
             recovered: None,
