@@ -97,7 +97,17 @@ impl Case {
         let dir = failures_dir();
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(format!("{:016x}.json", fnv1a(json.as_bytes())));
-        std::fs::write(&path, json)?;
+        // Written aside and renamed in, so the file is whole or absent:
+        // a campaign's jobs are processes that may save the same case at
+        // once, and after one `fuzz --jobs 2` failure (2026-11-28) its case
+        // file was found empty (the cause was not pinned down).
+        let tmp = dir.join(format!(
+            ".{:016x}.{}.tmp",
+            fnv1a(json.as_bytes()),
+            std::process::id()
+        ));
+        std::fs::write(&tmp, json)?;
+        std::fs::rename(&tmp, &path)?;
         Ok(path)
     }
 }

@@ -1463,9 +1463,10 @@ impl Model {
     }
 
     /// Whether a turn that may still run (rolled back, a started work, a
-    /// fire not done) sends to `name`, or asks to spawn a child of that
-    /// name it must be refused: terminating it would make the re-run's
-    /// send fail (or its spawn succeed), which the model does not predict.
+    /// job run not completed, a fire not done) sends to `name`, or asks to
+    /// spawn a child of that name it must be refused: terminating it would
+    /// make the re-run's send fail (or its spawn succeed), which the model
+    /// does not predict.
     fn awaited_by_a_send(&self, name: &str) -> bool {
         let prompts = self
             .lost_turns
@@ -1477,10 +1478,22 @@ impl Model {
                     .filter(|(k, _)| !self.done_work.contains(*k))
                     .map(|(_, a)| a),
             )
+            // A job run whose turn has not completed: `run --resume` runs
+            // it (from its prompt when it never started, so `works` does
+            // not hold it yet).
+            .chain(self.jobs.iter().filter_map(|(run, a)| match a {
+                Action::JobRun { agent, .. }
+                    if !self.works_done.contains_key(&work_key(agent, &job_work(run))) =>
+                {
+                    Some(a)
+                }
+                _ => None,
+            }))
             .filter_map(|a| match a {
                 Action::RunTurn { prompt, .. }
                 | Action::WorkTurn { prompt, .. }
-                | Action::Fire { prompt, .. } => Some(prompt),
+                | Action::Fire { prompt, .. }
+                | Action::JobRun { prompt, .. } => Some(prompt),
                 _ => None,
             });
         for prompt in prompts {
