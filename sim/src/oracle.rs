@@ -743,35 +743,16 @@ fn against(
 /// The irreversible effects `action` would cause (R4), from `model`
 /// (the state it starts from).
 pub fn effects_of(model: &Model, action: Option<&Action>) -> BTreeSet<String> {
-    match action {
-        Some(
-            Action::RunTurn {
-                agent, prompt, tools, ..
-            }
-            | Action::Fire {
-                agent, prompt, tools, ..
-            }
-            | Action::WorkTurn {
-                agent, prompt, tools, ..
-            }
-            | Action::JobRun {
-                agent, prompt, tools, ..
-            }
-            | Action::JobResume {
-                agent,
-                prompt,
-                tools,
-                done: false,
-                ..
-            },
-        ) => tools
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.irreversible && t.ok)
-            .map(|(i, _)| model.effect(agent, prompt, i))
-            .collect(),
-        _ => BTreeSet::new(),
-    }
+    // A done job's resume answers from the log: no turn, no effect.
+    let Some((agent, prompt, tools)) = action.and_then(Action::turn_to_run) else {
+        return BTreeSet::new();
+    };
+    tools
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.irreversible && t.ok)
+        .map(|(i, _)| model.effect(agent, prompt, i))
+        .collect()
 }
 
 /// The messages the interrupted op's turn sends through `send_message`,
@@ -779,10 +760,7 @@ pub fn effects_of(model: &Model, action: Option<&Action>) -> BTreeSet<String> {
 /// back (R8).
 pub fn messages_of(action: Option<&Action>) -> BTreeSet<(String, Msg)> {
     // A done job's resume answers from the log: no turn, no send.
-    let Some((agent, prompt, _)) = action
-        .filter(|a| !matches!(a, Action::JobResume { done: true, .. }))
-        .and_then(Action::turn)
-    else {
+    let Some((agent, prompt, _)) = action.and_then(Action::turn_to_run) else {
         return BTreeSet::new();
     };
     crate::model::orch_calls(prompt)

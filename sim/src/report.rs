@@ -96,16 +96,13 @@ impl Case {
         let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         let dir = failures_dir();
         std::fs::create_dir_all(&dir)?;
-        let path = dir.join(format!("{:016x}.json", fnv1a(json.as_bytes())));
+        let hash = fnv1a(json.as_bytes());
+        let path = dir.join(format!("{hash:016x}.json"));
         // Written aside and renamed in, so the file is whole or absent:
         // a campaign's jobs are processes that may save the same case at
         // once, and after one `fuzz --jobs 2` failure (2026-11-28) its case
         // file was found empty (the cause was not pinned down).
-        let tmp = dir.join(format!(
-            ".{:016x}.{}.tmp",
-            fnv1a(json.as_bytes()),
-            std::process::id()
-        ));
+        let tmp = dir.join(format!(".{hash:016x}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, json)?;
         std::fs::rename(&tmp, &path)?;
         Ok(path)

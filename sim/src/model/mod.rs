@@ -285,6 +285,15 @@ impl Action {
             _ => None,
         }
     }
+
+    /// [`Action::turn`] for an action that runs its turn now: not a done
+    /// job's resume, which answers from the log with no turn.
+    pub fn turn_to_run(&self) -> Option<(&String, &String, &[ToolStep])> {
+        match self {
+            Action::JobResume { done: true, .. } => None,
+            _ => self.turn(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -864,6 +873,11 @@ pub fn orch_calls(prompt: &str) -> Vec<OrchCall> {
 /// (`resume:{work}@{agent id}`, the agent by name).
 pub fn work_key(agent: &str, work: &str) -> String {
     format!("resume:{work}@{agent}")
+}
+
+/// The RESUME trigger key of job run `run`'s work on `agent`.
+pub fn job_work_key(agent: &str, run: &str) -> String {
+    work_key(agent, &job_work(run))
 }
 
 /// A turn's steps as the provider asks them: at most
@@ -1482,9 +1496,7 @@ impl Model {
             // it (from its prompt when it never started, so `works` does
             // not hold it yet).
             .chain(self.jobs.iter().filter_map(|(run, a)| match a {
-                Action::JobRun { agent, .. }
-                    if !self.works_done.contains_key(&work_key(agent, &job_work(run))) =>
-                {
+                Action::JobRun { agent, .. } if !self.works_done.contains_key(&job_work_key(agent, run)) => {
                     Some(a)
                 }
                 _ => None,
@@ -1869,7 +1881,7 @@ impl Model {
                 else {
                     return None;
                 };
-                let key = work_key(&agent, &job_work(&run));
+                let key = job_work_key(&agent, &run);
                 match self.works.get(&key) {
                     // Started: the turn it started with.
                     Some(Action::WorkTurn {
@@ -2192,9 +2204,9 @@ impl Model {
     /// A DEAD or DONE RESUME row of a work still unfinished stays too: it
     /// records that the work was given up or settled by hand (collected,
     /// the next boot would emit it afresh and run the work again). So does
-    /// a fired trigger whose own turn, on an agent still live, started and never completed (only
-    /// its retry resumes it): known after a reading showed it kept
-    /// ([`Model::unfinished_fires`]), else maybe
+    /// a fired trigger whose own turn, on an agent still live, started and
+    /// never completed (only its retry resumes it): known after a reading
+    /// showed it kept ([`Model::unfinished_fires`]), else maybe
     /// ([`Model::triggers_maybe_kept`]).
     fn collect(&mut self) {
         let last = self.state.triggers.len().saturating_sub(1);
@@ -2376,9 +2388,7 @@ impl Model {
             }
             // A resumed job run's started work: the run waits for a human
             // (`run --resume` answers NeedsConfirmation).
-            Action::JobResume { run, agent, .. }
-                if self.works.contains_key(&work_key(agent, &job_work(run))) =>
-            {
+            Action::JobResume { run, agent, .. } if self.works.contains_key(&job_work_key(agent, run)) => {
                 m.touch(agent);
                 m.state.runs.insert(run.clone(), WAITING_FOR_HUMAN.into());
             }
