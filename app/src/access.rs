@@ -2,10 +2,13 @@
 //! request passes before its body is read.
 //!
 //! The API can run turns that send email, so a request is answered only if
-//! - its `Host` is the listen address (`localhost:{port}` too on loopback)
-//!   and it carries no `Origin` but that address's — a web page in a local
-//!   browser cannot reach it through DNS rebinding or a cross-site form
-//!   (403);
+//! - its `Host` names this API on the listen port: the listen address,
+//!   `localhost` on a loopback or wildcard listener, any IP address on a
+//!   wildcard one (`0.0.0.0`, `::`: a client names the address it
+//!   reached), or a name in `api.allowed_hosts`; and it carries no
+//!   `Origin` but such a host's — a web page in a local browser cannot
+//!   reach it through DNS rebinding (whose `Host` is the attacker's DNS
+//!   name, never an IP address) or a cross-site form (403);
 //! - it carries `Authorization: Bearer {token}` (401);
 //! - a POST, or any request with a body, says `Content-Type:
 //!   application/json`, which a cross-site "simple" request cannot (403);
@@ -103,9 +106,13 @@ impl Token {
     /// Whether `presented` (an `Authorization` value) carries this token;
     /// constant time in the token's bytes.
     pub fn admits(&self, presented: &str) -> bool {
-        let Some(given) = presented.strip_prefix("Bearer ") else {
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        let Some((scheme, given)) = presented.trim_start().split_once(' ') else {
             return false;
         };
+        if !scheme.eq_ignore_ascii_case("Bearer") {
+            return false;
+        }
         let (a, b) = (self.0.as_bytes(), given.trim().as_bytes());
         if a.len() != b.len() {
             return false;
@@ -190,6 +197,8 @@ pub struct Gate {
     /// The bound address (port 0 resolved).
     listen: SocketAddr,
     max_body_bytes: u64,
+    /// DNS names a client may use for this API (`api.allowed_hosts`).
+    allowed_hosts: Vec<String>,
 }
 
 impl Gate {
@@ -198,19 +207,39 @@ impl Gate {
             token,
             listen,
             max_body_bytes,
+            allowed_hosts: Vec::new(),
         }
+    }
+
+    /// Also admit these DNS names in `Host` (`api.allowed_hosts`).
+    pub fn with_allowed_hosts(mut self, names: &[String]) -> Gate {
+        self.allowed_hosts = names.to_vec();
+        self
     }
 
     pub fn max_body_bytes(&self) -> u64 {
         self.max_body_bytes
     }
 
-    /// Host values naming this API.
+    /// Host values naming this API (see the module doc): the port must be
+    /// the listen port (absent only when that is 80), the name the listen
+    /// address, `localhost` where loopback reaches the listener, any IP
+    /// address on a wildcard listener, or an allowed name.
     fn is_own_host(&self, host: &str) -> bool {
-        let host = host.trim();
-        host.eq_ignore_ascii_case(&self.listen.to_string())
-            || (self.listen.ip().is_loopback()
-                && host.eq_ignore_ascii_case(&format!("localhost:{}", self.listen.port())))
+        let Some((name, port)) = split_host(host.trim()) else {
+            return false;
+        };
+        if port.unwrap_or(80) != self.listen.port() {
+            return false;
+        }
+        let ip = self.listen.ip();
+        match name.parse::<std::net::IpAddr>() {
+            Ok(named) => named == ip || ip.is_unspecified(),
+            Err(_) => {
+                ((ip.is_loopback() || ip.is_unspecified()) && name.eq_ignore_ascii_case("localhost"))
+                    || self.allowed_hosts.iter().any(|a| a.eq_ignore_ascii_case(name))
+            }
+        }
     }
 
     /// Check a request's method and headers; `body_length` is its declared
@@ -272,6 +301,29 @@ impl Gate {
         }
         Ok(())
     }
+}
+
+/// A `Host` value's name and port: `name`, `name:port`, `[v6]` or
+/// `[v6]:port` (the brackets dropped); `None` if it is none of these.
+fn split_host(host: &str) -> Option<(&str, Option<u16>)> {
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => {
+            let (name, after) = rest.split_once(']')?;
+            match after {
+                "" => (name, None),
+                _ => (name, Some(after.strip_prefix(':')?)),
+            }
+        }
+        None => match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
+    };
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok()?),
+        None => None,
+    };
+    (!name.is_empty()).then_some((name, port))
 }
 
 /// The 413 answer.
@@ -372,6 +424,100 @@ mod tests {
             ),
             Some(413)
         );
+    }
+
+    /// A wildcard listener is reached at some address of the machine, and
+    /// a client names that address (found by a review: only the literal
+    /// `0.0.0.0:7341` was admitted, so every real client got 403).
+    #[test]
+    fn a_wildcard_listener_admits_the_addresses_it_answers_on_and_no_dns_name_unlisted() {
+        for listen in ["0.0.0.0:7341", "[::]:7341"] {
+            let g = Gate::new(Token::new("0123456789abcdef0123"), listen.parse().unwrap(), 100)
+                .with_allowed_hosts(&["agent.lan".to_string()]);
+            let status = |host: &str, origin: Option<&str>| {
+                let mut h = vec![("Host", host), AUTH];
+                if let Some(o) = origin {
+                    h.push(("Origin", o));
+                }
+                g.check("GET", &headers(&h), None).err().map(|r| r.status)
+            };
+            for host in [
+                "127.0.0.1:7341",
+                "192.168.1.20:7341",
+                "[::1]:7341",
+                "[fe80::1]:7341",
+                "localhost:7341",
+                "LOCALHOST:7341",
+                "agent.lan:7341",
+                "Agent.LAN:7341",
+                listen,
+            ] {
+                assert_eq!(status(host, None), None, "{listen}: Host {host}");
+            }
+            // DNS rebinding names the attacker's host; a wrong port, a
+            // missing one (80 implied), a malformed value: all refused.
+            for host in [
+                "evil.example:7341",
+                "127.0.0.1:7342",
+                "127.0.0.1",
+                "agent.lan",
+                "[::1]7341",
+                "127.0.0.1:x",
+                ":7341",
+                "",
+            ] {
+                assert_eq!(status(host, None), Some(403), "{listen}: Host {host:?}");
+            }
+            assert_eq!(status("127.0.0.1:7341", Some("http://agent.lan:7341")), None);
+            assert_eq!(
+                status("127.0.0.1:7341", Some("http://evil.example:7341")),
+                Some(403)
+            );
+        }
+        // A specific address admits itself and allowed names, not others.
+        let g = Gate::new(
+            Token::new("0123456789abcdef0123"),
+            "192.168.1.20:7341".parse().unwrap(),
+            100,
+        );
+        let host = |h: &str| {
+            g.check("GET", &headers(&[("Host", h), AUTH]), None)
+                .err()
+                .map(|r| r.status)
+        };
+        assert_eq!(host("192.168.1.20:7341"), None);
+        assert_eq!(host("127.0.0.1:7341"), Some(403));
+        assert_eq!(host("localhost:7341"), Some(403));
+        // A loopback listener on port 80 is named without a port too.
+        let g = Gate::new(
+            Token::new("0123456789abcdef0123"),
+            "127.0.0.1:80".parse().unwrap(),
+            100,
+        );
+        let host = |h: &str| {
+            g.check("GET", &headers(&[("Host", h), AUTH]), None)
+                .err()
+                .map(|r| r.status)
+        };
+        assert_eq!(host("localhost"), None);
+        assert_eq!(host("127.0.0.1"), None);
+        assert_eq!(host("127.0.0.1:80"), None);
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_is_not() {
+        let g = gate();
+        for (value, admitted) in [
+            ("Bearer 0123456789abcdef0123", true),
+            ("bearer 0123456789abcdef0123", true),
+            ("BEARER  0123456789abcdef0123 ", true),
+            ("Bearer 0123456789ABCDEF0123", false),
+            ("Basic 0123456789abcdef0123", false),
+            ("Bearer", false),
+            ("0123456789abcdef0123", false),
+        ] {
+            assert_eq!(g.token.admits(value), admitted, "{value:?}");
+        }
     }
 
     #[test]

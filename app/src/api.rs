@@ -190,7 +190,7 @@ impl Client {
     pub fn new(addr: SocketAddr, timeout: Duration) -> Client {
         let base = format!("http://{addr}");
         Client {
-            agent: http::agent(&base, timeout, 0),
+            agent: http::direct_agent(timeout, 0),
             base,
             token: None,
         }

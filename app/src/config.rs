@@ -157,6 +157,12 @@ pub struct ApiConfig {
     /// Request bodies above this get 413 before they are read.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: u64,
+    /// DNS names clients may use in `Host` besides the listen address
+    /// (and, on a wildcard listener, any IP address): e.g. the machine's
+    /// name when the API is exposed. A name not listed is refused, which
+    /// is what stops DNS rebinding (see `access`).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -166,6 +172,7 @@ impl Default for ApiConfig {
             allow_non_loopback: false,
             token_env: None,
             max_body_bytes: defaults::max_body_bytes(),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -408,13 +415,16 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let mut config: Config = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
-            let (line, column) = line_col(text, span.start);
+            let key = key_at(text, span.start);
+            let (start, key, message) =
+                tool_entry_error(text, &key).unwrap_or((span.start, key, e.message().trim_end().to_string()));
+            let (line, column) = line_col(text, start);
             ConfigError::Parse {
                 path: path.to_path_buf(),
                 line,
                 column,
-                key: key_at(text, span.start),
-                message: e.message().trim_end().to_string(),
+                key,
+                message,
             }
         })?;
         config.validate().map_err(|(key, message)| ConfigError::Invalid {
@@ -504,6 +514,16 @@ impl Config {
         }
         if self.api.max_body_bytes == 0 {
             return err("api.max_body_bytes", "must be > 0".into());
+        }
+        for (i, name) in self.api.allowed_hosts.iter().enumerate() {
+            if !is_dns_name(name) {
+                return err(
+                    &format!("api.allowed_hosts[{i}]"),
+                    format!(
+                        "{name:?} is not a DNS name (no port, scheme or IP address: those need no listing)"
+                    ),
+                );
+            }
         }
         if self.tools.len() > MAX_TOOLS {
             return err(
@@ -642,6 +662,19 @@ fn validate_http_tool(t: &HttpToolConfig) -> Result<(), (&'static str, String)> 
     if !is_http_url(&t.url) {
         return Err(("url", format!("{:?} is not an http:// or https:// URL", t.url)));
     }
+    for (name, value) in &t.headers {
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(("headers", format!("{name:?} is not an HTTP header name")));
+        }
+        // A `${VAR}` is read at call time; the text around it must be a
+        // header value already.
+        if http::HeaderValue::from_str(&without_placeholders(value)).is_err() {
+            return Err((
+                "headers",
+                format!("{name}: not a valid HTTP header value (visible ASCII only)"),
+            ));
+        }
+    }
     if t.timeout_ms == 0 {
         return Err(("timeout_ms", "must be > 0".into()));
     }
@@ -654,9 +687,80 @@ fn validate_http_tool(t: &HttpToolConfig) -> Result<(), (&'static str, String)> 
     Ok(())
 }
 
+/// An http:// or https:// URL a request can be made to: it parses, and
+/// names a host.
 fn is_http_url(s: &str) -> bool {
     let rest = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://"));
     matches!(rest, Some(r) if !r.is_empty())
+        && s.parse::<http::Uri>()
+            .is_ok_and(|u| u.host().is_some_and(|h| !h.is_empty()))
+}
+
+/// A DNS name as a `Host` header carries it: dot-separated labels of
+/// letters, digits and `-`, not all digits and dots (an IP address).
+fn is_dns_name(s: &str) -> bool {
+    (1..=253).contains(&s.len())
+        && s.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+        && s.parse::<std::net::IpAddr>().is_err()
+        && !s.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+}
+
+/// The error inside a `[[tools]]` entry at its own key
+/// (`tools[3].timeout_ms`) when serde reported it at `key` = `tools` or
+/// `tools[i]`: an internally tagged entry's errors come with the span of
+/// the array's first header and no key. Serde stopped at the first entry
+/// that fails, so each entry is read again alone, in order, as its kind's
+/// type ([`locate::entry_alone`]) and the first that fails is the one.
+/// `None` when reading them alone finds nothing to add.
+fn tool_entry_error(text: &str, key: &str) -> Option<(usize, String, String)> {
+    if key != "tools" && !key.starts_with("tools[") {
+        return None;
+    }
+    fn error_of<T: serde::de::DeserializeOwned>(text: &str) -> Option<toml::de::Error> {
+        toml::from_str::<T>(text).err()
+    }
+    for index in 0.. {
+        let (alone, kind) = locate::entry_alone(text, "tools", index, "kind")?;
+        let failed = match kind.as_str() {
+            "http" => error_of::<HttpToolConfig>(&alone),
+            "read_file" => error_of::<ReadFileToolConfig>(&alone),
+            "http_get" => error_of::<HttpGetToolConfig>(&alone),
+            "spawn_agent" | "send_message" | "list_agents" => error_of::<RuntimeToolConfig>(&alone),
+            _ => return None,
+        };
+        let Some(e) = failed else { continue };
+        let start = e.span()?.start;
+        let inner = key_at(&alone, start);
+        if inner == "<document>" {
+            return None;
+        }
+        return Some((
+            start,
+            format!("tools[{index}].{inner}"),
+            e.message().trim_end().to_string(),
+        ));
+    }
+    None
+}
+
+/// `value` with each `${NAME}` replaced by `x`: what a header value's
+/// own text must be valid as, whatever the variable will hold.
+fn without_placeholders(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        let Some(end) = rest[start..].find('}') else { break };
+        out.push_str(&rest[..start]);
+        out.push('x');
+        rest = &rest[start + end + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// An environment variable's name as a config may give it.

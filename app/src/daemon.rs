@@ -164,7 +164,8 @@ impl Daemon {
         // Bound first: the gate needs the address (port 0 resolved)
         // before the first request is accepted.
         let listener = Listener::bind(listen, exposure).and_then(|bound| {
-            let gate = Gate::new(token, bound.addr(), config.api.max_body_bytes);
+            let gate = Gate::new(token, bound.addr(), config.api.max_body_bytes)
+                .with_allowed_hosts(&config.api.allowed_hosts);
             // A request goes to the worker thread as one message; the
             // send never blocks (the channel is unbounded; the listener
             // bounds the requests in flight).

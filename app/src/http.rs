@@ -64,17 +64,25 @@ pub fn classify(err: &ureq::Error) -> TransportFailure {
 /// `max_redirects` (0 for anything with a side effect: a redirected POST
 /// could be replayed somewhere else).
 pub fn agent(url: &str, timeout: Duration, max_redirects: u32) -> ureq::Agent {
+    // A corporate HTTP_PROXY must not capture the mock servers.
+    agent_via(timeout, max_redirects, !is_loopback_url(url))
+}
+
+/// [`agent`] that never goes through a proxy, whatever the environment
+/// says: for the daemon's own API, whose requests carry its token (a
+/// daemon listening beyond loopback is not a loopback URL, and its token
+/// must not reach a proxy).
+pub fn direct_agent(timeout: Duration, max_redirects: u32) -> ureq::Agent {
+    agent_via(timeout, max_redirects, false)
+}
+
+fn agent_via(timeout: Duration, max_redirects: u32, proxied: bool) -> ureq::Agent {
     let builder = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
         .max_redirects(max_redirects)
         .user_agent(concat!("durable-agent/", env!("CARGO_PKG_VERSION")));
-    let builder = if is_loopback_url(url) {
-        // A corporate HTTP_PROXY must not capture the mock servers.
-        builder.proxy(None)
-    } else {
-        builder
-    };
+    let builder = if proxied { builder } else { builder.proxy(None) };
     builder.build().into()
 }
 
@@ -153,6 +161,26 @@ mod tests {
         assert!(is_loopback_url("http://[::1]:9/x"));
         assert!(!is_loopback_url("https://api.openai.com/v1"));
         assert!(!is_loopback_url("http://10.0.0.1:80"));
+    }
+
+    /// The daemon's API client never takes the environment's proxy, even
+    /// for a daemon beyond loopback: its requests carry the API token
+    /// (found by a review). The proxy named is never connected to: only
+    /// the agents' configs are read. No other test of this binary makes
+    /// a request through a non-loopback agent, which is all the variable
+    /// changes.
+    #[test]
+    fn the_daemon_client_never_goes_through_a_proxy() {
+        std::env::set_var("HTTP_PROXY", "http://127.0.0.1:9");
+        let timeout = Duration::from_secs(1);
+        let proxied = agent("http://192.0.2.1:7341/status", timeout, 0);
+        assert!(proxied.config().proxy().is_some(), "the variable is read");
+        assert!(agent("http://127.0.0.1:7341/status", timeout, 0)
+            .config()
+            .proxy()
+            .is_none());
+        assert!(direct_agent(timeout, 0).config().proxy().is_none());
+        std::env::remove_var("HTTP_PROXY");
     }
 
     #[test]

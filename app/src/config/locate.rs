@@ -109,3 +109,40 @@ pub(super) fn line_of_key(text: &str, key_path: &str) -> usize {
     }
     line_col(text, span.start).0
 }
+
+/// Entry `index` of the array of tables `array` (`[[tools]]`), alone:
+/// `text` with every byte outside that entry's keys and values blanked
+/// (newlines kept, so offsets, lines and columns stay the file's), its
+/// `tag` key blanked too, and that tag's value. For the error of an
+/// internally tagged entry, which serde reports at the entry's header:
+/// deserializing the blanked text as the tag's own type points at the
+/// key. `None` if the entry is not a table or has no string tag.
+pub(super) fn entry_alone(text: &str, array: &str, index: usize, tag: &str) -> Option<(String, String)> {
+    let doc = DeTable::parse(text).ok()?;
+    let (_, items) = doc.get_ref().iter().find(|(k, _)| k.get_ref() == array)?;
+    let DeValue::Array(items) = items.get_ref() else {
+        return None;
+    };
+    let DeValue::Table(entry) = items.get(index)?.get_ref() else {
+        return None;
+    };
+    let mut kept = Vec::new();
+    let mut kind = None;
+    for (key, value) in entry.iter() {
+        let span = key.span().start..value.span().end;
+        match (key.get_ref() == tag, value.get_ref()) {
+            (true, DeValue::String(s)) => kind = Some(s.to_string()),
+            (true, _) => return None,
+            (false, _) => kept.push(span),
+        }
+    }
+    let mut bytes = text.as_bytes().to_vec();
+    for (i, b) in bytes.iter_mut().enumerate() {
+        if *b != b'\n' && !kept.iter().any(|r| r.contains(&i)) {
+            *b = b' ';
+        }
+    }
+    // Whole UTF-8 sequences are kept or blanked (spans are char
+    // boundaries), so this cannot fail; None rather than a panic if so.
+    Some((String::from_utf8(bytes).ok()?, kind?))
+}

@@ -448,3 +448,118 @@ fn a_bad_context_value_names_its_key() {
         assert!(e.contains(key) && e.contains(says), "{body}: {e}");
     }
 }
+
+/// A wrong type inside a `[[tools]]` entry names the entry's key and its
+/// line (found by a review: serde reports an internally tagged entry's
+/// errors at its `[[tools]]` line with no key).
+#[test]
+fn a_wrong_type_inside_a_tool_names_its_key_and_line() {
+    let cases = [
+        (
+            "timeout_ms = 3000",
+            "timeout_ms = \"fast\"",
+            "http",
+            "tools[0].timeout_ms",
+        ),
+        (
+            "irreversible = true",
+            "irreversible = \"yes\"",
+            "http",
+            "tools[0].irreversible",
+        ),
+        (
+            "workspace = \"ws\"",
+            "workspace = \"ws\"\nmax_bytes = \"big\"",
+            "read_file",
+            "tools[1].max_bytes",
+        ),
+        (
+            "kind = \"http_get\"",
+            "kind = \"http_get\"\ntimeout_ms = -1",
+            "http_get",
+            "tools[2].timeout_ms",
+        ),
+    ];
+    for (from, to, kind, key) in cases {
+        // The first tool has no timeout_ms: add one to replace.
+        let good = GOOD.replace("dedup = true", "dedup = true\ntimeout_ms = 3000");
+        let text = good.replace(from, to);
+        assert_ne!(text, good, "{kind}: the case changed nothing");
+        let e = err(&text);
+        assert!(e.contains(&format!("`{key}`")), "{kind}: {e}");
+        let bad = to.lines().last().unwrap_or(to);
+        let line = text.lines().position(|l| l == bad).map(|i| i + 1);
+        assert!(
+            line.is_some_and(|n| e.starts_with(&format!("/etc/agent/agent.toml:{n}:"))),
+            "{kind}: line {line:?}: {e}"
+        );
+    }
+    // An unknown key inside a tool: named with its entry, as before.
+    let e = err(&GOOD.replace("dedup = true", "dedup = true\nretries = 3"));
+    assert!(e.contains("`tools[0].retries`"), "{e}");
+}
+
+/// A URL that does not parse, or names no host, is refused at load
+/// naming its key (found by a review: only the `http://` prefix was
+/// checked, and every call then failed).
+#[test]
+fn a_url_that_cannot_be_requested_is_refused_naming_its_key() {
+    for (from, to, key) in [
+        (
+            "http://127.0.0.1:8080/v1",
+            "http://exa mple.com/v1",
+            "provider.base_url",
+        ),
+        ("http://127.0.0.1:8080/v1", "http://:8080/v1", "provider.base_url"),
+        (
+            "http://127.0.0.1:9000/send",
+            "http://127.0.0.1:9000/send email",
+            "tools[0].url",
+        ),
+    ] {
+        let e = err(&GOOD.replace(from, to));
+        assert!(e.contains(&format!("`{key}`")), "{to}: {e}");
+    }
+}
+
+/// A tool's header that no request can carry is refused at load (found by
+/// a review); a `${VAR}` inside a value is read at call time, and the text
+/// around it is checked.
+#[test]
+fn a_tool_header_that_cannot_be_sent_is_refused_and_placeholders_are_allowed() {
+    for headers in [
+        r#"headers = { "Bad Header" = "x" }"#,
+        r#"headers = { "X-Team" = "line\nbreak" }"#,
+        r#"headers = { "X-Team" = "${TOKEN}\u0001" }"#,
+    ] {
+        let e = err(&GOOD.replace(r#"headers = { "X-Team" = "ops" }"#, headers));
+        assert!(e.contains("`tools[0].headers`"), "{headers}: {e}");
+    }
+    let text = GOOD.replace(
+        r#"headers = { "X-Team" = "ops" }"#,
+        r#"headers = { "Authorization" = "Bearer ${MAIL_TOKEN}", "X-Both" = "${A}-${B}" }"#,
+    );
+    assert!(parse(&text).is_ok());
+}
+
+#[test]
+fn allowed_hosts_take_dns_names_only() {
+    let api = "\n[api]\nlisten = \"0.0.0.0:7341\"\nallow_non_loopback = true\ntoken_env = \"DA_TOKEN\"\n";
+    let c = parse(&format!(
+        "{GOOD}{api}allowed_hosts = [\"agent.lan\", \"box-1\"]\n"
+    ))
+    .expect("valid");
+    assert_eq!(c.api.allowed_hosts, ["agent.lan", "box-1"]);
+    for bad in [
+        "agent.lan:7341",
+        "http://agent.lan",
+        "10.0.0.1",
+        "",
+        "a..b",
+        "-x.lan",
+        "a b",
+    ] {
+        let e = err(&format!("{GOOD}{api}allowed_hosts = [\"box\", \"{bad}\"]\n"));
+        assert!(e.contains("`api.allowed_hosts[1]`"), "{bad:?}: {e}");
+    }
+}

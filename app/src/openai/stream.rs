@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::wire::{reply_from, Choice, FunctionWire, MessageWire, ToolCallWire, UsageWire};
 use super::OpenAiError;
@@ -127,8 +128,10 @@ struct ToolDeltaWire {
 struct FunctionDeltaWire {
     #[serde(default)]
     name: Option<String>,
+    /// A fragment of the arguments' text; a server that sends JSON
+    /// instead of text gets its JSON text (`null`: nothing).
     #[serde(default)]
-    arguments: Option<String>,
+    arguments: Option<Value>,
 }
 
 #[derive(Debug, Default)]
@@ -213,18 +216,20 @@ impl Assembly {
     /// (OpenAI's); without one, a fragment with a new `id` starts a call
     /// and any other continues the last (servers that omit the index).
     fn call_fragment(&mut self, fragment: ToolDeltaWire) -> Result<(), String> {
+        // An empty id is no id (some servers send `""` in continuations).
+        let fragment_id = fragment.id.filter(|s| !s.is_empty());
         let last = self.calls.last_key_value().map(|(i, c)| (*i, c.id.clone()));
         let index = match (fragment.index, last) {
             (Some(i), _) => i,
             (None, None) => 0,
-            (None, Some((i, id))) => match (&fragment.id, id) {
+            (None, Some((i, id))) => match (&fragment_id, id) {
                 (Some(new), Some(old)) if *new != old => i + 1,
                 (Some(_), None) if !self.calls.is_empty() => i + 1,
                 _ => i,
             },
         };
         let call = self.calls.entry(index).or_default();
-        if let Some(id) = fragment.id.filter(|s| !s.is_empty()) {
+        if let Some(id) = fragment_id {
             match &call.id {
                 Some(old) if *old != id => {
                     return Err(format!("tool call {index} changed its id from {old:?} to {id:?}"))
@@ -245,8 +250,10 @@ impl Assembly {
                     ));
                 }
             }
-            if let Some(piece) = function.arguments {
-                call.arguments.push_str(&piece);
+            match function.arguments {
+                Some(Value::String(piece)) => call.arguments.push_str(&piece),
+                None | Some(Value::Null) => {}
+                Some(sent) => call.arguments.push_str(&sent.to_string()),
             }
         }
         Ok(())
@@ -294,7 +301,7 @@ impl Assembly {
             tool_calls.push(ToolCallWire {
                 function: FunctionWire {
                     name: call.name,
-                    arguments: call.arguments,
+                    arguments: Value::String(call.arguments),
                 },
             });
         }
@@ -445,6 +452,29 @@ mod tests {
         assert_eq!(reply.tool_calls[0].tool, "send");
         assert_eq!(reply.tool_calls[0].args, json!({"to": "x"}));
         assert!(reply.tool_calls[0].irreversible);
+        assert_eq!(reply.tool_calls[1].args, json!({"k": 2}));
+        assert!(reply.tool_calls.iter().all(|c| c.invalid_args.is_none()));
+    }
+
+    /// Without an index, a continuation whose id is `""` continues the
+    /// call, as one with no id does (found by a review: each such fragment
+    /// started a nameless call and the reply failed).
+    #[test]
+    fn fragments_with_an_empty_id_and_no_index_continue_their_call() {
+        let body = sse(
+            &[
+                json!({"choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_1","type":"function","function":{"name":"lookup","arguments":""}}]}}]}),
+                json!({"choices":[{"index":0,"delta":{"tool_calls":[{"id":"","function":{"arguments":"{\"key\":"}}]}}]}),
+                json!({"choices":[{"index":0,"delta":{"tool_calls":[{"id":"","function":{"arguments":"\"a\"}"}}]}}]}),
+                json!({"choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_2","function":{"name":"lookup","arguments":{"k":2}}}]}}]}),
+                json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+            ],
+            true,
+        );
+        let (reply, _) = run(&body).0.expect("complete");
+        assert_eq!(reply.tool_calls.len(), 2, "{reply:?}");
+        assert_eq!(reply.tool_calls[0].args, json!({"key": "a"}));
+        // Arguments sent as JSON, not text: taken as their text.
         assert_eq!(reply.tool_calls[1].args, json!({"k": 2}));
         assert!(reply.tool_calls.iter().all(|c| c.invalid_args.is_none()));
     }

@@ -155,8 +155,12 @@ pub(super) struct ToolCallWire {
 #[derive(Deserialize)]
 pub(super) struct FunctionWire {
     pub(super) name: String,
+    /// A string holding JSON, as OpenAI sends it; some compatible servers
+    /// send the object itself, or `null` for no arguments. Taken as any
+    /// JSON value so that none of them fails the whole reply
+    /// ([`tool_arguments`] judges it).
     #[serde(default)]
-    pub(super) arguments: String,
+    pub(super) arguments: Value,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -228,7 +232,10 @@ pub(super) fn reply_from(
     for call in calls {
         let name = call.function.name;
         let irreversible = irreversible.get(&name).copied().unwrap_or(false);
-        let (args, invalid_args) = tool_arguments(&call.function.arguments);
+        let (args, invalid_args) = match call.function.arguments {
+            Value::String(raw) => tool_arguments(&raw),
+            sent => tool_arguments_sent_as_json(sent),
+        };
         if let Some(detail) = &invalid_args {
             // The model's mistake, not the reply's: the call is answered as
             // a failed tool call it can correct (the turn goes on).
@@ -274,6 +281,18 @@ fn tool_arguments(raw: &str) -> (Value, Option<String>) {
             Value::String(raw.to_string()),
             Some(format!("not JSON ({e}): {}", excerpt(raw, 120))),
         ),
+    }
+}
+
+/// Arguments a server sent as JSON rather than as a string holding it:
+/// an object is the arguments, `null` none (`{}`, as `""` is), anything
+/// else the model's mistake, carried as its JSON text like a string that
+/// is not an object.
+fn tool_arguments_sent_as_json(sent: Value) -> (Value, Option<String>) {
+    match sent {
+        Value::Object(_) => (sent, None),
+        Value::Null => (Value::Object(serde_json::Map::new()), None),
+        other => tool_arguments(&other.to_string()),
     }
 }
 
@@ -388,6 +407,34 @@ mod tests {
         assert_eq!(calls[2].invalid_args, None);
         let wire = serde_json::to_value(&calls[2]).expect("serialises");
         assert!(wire.get("invalid_args").is_none(), "{wire}");
+    }
+
+    /// Servers that send `arguments` as JSON, not as a string holding it:
+    /// no reply fails for it (found by a review: `null` and an object
+    /// failed the whole reply as malformed, which is not retried).
+    #[test]
+    fn arguments_sent_as_json_rather_than_as_text_are_taken() {
+        let body = r#"{"choices":[{"message":{"content":null,"tool_calls":[
+            {"id":"a","type":"function","function":{"name":"lookup","arguments":{"key":"a"}}},
+            {"id":"b","type":"function","function":{"name":"lookup","arguments":null}},
+            {"id":"c","type":"function","function":{"name":"lookup"}},
+            {"id":"d","type":"function","function":{"name":"lookup","arguments":[1]}},
+            {"id":"e","type":"function","function":{"name":"lookup","arguments":7}}]},
+            "finish_reason":"tool_calls"}]}"#;
+        let (reply, _) = parse_reply(body, &BTreeMap::new()).expect("the reply parses");
+        let calls = &reply.tool_calls;
+        assert_eq!(calls.len(), 5);
+        assert_eq!(
+            (&calls[0].args, &calls[0].invalid_args),
+            (&json!({"key": "a"}), &None)
+        );
+        assert_eq!((&calls[1].args, &calls[1].invalid_args), (&json!({}), &None));
+        assert_eq!((&calls[2].args, &calls[2].invalid_args), (&json!({}), &None));
+        for (call, raw) in [(&calls[3], "[1]"), (&calls[4], "7")] {
+            assert_eq!(call.args, json!(raw));
+            let why = call.invalid_args.as_deref().unwrap_or_default();
+            assert!(why.contains(&format!("not a JSON object: {raw}")), "{why}");
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //!    is refused.
 //! 3. Loopback, link-local (169.254/16, fe80::/10), private (10/8,
 //!    172.16/12, 192.168/16, fc00::/7), shared (100.64/10), unspecified,
-//!    broadcast and multicast addresses are refused unless the host is
+//!    broadcast and multicast addresses — and IPv6 addresses that carry
+//!    one of those IPv4 addresses (mapped, compatible, translated, NAT64,
+//!    6to4), and NAT64's local-use prefix — are refused unless the host is
 //!    listed. An `http` tool's own configured URL host counts as listed
 //!    (the operator wrote it; those tools follow no redirect).
 //!
@@ -147,12 +149,35 @@ fn is_internal_v4(ip: Ipv4Addr) -> bool {
 }
 
 fn is_internal_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
+    let s = ip.segments();
     ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
-        || (first & 0xffc0) == 0xfe80
-        || (first & 0xfe00) == 0xfc00
+        || (s[0] & 0xffc0) == 0xfe80
+        || (s[0] & 0xfe00) == 0xfc00
+        // NAT64's local-use prefix (64:ff9b:1::/48, RFC 8215): a
+        // translator of the operator's own, in front of its own network.
+        || s[..3] == [0x64, 0xff9b, 1]
+        || embedded_v4(ip).is_some_and(is_internal_v4)
+}
+
+/// The IPv4 address an IPv6 address carries and may reach through a
+/// host's stack or a translator on the path: IPv4-compatible (`::a.b.c.d`,
+/// deprecated but still routed by some stacks), IPv4-translated
+/// (`::ffff:0:a.b.c.d`, RFC 2765), NAT64's well-known prefix
+/// (`64:ff9b::a.b.c.d`, RFC 6052) and 6to4 (`2002:AABB:CCDD::/48`,
+/// RFC 3056). (IPv4-mapped addresses are [`canonical`]'s.) Found by a
+/// review: `64:ff9b::127.0.0.1` and the others were let through.
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let low = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    match s {
+        [0, 0, 0, 0, 0, 0, hi, lo] => Some(low(hi, lo)),
+        [0, 0, 0, 0, 0xffff, 0, hi, lo] => Some(low(hi, lo)),
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(low(hi, lo)),
+        [0x2002, hi, lo, ..] => Some(low(hi, lo)),
+        _ => None,
+    }
 }
 
 /// A resolver that lets through only what the fence admits: every address
@@ -217,10 +242,27 @@ mod tests {
             "[::ffff:169.254.169.254]:80",
             "0.0.0.0:80",
             "100.64.0.1:80",
+            // IPv4 inside IPv6 (no connection is made: `admit` only judges).
+            "[::127.0.0.1]:80",
+            "[::ffff:0:127.0.0.1]:80",
+            "[64:ff9b::127.0.0.1]:80",
+            "[64:ff9b::a9fe:a9fe]:80",
+            "[64:ff9b::10.0.0.1]:80",
+            "[64:ff9b:1::5]:80",
+            "[2002:7f00:1::1]:80",
+            "[2002:c0a8:1::1]:80",
         ] {
             assert!(fence.admit("h", at(addr)).is_err(), "{addr} admitted");
         }
         assert!(fence.admit("example.com", at("93.184.215.14:443")).is_ok());
+        // The same forms around a public address are ordinary addresses.
+        for addr in [
+            "[64:ff9b::5db8:d70e]:443",
+            "[2002:5db8:d70e::1]:443",
+            "[2606:2800:21f::1]:443",
+        ] {
+            assert!(fence.admit("example.com", at(addr)).is_ok(), "{addr} refused");
+        }
         let listed = Fence::for_http_get(&["LocalHost".into()], None);
         assert!(listed.admit("localhost", at("127.0.0.1:8080")).is_ok());
         assert!(
