@@ -484,6 +484,18 @@ impl Config {
         if self.runtime.max_tool_rounds == 0 {
             return err("runtime.max_tool_rounds", "must be >= 1".into());
         }
+        if self.api.listen.port() == 0 {
+            // The CLI clients find the daemon at this address, and the tool
+            // fence refuses it: a port the kernel picks would hide it
+            // from both.
+            return err(
+                "api.listen",
+                format!(
+                    "{}: give a port (0 would pick one no client or tool fence knows)",
+                    self.api.listen
+                ),
+            );
+        }
         if !self.api.listen.ip().is_loopback() && !self.api.allow_non_loopback {
             return err(
                 "api.listen",

@@ -167,6 +167,14 @@ fn non_loopback_listen_needs_opt_in() {
     assert!(parse(&text).is_ok());
 }
 
+/// Port 0 would hide the daemon from its CLI clients and from the tool
+/// fence's rule 1, which compare against this address (found by a review).
+#[test]
+fn listen_port_zero_is_invalid() {
+    let e = err(&format!("{GOOD}\n[api]\nlisten = \"127.0.0.1:0\"\n"));
+    assert!(e.contains("`api.listen`") && e.contains("give a port"), "{e}");
+}
+
 #[test]
 fn a_token_in_place_of_its_variable_name_is_invalid() {
     let text = format!("{GOOD}\n[api]\ntoken_env = \"3f9a0c-secret\"\n");
