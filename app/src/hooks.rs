@@ -6,7 +6,11 @@
 //! overruns its timeout is logged (`warn`) and skipped — unless it is a
 //! `PreToolUse` hook with `fail_closed = true`, whose failure denies the
 //! call (a policy is not bypassed by breaking it). A command runs with the
-//! event as JSON on its stdin, no shell, and is killed at its timeout;
+//! event as JSON on its stdin, no shell, in a process group of its own,
+//! and is answered within its timeout: at the deadline the whole group is
+//! killed (what it started too), and a hook that exited but left a
+//! process holding its output is not waited for past it (that process is
+//! killed; the answer is what the hook wrote);
 //! observe-only events run their commands on a thread of their own, so a
 //! slow one never holds the turn (dropping the hooks waits for them, each
 //! bounded by its timeout). The answer follows Claude Code's
@@ -314,19 +318,27 @@ fn decide(name: &str, cmd: &HookCommand, event: &[u8]) -> Result<HookDecision, H
     }
 }
 
-/// Run `cmd` with `input` on stdin; kill it at its timeout.
+/// Run `cmd` with `input` on stdin, in a process group of its own; at
+/// its timeout kill the group. The deadline bounds the whole answer: the
+/// program's exit and the end of its output, which a process it left
+/// behind may hold open (found by a review: a hook that ran `cmd &` held
+/// the round until `cmd` ended, and a killed hook's children ran on).
 fn run(cmd: &HookCommand, input: &[u8]) -> Result<Finished, HookError> {
+    use std::os::unix::process::CommandExt;
+
     let program = cmd.argv.first().cloned().unwrap_or_default();
     let mut child = Command::new(&program)
         .args(cmd.argv.iter().skip(1))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .map_err(|source| HookError::Spawn {
             program: program.clone(),
             source,
         })?;
+    let group = Group(child.id());
     // Each pipe on its own thread: a program that writes before reading,
     // or never reads, cannot deadlock us.
     let stdin = child.stdin.take().map(|mut pipe| {
@@ -347,25 +359,40 @@ fn run(cmd: &HookCommand, input: &[u8]) -> Result<Finished, HookError> {
     };
     let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let started = Instant::now();
+    let deadline = Instant::now() + cmd.timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() >= cmd.timeout => {
-                // Killed and reaped: no zombie, and its pipes close so the
-                // reader threads end.
-                let _ = child.kill();
+            Ok(None) if Instant::now() >= deadline => {
+                // The group killed and the program reaped: no zombie, and
+                // every holder of its pipes gone, so the readers end.
+                group.kill();
                 let _ = child.wait();
                 return Err(HookError::Timeout(cmd.timeout));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => {
-                let _ = child.kill();
+                group.kill();
                 let _ = child.wait();
                 return Err(HookError::Wait(e));
             }
         }
     };
+    // Exited: its output ends when the last holder of the pipes closes
+    // them, which a process it started may delay; not past the deadline.
+    // There the group is killed and the answer is what the program wrote
+    // (it exited: its answer is whole).
+    while !(stdout.is_finished() && stderr.is_finished()) {
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                program,
+                "hook exited but left a process holding its output; killed at its timeout"
+            );
+            group.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
     if let Some(t) = stdin {
         let _ = t.join();
     }
@@ -374,6 +401,24 @@ fn run(cmd: &HookCommand, input: &[u8]) -> Result<Finished, HookError> {
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     })
+}
+
+/// A hook's process group (its id is the hook program's pid).
+struct Group(u32);
+
+impl Group {
+    /// SIGKILL to every process of the group. An error (the group is
+    /// already gone) leaves nothing to do.
+    fn kill(&self) {
+        let Ok(pgid) = libc::pid_t::try_from(self.0) else {
+            return;
+        };
+        // SAFETY: kill(2) takes plain integers and touches no memory of
+        // ours; a negative pid names the process group.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+    }
 }
 
 /// `[retries]`: each tool's plan, and the host's way to wait.

@@ -272,7 +272,10 @@ impl Progress {
         let mut state = self.lock();
         let id = state.next_subscriber;
         state.next_subscriber += 1;
-        state.rounds.remove(agent.as_str());
+        // The agent's round is left alone: a turn of the agent may be in
+        // flight (a second client's turn is refused only after it
+        // subscribed), and each turn sets its own at its start
+        // (`TurnStart`, `AgentStart` resumed) and clears it at its stop.
         state.subscribers.push(Subscriber {
             id,
             watched: Watched { agent, session, work },

@@ -20,7 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -194,13 +194,28 @@ impl Telemetry {
 }
 
 /// Seed 000's HTTP POST sink: one thread posts queued envelopes.
+///
+/// Invariant: every envelope handed to [`HttpSink::post`] is accounted
+/// for when the sink is dropped: landed, refused or failed, dropped at a
+/// full queue, or abandoned at exit; all but the landed are said in one
+/// `warn` line with their counts.
 #[derive(Debug)]
 pub struct HttpSink {
     /// None once dropping: the thread drains what is queued and ends.
     tx: Option<mpsc::SyncSender<Vec<u8>>>,
     thread: Option<std::thread::JoinHandle<()>>,
     dropped: AtomicU64,
+    /// Queued, and what the thread made of them.
+    counts: Arc<PostCounts>,
+    url: String,
     timeout: Duration,
+}
+
+#[derive(Debug, Default)]
+struct PostCounts {
+    queued: AtomicU64,
+    landed: AtomicU64,
+    failed: AtomicU64,
 }
 
 impl HttpSink {
@@ -209,32 +224,32 @@ impl HttpSink {
     pub fn start(url: &str, timeout: Duration, queue: usize) -> HttpSink {
         let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(queue.max(1));
         let agent = crate::http::agent(url, timeout, 0);
-        let url = url.to_string();
-        let thread = std::thread::Builder::new()
-            .name("telemetry-http".into())
-            .spawn(move || {
-                let mut failed = 0u64;
-                for body in rx {
-                    let sent = agent
-                        .post(&url)
-                        .header("Content-Type", "application/json")
-                        .send(&body[..]);
-                    match sent {
-                        Ok(r) if r.status().is_success() => {}
-                        Ok(r) => {
-                            failed += 1;
-                            tracing::debug!(status = r.status().as_u16(), "telemetry POST refused");
-                        }
-                        Err(e) => {
-                            failed += 1;
-                            tracing::debug!(error = %e, "telemetry POST failed");
-                        }
+        let counts = Arc::new(PostCounts::default());
+        let thread = {
+            let (url, counts) = (url.to_string(), counts.clone());
+            std::thread::Builder::new()
+                .name("telemetry-http".into())
+                .spawn(move || {
+                    for body in rx {
+                        let sent = agent
+                            .post(&url)
+                            .header("Content-Type", "application/json")
+                            .send(&body[..]);
+                        let outcome = match sent {
+                            Ok(r) if r.status().is_success() => &counts.landed,
+                            Ok(r) => {
+                                tracing::debug!(status = r.status().as_u16(), "telemetry POST refused");
+                                &counts.failed
+                            }
+                            Err(e) => {
+                                tracing::debug!(error = %e, "telemetry POST failed");
+                                &counts.failed
+                            }
+                        };
+                        outcome.fetch_add(1, Ordering::Relaxed);
                     }
-                }
-                if failed > 0 {
-                    tracing::warn!(failed, url, "telemetry POSTs that did not land");
-                }
-            });
+                })
+        };
         let thread = match thread {
             Ok(t) => Some(t),
             Err(e) => {
@@ -246,6 +261,8 @@ impl HttpSink {
             tx: thread.as_ref().map(|_| tx),
             thread,
             dropped: AtomicU64::new(0),
+            counts,
+            url: url.to_string(),
             timeout,
         }
     }
@@ -253,9 +270,11 @@ impl HttpSink {
     /// Queue `body`; a full queue drops it (counted), never waits.
     pub fn post(&self, body: Vec<u8>) {
         let queued = self.tx.as_ref().is_some_and(|tx| tx.try_send(body).is_ok());
-        if !queued {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        let count = match queued {
+            true => &self.counts.queued,
+            false => &self.dropped,
+        };
+        count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Envelopes dropped so far (queue full, or no thread).
@@ -266,7 +285,9 @@ impl HttpSink {
 
 impl Drop for HttpSink {
     /// The queue drains, each POST bounded by its timeout; past about two
-    /// timeouts the rest is abandoned (the thread is detached).
+    /// timeouts the rest is abandoned (the thread is detached) and counted
+    /// with the failed and the dropped in one warning (found by a review:
+    /// abandoned envelopes were lost without a word).
     fn drop(&mut self) {
         drop(self.tx.take());
         if let Some(t) = self.thread.take() {
@@ -278,9 +299,19 @@ impl Drop for HttpSink {
                 let _ = t.join();
             }
         }
+        let c = &self.counts;
+        let (landed, failed) = (c.landed.load(Ordering::Relaxed), c.failed.load(Ordering::Relaxed));
+        let abandoned = c.queued.load(Ordering::Relaxed).saturating_sub(landed + failed);
         let dropped = self.dropped();
-        if dropped > 0 {
-            tracing::warn!(dropped, "telemetry POST queue was full; envelopes dropped");
+        if failed + abandoned + dropped > 0 {
+            tracing::warn!(
+                url = %self.url,
+                landed,
+                failed,
+                abandoned,
+                dropped,
+                "telemetry POSTs that did not land (failed or refused; abandoned at exit; dropped at a full queue)"
+            );
         }
     }
 }

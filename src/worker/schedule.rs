@@ -24,7 +24,11 @@
 //! - what a schedule emitted last is read back from the triggers table
 //!   at boot: its newest bucket row of its own period
 //!   (`store::triggers::scheduled`), which GC keeps. A schedule deleted
-//!   and added again with another period starts afresh.
+//!   and added again starts afresh: with another period, its marks are
+//!   another period's; with the same, the file records when each
+//!   definition was added (`added_at_ms`) and marks of buckets before
+//!   that are an earlier definition's, so it is not told it missed the
+//!   periods it did not exist in.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -89,6 +93,11 @@ impl Schedule {
 struct Document {
     version: u32,
     schedules: Vec<Schedule>,
+    /// When each definition was added (ms), by id. Absent in files of
+    /// earlier builds (every mark then counts, as it did), and ignored by
+    /// them (this struct takes unknown keys), so the version stays.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    added_at_ms: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +133,8 @@ pub struct Schedules {
     fs: Arc<dyn Fs>,
     root: PathBuf,
     defs: BTreeMap<String, Schedule>,
+    /// When each definition was added, where known (see [`Document`]).
+    added_at: BTreeMap<String, u64>,
     /// Last bucket whose trigger is committed, per schedule; absent until
     /// read back from the triggers table (once per boot, see `tick`).
     emitted: BTreeMap<String, Option<u64>>,
@@ -151,15 +162,21 @@ impl Schedules {
                     found: doc.version,
                 });
             }
-            doc.schedules.into_iter().map(|s| (s.id.clone(), s)).collect()
+            let defs: BTreeMap<String, Schedule> =
+                doc.schedules.into_iter().map(|s| (s.id.clone(), s)).collect();
+            let mut added_at = doc.added_at_ms;
+            added_at.retain(|id, _| defs.contains_key(id));
+            (defs, added_at)
         } else {
-            BTreeMap::new()
+            (BTreeMap::new(), BTreeMap::new())
         };
+        let (defs, added_at) = defs;
         tracing::info!(schedules = %path.display(), count = defs.len(), "schedules loaded");
         Ok(Schedules {
             fs,
             root: root.to_path_buf(),
             defs,
+            added_at,
             emitted: BTreeMap::new(),
         })
     }
@@ -168,10 +185,10 @@ impl Schedules {
         self.defs.values().cloned().collect()
     }
 
-    /// Add `schedule` durably. The same definition again is a no-op
-    /// (`Ok(false)`), so a retried request is harmless; a different one
-    /// under an existing id is a conflict.
-    pub fn add(&mut self, schedule: Schedule) -> Result<bool, ScheduleError> {
+    /// Add `schedule` durably at `now_ms`. The same definition again is a
+    /// no-op (`Ok(false)`), so a retried request is harmless; a different
+    /// one under an existing id is a conflict.
+    pub fn add(&mut self, schedule: Schedule, now_ms: u64) -> Result<bool, ScheduleError> {
         schedule.validate().map_err(ScheduleError::Invalid)?;
         match self.defs.get(&schedule.id) {
             Some(existing) if *existing == schedule => return Ok(false),
@@ -189,9 +206,14 @@ impl Schedules {
             None => {}
         }
         let mut next = self.defs.clone();
+        let mut added_at = self.added_at.clone();
+        added_at.insert(schedule.id.clone(), now_ms);
+        // Read back afresh at the next tick, from this definition's marks.
+        self.emitted.remove(&schedule.id);
         next.insert(schedule.id.clone(), schedule);
-        self.save(&next)?;
+        self.save(&next, &added_at)?;
         self.defs = next;
+        self.added_at = added_at;
         Ok(true)
     }
 
@@ -202,17 +224,25 @@ impl Schedules {
         let removed = next
             .remove(id)
             .ok_or_else(|| ScheduleError::NotFound(id.to_string()))?;
-        self.save(&next)?;
+        let mut added_at = self.added_at.clone();
+        added_at.remove(id);
+        self.save(&next, &added_at)?;
         self.defs = next;
+        self.added_at = added_at;
         self.emitted.remove(id);
         Ok(removed)
     }
 
     /// Write-temp, fsync, rename, fsync-dir: the rename is the commit.
-    fn save(&self, defs: &BTreeMap<String, Schedule>) -> Result<(), ScheduleError> {
+    fn save(
+        &self,
+        defs: &BTreeMap<String, Schedule>,
+        added_at: &BTreeMap<String, u64>,
+    ) -> Result<(), ScheduleError> {
         let doc = Document {
             version: SCHEDULES_VERSION,
             schedules: defs.values().cloned().collect(),
+            added_at_ms: added_at.clone(),
         };
         let path = self.root.join(SCHEDULES_FILE);
         let tmp = self.root.join(SCHEDULES_TMP);
@@ -303,10 +333,14 @@ impl Schedules {
         let now = system.now_ms();
         let marks = newest_buckets(&system.triggers().all(system.db().conn(), now)?);
         for (id, schedule) in &self.defs {
+            // Buckets before this definition was added are an earlier
+            // one's (deleted, then added again).
+            let first = self.added_at.get(id).map_or(0, |at| at / schedule.period_ms);
             let last = marks
                 .iter()
                 .filter(|(mark, _)| mark.is_of(id, schedule.period_ms))
                 .map(|(_, (bucket, _))| *bucket)
+                .filter(|bucket| *bucket >= first)
                 .max();
             self.emitted.insert(id.clone(), last);
         }
@@ -333,24 +367,30 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let fs: Arc<dyn Fs> = Arc::new(RealFs::new());
         let mut book = Schedules::load(fs.clone(), dir.path())?;
-        assert!(book.add(schedule("daily", 1_000))?);
-        assert!(!book.add(schedule("daily", 1_000))?, "same definition: no-op");
+        assert!(book.add(schedule("daily", 1_000), 5_000)?);
+        assert!(
+            !book.add(schedule("daily", 1_000), 6_000)?,
+            "same definition: no-op"
+        );
         assert!(matches!(
-            book.add(schedule("daily", 2_000)),
+            book.add(schedule("daily", 2_000), 6_000),
             Err(ScheduleError::Conflict(_))
         ));
         assert!(matches!(
-            book.add(schedule("bad:id", 1_000)),
+            book.add(schedule("bad:id", 1_000), 6_000),
             Err(ScheduleError::Invalid(_))
         ));
         assert!(matches!(
-            book.add(schedule("fast", 1)),
+            book.add(schedule("fast", 1), 6_000),
             Err(ScheduleError::Invalid(_))
         ));
-        book.add(schedule("hourly", 3_600_000))?;
+        book.add(schedule("hourly", 3_600_000), 6_000)?;
         book.remove("hourly")?;
         let again = Schedules::load(fs.clone(), dir.path())?;
         assert_eq!(again.list(), vec![schedule("daily", 1_000)]);
+        // When it was added (the first add's time, not the no-op's), and
+        // nothing of the removed one.
+        assert_eq!(again.added_at, BTreeMap::from([("daily".to_string(), 5_000)]));
         assert!(!dir.path().join(SCHEDULES_TMP).exists());
         std::fs::write(dir.path().join(SCHEDULES_FILE), b"{not json")?;
         let err = Schedules::load(fs, dir.path()).expect_err("corrupt");

@@ -150,7 +150,7 @@ pub fn apply<V: View>(
         Request::AddSchedule(s) => {
             // The agent must exist now; it is looked up again at each firing.
             resolve(system, &s.agent)?;
-            let created = schedules.add(s.clone())?;
+            let created = schedules.add(s.clone(), system.now_ms())?;
             Ok(json!({"schedule": s, "created": created}))
         }
         Request::DeleteSchedule(id) => Ok(json!({"deleted": schedules.remove(&id)?})),
