@@ -252,11 +252,12 @@
 //!   `confirm` releases the key — [`crate::model::Model::must_block`] —
 //!   and then runs it once).
 //! - **V1 Each line carries the version an older build goes by** (after
-//!   every restart, every sealed log line; `driver/stamps.rs`): the
-//!   oldest schema version whose readers understand it — the hook
-//!   version for a decision with a hook's verdict, the decision version
-//!   for any other decision and for a `turn.resume` with its prompt, the
-//!   checksum version for the rest.
+//!   every restart, every log line; `driver/stamps.rs`): sealed, unless
+//!   it is an older build's line the rot strike planted, and stamped
+//!   with the oldest schema version whose readers understand it — the
+//!   hook version for a decision with a hook's verdict, the decision
+//!   version for any other decision and for a `turn.resume` with its
+//!   prompt, the checksum version for the rest.
 //! - **T1 A failed boot's error is typed** (`driver/typed.rs`): no SQLite
 //!   error in its chain is the generic variant when its code says what
 //!   it was (a full disk, an I/O error, corruption, …), so an operator

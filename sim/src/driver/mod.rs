@@ -240,6 +240,9 @@ pub struct Driver {
     provider_failed: bool,
     /// The line a `PowerRot` crash damaged, until the next boot is judged.
     rot: Option<Rot>,
+    /// The older build's lines rot strikes planted (without newline):
+    /// the only unsealed lines V1 lets through (`stamps`).
+    older_lines: std::collections::BTreeSet<Vec<u8>>,
     /// Where the last failed boot said the data is damaged, and whether
     /// as a newer version's line.
     corruption: Option<(CorruptLine, bool)>,
@@ -358,6 +361,7 @@ impl Driver {
             lost_keys: Arc::default(),
             released_runs: Default::default(),
             rot: None,
+            older_lines: Default::default(),
             corruption: None,
             refusal: None,
             report_violations: Vec::new(),
@@ -404,6 +408,9 @@ impl Driver {
         driver.faults = self.faults.fork(driver.fs.clone(), point);
         driver.tools = self.tools.fork(driver.fs.clone(), point);
         driver.released_runs = self.released_runs.clone();
+        // Lines planted after `point` are not on the fork's disk: keeping
+        // them allowed changes nothing.
+        driver.older_lines = self.older_lines.clone();
         driver.set_step(self.now() / OP_MS);
         driver.names = names.names;
         driver.msgs = names.msgs;
@@ -532,7 +539,7 @@ impl Driver {
             let decided = project::decided_calls(&logs_after);
             v.extend(project::undecided_effects(&decided, &self.world.deliveries()));
             v.extend(project::hook_violations(&decided));
-            v.extend(stamps::stamp_violations(&logs_after));
+            v.extend(stamps::stamp_violations(&logs_after, &self.older_lines));
             // Nothing after this writes a log before the next op or crash.
             self.boot_logs = Some(logs_after);
             // The boot settles every INTENT a crash left (re-sent to a
@@ -639,6 +646,24 @@ impl Driver {
         self.fs.restart(kind.mode());
         if let Some(floor) = floor {
             self.rot = rot::strike(&self.fs, &floor, self.seed, self.fs.points());
+            self.note_planted();
+        }
+    }
+
+    /// Remember the line a [`rot::Damage::Older`] strike planted (it is
+    /// left in place): the one kind of unsealed line V1 lets through.
+    fn note_planted(&mut self) {
+        let Some(rot) = self.rot.as_ref().filter(|r| r.damage == rot::Damage::Older) else {
+            return;
+        };
+        let path = rot.path.clone();
+        let image = self.fs.disk_image_where(|p| p == path);
+        let line = image
+            .get(&path)
+            .and_then(|bytes| bytes.get(usize::try_from(rot.line_offset).ok()?..))
+            .and_then(|rest| rest.split(|b| *b == b'\n').next());
+        if let Some(line) = line {
+            self.older_lines.insert(line.to_vec());
         }
     }
 
@@ -686,6 +711,7 @@ impl Driver {
     pub fn rot_fork(&mut self, kind: CrashKind, floor: Option<&BTreeMap<PathBuf, Vec<u8>>>, point: u64) {
         if let (CrashKind::PowerRot, Some(floor)) = (kind, floor) {
             self.rot = rot::strike(&self.fs, floor, self.seed, point);
+            self.note_planted();
         }
     }
 

@@ -5,16 +5,18 @@
 //! is refused by it as newer, never misread. The fuzzer runs one build;
 //! the stamp is what an older one would go by, so it is checked here.
 //!
-//! V1: every sealed line of an `events.jsonl` (one this build wrote; an
-//! older build's unsealed lines are what the rot strike leaves, never
-//! restamped) carries, by what it holds:
+//! V1: every complete line of an `events.jsonl` that parses is sealed
+//! (this build seals every line it writes: a line without its checksum
+//! is one no reader can check for rot), unless it is an older build's
+//! line the rot strike planted ([`crate::rot::Damage::Older`]: never
+//! restamped); and every sealed line carries, by what it holds:
 //! - a `round.decided` with a hook's verdict in any call: the hook
 //!   version (5: a version-4 reader would drop the verdict);
 //! - any other `round.decided`, and a `turn.resume` that carries its
 //!   prompt: the decision version (4);
 //! - anything else: the checksum version (3: every sealed line needs it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use durable_agent::checksum::{self, Sealed};
@@ -30,8 +32,12 @@ fn wanted(event: &Event) -> u32 {
     }
 }
 
-/// V1 over `logs` (every log file's bytes, by path).
-pub(super) fn stamp_violations(logs: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<String> {
+/// V1 over `logs` (every log file's bytes, by path); `planted` holds the
+/// older build's lines the rot strike left (without their newline).
+pub(super) fn stamp_violations(
+    logs: &BTreeMap<PathBuf, Vec<u8>>,
+    planted: &BTreeSet<Vec<u8>>,
+) -> Vec<String> {
     let plain = format!("{{\"schema_version\":{CHECKSUM_VERSION},");
     let mut out = Vec::new();
     for (path, bytes) in logs {
@@ -47,8 +53,19 @@ pub(super) fn stamp_violations(logs: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<String>
             let at = offset;
             offset += line.len();
             let line = &line[..line.len() - 1];
-            // An older build's line (unsealed) is never restamped.
+            // An older build's line (unsealed) is never restamped; any
+            // other unsealed line that reads as an entry is this build's
+            // (one that does not read is damage, the readers' to refuse).
             if checksum::check(line) == Sealed::Unsealed {
+                match LogEntry::parse(line) {
+                    Ok(entry) if !planted.contains(line) => out.push(format!(
+                        "V1: {} byte {at}: a line without its checksum, stamped schema_version {} (every line this build writes is sealed; only an older build's may lack it): {}",
+                        path.display(),
+                        entry.schema_version,
+                        String::from_utf8_lossy(&line[..line.len().min(160)])
+                    )),
+                    _ => {}
+                }
                 continue;
             }
             // Only these two events may need more than the checksum
