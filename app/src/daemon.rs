@@ -83,6 +83,9 @@ pub enum ServeError {
     WorkerPanicked,
     #[error("stopped: {0}")]
     Fatal(OpError),
+    /// `{root}/schedules.json` cannot be read (refused before listening).
+    #[error("cannot load the schedules: {0}")]
+    Schedules(durable_agent::worker::schedule::ScheduleError),
 }
 
 /// A call's result, on its way back to the worker.
@@ -134,7 +137,7 @@ impl Daemon {
             Ok(Ok(report)) => report,
             Ok(Err(e)) => {
                 let _ = worker.join();
-                return Err(ServeError::Boot(e));
+                return Err(e);
             }
             Err(_) => {
                 let _ = worker.join();
@@ -229,30 +232,29 @@ fn worker(
     stop: &Stop,
     settings: ServeSettings,
     (rx, back): (&mpsc::Receiver<Msg>, mpsc::Sender<Msg>),
-    boot_tx: mpsc::SyncSender<Result<BootReport, BootError>>,
+    boot_tx: mpsc::SyncSender<Result<BootReport, ServeError>>,
     progress: &Arc<Progress>,
 ) -> Result<(), OpError> {
-    let (system, lifecycle): (System, _) = match boot_watched(config, stop, ApiKey::Required, Some(progress))
-    {
-        Ok((system, report, lifecycle)) => {
+    // The boot, then the schedules, before the report: a root whose
+    // schedules cannot be read is refused before the API listens (found
+    // by a review: the URL was printed, then the daemon stopped).
+    let booted = boot_watched(config, stop, ApiKey::Required, Some(progress))
+        .map_err(ServeError::Boot)
+        .and_then(|booted| {
+            let fs = crate::boot::real_fs().map_err(ServeError::Boot)?;
+            Schedules::load(Arc::new(fs), &config.runtime.root)
+                .map(|schedules| (booted, schedules))
+                .map_err(ServeError::Schedules)
+        });
+    let ((system, lifecycle), schedules): ((System, _), _) = match booted {
+        Ok(((system, report, lifecycle), schedules)) => {
             // The receiver waits for exactly this message.
             let _ = boot_tx.send(Ok(report));
-            (system, lifecycle)
+            ((system, lifecycle), schedules)
         }
         Err(e) => {
             let _ = boot_tx.send(Err(e));
             return Ok(());
-        }
-    };
-    let fs = match crate::boot::real_fs() {
-        Ok(fs) => fs,
-        Err(e) => return Err(OpError::UnknownOutcome(e.to_string())),
-    };
-    let schedules = match Schedules::load(Arc::new(fs), &config.runtime.root) {
-        Ok(schedules) => schedules,
-        Err(e) => {
-            // The boot was reported good; a bad schedules file stops the daemon.
-            return Err(OpError::UnknownOutcome(format!("cannot load the schedules: {e}")));
         }
     };
     let outside = system.runtime().outside();

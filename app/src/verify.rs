@@ -93,10 +93,41 @@ pub fn repair_command(f: &Finding, root: &RootArg) -> String {
             "restore root.json from a backup, or: durable-agent repair --quarantine {}",
             root.cli
         ),
+        Remedy::Manual if f.kind == durable_agent::recovery::verify::FindingKind::SchedulesInvalid => {
+            format!(
+                "not repaired by quarantine: restore {} from a backup, or move it aside (its schedules \
+             are then forgotten: add them again)",
+                f.path.display()
+            )
+        }
         Remedy::Manual => {
             "not repaired by quarantine: upgrade durable-agent or fix the file's permissions".to_string()
         }
     }
+}
+
+/// `{root}/schedules.json` as the daemon loads it (`serve`, and every
+/// command that boots the root, refuse a root whose file cannot be
+/// read): a finding if it cannot be (found by a review: `verify` called
+/// such a root healthy). Read only; a missing file is no schedules.
+fn check_schedules(fs: Arc<dyn Fs>, root: &Path) -> Option<Finding> {
+    use durable_agent::recovery::verify::FindingKind;
+    use durable_agent::worker::schedule::{ScheduleError, Schedules, SCHEDULES_FILE};
+    let e = Schedules::load(fs, root).err()?;
+    let kind = match &e {
+        ScheduleError::FutureVersion { .. } => FindingKind::NewerSchema,
+        ScheduleError::Io { .. } => FindingKind::Unreadable,
+        _ => FindingKind::SchedulesInvalid,
+    };
+    Some(Finding {
+        kind,
+        path: root.join(SCHEDULES_FILE),
+        line: None,
+        offset: None,
+        session: None,
+        message: e.to_string(),
+        remedy: Remedy::Manual,
+    })
 }
 
 fn root_missing(root: &RootArg) -> Option<String> {
@@ -109,7 +140,8 @@ pub fn verify_command(root: &RootArg, json: bool) -> Result<(String, bool), Stri
         return Err(e);
     }
     let fs: Arc<dyn Fs> = Arc::new(real_fs().map_err(|e| e.to_string())?);
-    let v = verify(fs, &root.root, &root.db_path());
+    let mut v = verify(fs.clone(), &root.root, &root.db_path());
+    v.damaged.extend(check_schedules(fs, &root.root));
     let healthy = v.is_healthy();
     let out = if json {
         json_report(&v, root)?

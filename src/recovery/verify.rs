@@ -155,6 +155,9 @@ pub enum FindingKind {
     ManifestInvalid,
     /// A file could not be read (permissions, I/O).
     Unreadable,
+    /// `schedules.json` does not parse (the daemon's acknowledged
+    /// schedules: `worker::schedule`; checked by the product's `verify`).
+    SchedulesInvalid,
 }
 
 /// What would repair a [`Finding`].
