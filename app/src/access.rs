@@ -13,7 +13,11 @@
 //! - a POST, or any request with a body, says `Content-Type:
 //!   application/json`, which a cross-site "simple" request cannot (403);
 //! - its declared body is at most `api.max_body_bytes` (413, answered
-//!   before a byte of the body is read; a chunked body is cut at the limit).
+//!   before a byte of the body is read; a chunked body is cut at the limit);
+//! - if it names the root it is meant for ([`ROOT_HEADER`]: the store id
+//!   `root.json` holds, which the CLI sends), that is this daemon's root
+//!   (409): two configs that share `api.listen` cannot have one root's
+//!   command applied to the other's.
 //!
 //! The token is `api.token_env`'s variable when the config names one
 //! (required to bind beyond loopback), else `{root}/api-token`, generated
@@ -33,6 +37,10 @@ use crate::config::Config;
 
 /// The token file under the root.
 pub const TOKEN_FILE: &str = "api-token";
+
+/// The request header naming the root a request is meant for: its store
+/// id (`root.json`'s `store_id`, decimal).
+pub const ROOT_HEADER: &str = "X-Durable-Agent-Root";
 
 /// A token from the environment must be at least this long.
 pub const MIN_TOKEN_CHARS: usize = 16;
@@ -199,6 +207,8 @@ pub struct Gate {
     max_body_bytes: u64,
     /// DNS names a client may use for this API (`api.allowed_hosts`).
     allowed_hosts: Vec<String>,
+    /// The store id of the root this daemon serves, when known.
+    root: Option<u32>,
 }
 
 impl Gate {
@@ -208,7 +218,14 @@ impl Gate {
             listen,
             max_body_bytes,
             allowed_hosts: Vec::new(),
+            root: None,
         }
+    }
+
+    /// Refuse requests that name another root than `store_id`'s (409).
+    pub fn serving_root(mut self, store_id: u32) -> Gate {
+        self.root = Some(store_id);
+        self
     }
 
     /// Also admit these DNS names in `Host` (`api.allowed_hosts`).
@@ -280,6 +297,18 @@ impl Gate {
                 status: 401,
                 message: "missing or wrong API token: send `Authorization: Bearer <token>` (the token is in {root}/api-token, or the variable api.token_env names)".into(),
             });
+        }
+        if let (Some(own), Some(asked)) = (self.root, header(ROOT_HEADER)) {
+            if asked.trim() != own.to_string() {
+                return Err(Refused {
+                    status: 409,
+                    message: format!(
+                        "this daemon serves another root (store {own}; the request is for store {}): two configs share api.listen {}; give each root its own",
+                        asked.trim(),
+                        self.listen
+                    ),
+                });
+            }
         }
         let has_body = body_length.is_some_and(|n| n > 0) || header("Transfer-Encoding").is_some();
         if method == "POST" || has_body {
@@ -502,6 +531,23 @@ mod tests {
         assert_eq!(host("localhost"), None);
         assert_eq!(host("127.0.0.1"), None);
         assert_eq!(host("127.0.0.1:80"), None);
+    }
+
+    #[test]
+    fn a_request_for_another_root_is_refused() {
+        let g = gate().serving_root(7);
+        let with_root = |id: &str| headers(&[("Host", "127.0.0.1:7341"), AUTH, (ROOT_HEADER, id)]);
+        assert_eq!(g.check("GET", &with_root("7"), None), Ok(()));
+        let refused = g.check("GET", &with_root("8"), None).err();
+        assert_eq!(refused.as_ref().map(|r| r.status), Some(409), "{refused:?}");
+        // No header (curl): no claim to check.
+        assert_eq!(
+            g.check("GET", &headers(&[("Host", "127.0.0.1:7341"), AUTH]), None),
+            Ok(())
+        );
+        // A stranger learns nothing: the token is checked first.
+        let stranger = headers(&[("Host", "127.0.0.1:7341"), (ROOT_HEADER, "8")]);
+        assert_eq!(g.check("GET", &stranger, None).err().map(|r| r.status), Some(401));
     }
 
     #[test]

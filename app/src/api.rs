@@ -183,6 +183,8 @@ pub struct Client {
     base: String,
     agent: ureq::Agent,
     token: Option<Token>,
+    /// The root the calls are meant for (its store id), if known.
+    root: Option<u32>,
 }
 
 impl Client {
@@ -193,7 +195,15 @@ impl Client {
             agent: http::direct_agent(timeout, 0),
             base,
             token: None,
+            root: None,
         }
+    }
+
+    /// Name the root every call is meant for (its store id): a daemon
+    /// serving another root refuses them (409, [`crate::access`]).
+    pub fn for_root(mut self, store_id: u32) -> Client {
+        self.root = Some(store_id);
+        self
     }
 
     /// Send `token` with every call (the daemon answers 401 without it).
@@ -211,6 +221,9 @@ impl Client {
             .header("Content-Type", "application/json");
         if let Some(token) = &self.token {
             request = request.header("Authorization", token.bearer());
+        }
+        if let Some(root) = self.root {
+            request = request.header(crate::access::ROOT_HEADER, root.to_string());
         }
         let request = request
             .body(body.map_or_else(Vec::new, |b| b.to_string().into_bytes()))

@@ -169,6 +169,12 @@ impl Daemon {
         let listener = Listener::bind(listen, exposure).and_then(|bound| {
             let gate = Gate::new(token, bound.addr(), config.api.max_body_bytes)
                 .with_allowed_hosts(&config.api.allowed_hosts);
+            // The boot wrote root.json: requests meant for another root
+            // (a config sharing this listen address) are refused.
+            let gate = match root_store_id(&config.runtime.root) {
+                Some(id) => gate.serving_root(id),
+                None => gate,
+            };
             // A request goes to the worker thread as one message; the
             // send never blocks (the channel is unbounded; the listener
             // bounds the requests in flight).
@@ -214,6 +220,15 @@ impl Daemon {
             Err(_) => Err(ServeError::WorkerPanicked),
         }
     }
+}
+
+/// The store id `{root}/root.json` names, if it reads.
+pub fn root_store_id(root: &std::path::Path) -> Option<u32> {
+    let fs = crate::boot::real_fs().ok()?;
+    durable_agent::store::manifest::read(&fs, root)
+        .ok()
+        .flatten()
+        .map(|m| m.store_id)
 }
 
 /// How long the API lets open connections finish at shutdown (a

@@ -604,8 +604,14 @@ fn call_root(
         Err(e) if e.is_locked() => {
             tracing::info!(addr = %config.api.listen, "the root is held (a daemon?): asking its API");
             let token = Token::for_client(config).map_err(|t| format!("{e}\nand its API token: {t}"))?;
-            Client::new(config.api.listen, std::time::Duration::from_secs(60))
-                .with_token(token)
+            let client = Client::new(config.api.listen, std::time::Duration::from_secs(60)).with_token(token);
+            // Meant for this root only: a daemon of another root at the
+            // same address refuses it (409).
+            let client = match durable_agent_cli::daemon::root_store_id(&config.runtime.root) {
+                Some(id) => client.for_root(id),
+                None => client,
+            };
+            client
                 .call(method, path, body.as_ref())
                 .map_err(|api_error| match api_error {
                     // It answered, with a refusal: say what it said (a 4xx
