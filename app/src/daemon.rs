@@ -235,9 +235,49 @@ pub fn root_store_id(root: &std::path::Path) -> Option<u32> {
 /// streamed turn's last events, an answer being written) before cutting.
 const API_GRACE: Duration = Duration::from_secs(5);
 
-/// How long a stopping worker waits for the calls still out (a tool in
+/// The least a stopping worker waits for the calls still out (a tool in
 /// progress finishes its step; a completion is abandoned at once).
 const DRAIN: Duration = Duration::from_secs(30);
+
+/// How long a stop waits for the calls still out: the longest a
+/// configured tool call can take — each attempt bounded by its
+/// `timeout_ms`, with its retries and their backoff, and every command
+/// hook around it — plus a margin, and at least [`DRAIN`]. A tool call in
+/// progress is never cut (app/README.md, Stopping): found by a review, a
+/// fixed 30 s cut an email whose answer came later, and the next boot
+/// parked its key for a human after a stop said to be clean.
+fn drain_bound(config: &Config) -> Duration {
+    use crate::config::{default_max_retries, ToolConfig};
+    let r = &config.retries;
+    let longest_call = config
+        .tools
+        .iter()
+        .map(|tool| {
+            let timeout = match tool {
+                ToolConfig::Http(t) => t.timeout_ms,
+                ToolConfig::HttpGet(t) => t.timeout_ms,
+                _ => 0,
+            };
+            let own = r.tools.get(tool.name());
+            let no_dedup = tool.irreversible() && !matches!(tool, ToolConfig::Http(h) if h.dedup);
+            let retries = match no_dedup {
+                true => 0,
+                false => own
+                    .and_then(|o| o.max_retries)
+                    .unwrap_or(default_max_retries(tool.irreversible())),
+            };
+            let backoff = own.and_then(|o| o.backoff_max_ms).unwrap_or(r.backoff_max_ms);
+            let attempts = u64::from(retries).saturating_add(1);
+            timeout
+                .saturating_mul(attempts)
+                .saturating_add(backoff.saturating_mul(u64::from(retries)))
+        })
+        .max()
+        .unwrap_or(0);
+    let hooks: u64 = config.hooks.iter().map(|h| h.timeout_ms).sum();
+    let ms = longest_call.saturating_add(hooks).saturating_add(5_000);
+    Duration::from_millis(ms).max(DRAIN)
+}
 
 /// The worker thread: boot, report it, then drive the worker with
 /// requests, call results and scheduler passes until a stop.
@@ -309,17 +349,18 @@ fn worker(
     // so their turns stop at a durable boundary. What is left is resumed
     // by the next boot, as after a crash.
     core.stop();
-    let deadline = std::time::Instant::now() + DRAIN;
+    let bound = drain_bound(config);
+    let deadline = std::time::Instant::now() + bound;
     while core.in_flight() > 0 {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let event = match rx.recv_timeout(left) {
             Ok(msg) => driver.feed(&mut core, msg),
             Err(_) => {
-                tracing::warn!(
-                    in_flight = core.in_flight(),
-                    "calls still out at shutdown; the next boot resumes their turns"
-                );
-                break;
+                // Not a clean stop: said so, and the exit code says it too.
+                return Err(OpError::UnknownOutcome(format!(
+                    "{} call(s) still out after {bound:?} of a graceful stop (longer than any configured tool call can take); the next boot resumes their turns, and an irreversible call's key may wait for a human (see `status`)",
+                    core.in_flight()
+                )));
             }
         };
         driver.act(&mut core);
@@ -390,5 +431,29 @@ impl Driver {
             };
             let _ = self.back.send(Msg::Called(Finished { turn, result }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_waits_for_the_longest_a_configured_tool_call_can_take() -> Result<(), String> {
+        let config = |tools: &str| {
+            let text = format!("[provider]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n{tools}");
+            Config::parse(std::path::Path::new("/x/agent.toml"), &text).map_err(|e| e.to_string())
+        };
+        assert_eq!(drain_bound(&config("")?), DRAIN);
+        // Irreversible without dedup: one attempt, never retried.
+        let email = "[[tools]]\nkind = \"http\"\nname = \"send\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/s\"\nirreversible = true\ntimeout_ms = 60000\n";
+        assert_eq!(drain_bound(&config(email)?), Duration::from_millis(65_000));
+        // Reversible, 2 retries of up to 1 s backoff each, and a hook.
+        let lookup = "[[tools]]\nkind = \"http\"\nname = \"look\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/l\"\ntimeout_ms = 20000\n[retries]\nbackoff_max_ms = 1000\n[retries.tools.look]\nmax_retries = 2\n[[hooks]]\naction = \"command\"\ncommand = [\"/bin/true\"]\ntimeout_ms = 3000\n";
+        assert_eq!(
+            drain_bound(&config(lookup)?),
+            Duration::from_millis(60_000 + 2_000 + 3_000 + 5_000)
+        );
+        Ok(())
     }
 }
