@@ -161,6 +161,14 @@ impl System {
             .with_status(db.conn(), ActivityStatus::NeedsConfirmation)?)
     }
 
+    /// Whether the action `idem_key` waits for a human's answer
+    /// (NEEDS_CONFIRMATION in the ledger).
+    pub fn waits_for_human(&self, idem_key: &str) -> Result<bool, StoreError> {
+        let db = self.db();
+        let record = self.gate().store().get(db.conn(), idem_key)?;
+        Ok(record.is_some_and(|r| r.status == ActivityStatus::NeedsConfirmation))
+    }
+
     /// A human's answer for the NEEDS_CONFIRMATION action `idem_key`
     /// (see [`Resolution`]), which unblocks the work waiting on it: every
     /// FAILED trigger whose turn stopped at this key

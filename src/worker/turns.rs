@@ -255,7 +255,7 @@ fn end_fire(
     match ops::settle_fire(system, &claimed.claim, outcome)? {
         Some(FireResult::Fired { id, fired }) => tracing::debug!(id, ?fired, "trigger fired"),
         Some(other) => tracing::debug!(?other, "trigger settled"),
-        None => tracing::info!(id = %claimed.claim.id, "trigger turn interrupted; boot reclaims it"),
+        None => tracing::info!(id = %claimed.claim.id, "trigger's claim given back"),
     }
     Ok(())
 }

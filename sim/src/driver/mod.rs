@@ -1279,9 +1279,7 @@ impl Driver {
                         }
                         return Err(error);
                     }
-                    Ok(Some(FireResult::Interrupted { .. }) | None) => {
-                        return Err("the firing was interrupted".into())
-                    }
+                    Ok(None) => return Err("the firing was interrupted".into()),
                     Err(e) => return Err(e.to_string()),
                 }
             }

@@ -29,11 +29,6 @@ pub enum FireResult {
         id: String,
         error: String,
     },
-    /// A stop arrived mid-turn: the claim is left for the next boot to
-    /// reclaim (the turn re-runs under the same work id).
-    Interrupted {
-        id: String,
-    },
 }
 
 /// A due trigger this process claimed, with the agent and prompt its
@@ -97,13 +92,28 @@ pub fn claim_next(
 
 /// Settle a claimed trigger's firing: DONE was acked by the fire (`Ok`);
 /// a failed turn is acked failed here — retried with backoff if the
-/// provider failed, else given up. `Ok(None)`: a stop interrupted the
-/// turn, the claim is given back (PENDING, the attempt not counted).
+/// provider failed, else given up. `Ok(None)`: the claim is given back
+/// (PENDING, the attempt not counted) — a stop interrupted the turn, or
+/// the key it blocked on was answered while its call was out.
 pub fn settle_fire(
     system: &mut System,
     claim: &Trigger,
     outcome: Result<Fired, SystemError>,
 ) -> Result<Option<FireResult>, OpError> {
+    if let Err(SystemError::Runtime(RuntimeError::NeedsConfirmation { idem_key, .. })) = &outcome {
+        // A human's answer may have come while the call that found the key
+        // waiting was out (the daemon's calls run outside the worker):
+        // `confirm` re-pends only FAILED triggers, and this one was still
+        // CLAIMED, so marking it FAILED now would leave it blocked on a
+        // key nobody can answer again (found by a review). It runs again
+        // instead, and the ledger answers the call.
+        if !system.waits_for_human(idem_key)? {
+            tracing::info!(id = %claim.id, idem_key, "the key was answered while its call was out; the claim is given back");
+            let now = system.now_ms();
+            system.triggers().release(system.db().conn(), claim, now)?;
+            return Ok(None);
+        }
+    }
     let blocked = matches!(
         outcome,
         Err(SystemError::Runtime(RuntimeError::NeedsConfirmation { .. }))
