@@ -3,8 +3,9 @@
 //! and the executor (reversible ones) so both send the same bytes.
 //!
 //! Invariant: every request carries the configured headers plus
-//! `Idempotency-Key` (a `${VAR}` in a header value is read from the
-//! environment at call time), passes the tool fence, follows no redirect (a redirected POST could be
+//! `Idempotency-Key` (the call's key, its bytes outside visible ASCII and
+//! `%` percent-encoded: a header carries nothing else; a `${VAR}` in a
+//! header value is read from the environment at call time), passes the tool fence, follows no redirect (a redirected POST could be
 //! replayed at another address) and is bounded by the tool's timeout.
 
 use std::net::SocketAddr;
@@ -70,7 +71,7 @@ impl Endpoint {
         let mut builder = ureq::http::Request::builder()
             .method(self.method.as_str())
             .uri(uri.as_str())
-            .header("Idempotency-Key", idem_key);
+            .header("Idempotency-Key", header_key(idem_key));
         if self.method != "GET" {
             builder = builder.header("Content-Type", "application/json");
         }
@@ -121,6 +122,23 @@ fn may_have_been_sent(e: &ureq::Error) -> bool {
         ),
         _ => true,
     }
+}
+
+/// `idem_key` as a header value: each byte outside visible ASCII, and
+/// `%`, as `%XX` — the same key always gives the same value, two keys
+/// never one, and any work id or trigger key can be carried (found by a
+/// review: a non-ASCII trigger key went out as raw bytes, which the
+/// endpoint dropped, and a control character failed every call).
+pub fn header_key(idem_key: &str) -> String {
+    let mut out = String::with_capacity(idem_key.len());
+    for b in idem_key.bytes() {
+        match b {
+            b'%' => out.push_str("%25"),
+            0x21..=0x7e => out.push(char::from(b)),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 /// `value` with every `${NAME}` replaced by the environment variable

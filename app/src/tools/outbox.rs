@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::endpoint::{Endpoint, Failed};
 use crate::config::HttpToolConfig;
-use crate::http::excerpt;
+use crate::http::{excerpt, TransportFailure};
 
 #[derive(Debug)]
 pub struct HttpOutbox {
@@ -52,17 +52,40 @@ impl Outbox for HttpOutbox {
         let unknown = || DeliveryError::Unknown {
             idem_key: idem_key.to_string(),
         };
+        // Not delivered, and worth trying again (not reached, 429): at an
+        // endpoint that deduplicates by key, re-sending under the same key
+        // is safe, so the ledger keeps its INTENT and `[retries]` (or the
+        // next boot) sends again (found by a review: both were final
+        // failures, and max_retries never applied). Elsewhere it stays a
+        // refusal: calling it unknown would ask a human for nothing.
+        let transient = |reason: String| match self.dedup {
+            true => {
+                tracing::warn!(tool = %self.endpoint.name, idem_key, reason, "not delivered; sent again under its key");
+                unknown()
+            }
+            false => DeliveryError::Rejected {
+                idem_key: idem_key.to_string(),
+                reason,
+            },
+        };
         let reply = match self.endpoint.call(idem_key, payload) {
             Ok(reply) => reply,
-            Err(Failed { failure, sent }) => {
-                tracing::warn!(tool = %self.endpoint.name, idem_key, url = self.endpoint.url(), sent, %failure, "delivery outcome unknown");
-                return Err(if sent {
-                    unknown()
-                } else {
-                    DeliveryError::Rejected {
-                        idem_key: idem_key.to_string(),
-                        reason: failure.to_string(),
-                    }
+            Err(Failed { failure, sent: true }) => {
+                tracing::warn!(tool = %self.endpoint.name, idem_key, url = self.endpoint.url(), %failure, "delivery outcome unknown");
+                return Err(unknown());
+            }
+            Err(Failed { failure, sent: false })
+                if matches!(
+                    failure,
+                    TransportFailure::Connection(_) | TransportFailure::Timeout
+                ) =>
+            {
+                return Err(transient(failure.to_string()));
+            }
+            Err(Failed { failure, sent: false }) => {
+                return Err(DeliveryError::Rejected {
+                    idem_key: idem_key.to_string(),
+                    reason: failure.to_string(),
                 });
             }
         };
@@ -79,6 +102,7 @@ impl Outbox for HttpOutbox {
                 tracing::warn!(tool = %self.endpoint.name, idem_key, "409: original request still in flight; outcome unknown");
                 Err(unknown())
             }
+            429 => Err(transient(format!("HTTP 429: {}", excerpt(&reply.body, 200)))),
             400..=499 => Err(DeliveryError::Rejected {
                 idem_key: idem_key.to_string(),
                 reason: format!("HTTP {}: {}", reply.status, excerpt(&reply.body, 200)),
