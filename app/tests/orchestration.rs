@@ -23,11 +23,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use common::*;
-use durable_agent_cli::access::Token;
-use durable_agent_cli::api::Client;
 use durable_agent_cli::mock_llm::{Exchange, MockLlm, Script};
 use serde_json::{json, Value};
 
@@ -157,11 +154,6 @@ fn start_serve(config: &Path) -> Result<(Child, String), Box<dyn std::error::Err
         return Err(format!("serve printed no URL: {out:?}").into());
     }
     Ok((child, line.trim().to_string()))
-}
-
-fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
-    let addr = url.trim_start_matches("http://").parse()?;
-    Ok(Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN)))
 }
 
 /// What the root's logs hold: every `agent.created` name (by session),

@@ -9,12 +9,9 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use common::*;
 use durable_agent::runtime::{work_idempotency_key, AgentId, HookEvent, NoHooks, SessionId, ToolRequest};
-use durable_agent_cli::access::Token;
-use durable_agent_cli::api::Client;
 use durable_agent_cli::mock_llm::{MockLlm, Reply, Script};
 use durable_agent_cli::progress::{shorten, Progress, Step};
 use durable_agent_cli::webhook_sink::WebhookSink;
@@ -167,23 +164,6 @@ impl Drop for Serve {
         let _ = self.0 .0.kill();
         let _ = self.0 .0.wait();
     }
-}
-
-fn start_serve(config: &std::path::Path) -> Result<(Child, String), Box<dyn std::error::Error>> {
-    let mut child = spawn(&["serve", "--config", path_str(config)])?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    if line.trim().is_empty() {
-        let out = finish(child)?;
-        return Err(format!("serve printed no URL: {out:?}").into());
-    }
-    Ok((child, line.trim().to_string()))
-}
-
-fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
-    let addr = url.trim_start_matches("http://").parse()?;
-    Ok(Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN)))
 }
 
 /// `POST path` asking for events: (`event` name, `data` JSON), in order.

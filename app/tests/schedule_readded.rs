@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::time::Duration;
 
 use common::*;
-use durable_agent_cli::access::Token;
-use durable_agent_cli::api::Client;
 use durable_agent_cli::mock_llm::MockLlm;
 use durable_agent_cli::webhook_sink::WebhookSink;
 use serde_json::json;
@@ -39,13 +36,9 @@ fn a_schedule_added_again_is_not_told_it_missed_periods_while_the_daemon_was_dow
         true,
         free_addr()?,
     )?;
-    let mut child = spawn(&["serve", "--config", path_str(&config)])?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (child, url) = start_serve(&config)?;
     let _serve = Serve(child);
-    let mut url = String::new();
-    BufReader::new(stdout).read_line(&mut url)?;
-    let addr = url.trim().trim_start_matches("http://").parse()?;
-    let api = Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN));
+    let api = client(&url)?;
 
     api.call("POST", "/agents", Some(&json!({"name": "mailer"})))?;
     let schedule = json!({"id": "tick", "agent": "mailer", "prompt": "tick", "period_ms": 500});

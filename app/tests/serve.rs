@@ -5,34 +5,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::Child;
 use std::time::Duration;
 
 use common::*;
-use durable_agent_cli::access::Token;
-use durable_agent_cli::api::Client;
 use durable_agent_cli::mock_llm::MockLlm;
 use durable_agent_cli::webhook_sink::WebhookSink;
 use serde_json::{json, Value};
-
-/// Start `serve` and wait for the URL it prints once listening.
-fn start_serve(config: &std::path::Path) -> Result<(Child, String), Box<dyn std::error::Error>> {
-    let mut child = spawn(&["serve", "--config", path_str(config)])?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    if line.trim().is_empty() {
-        let out = finish(child)?;
-        return Err(format!("serve printed no URL: {out:?}").into());
-    }
-    Ok((child, line.trim().to_string()))
-}
-
-fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
-    let addr = url.trim_start_matches("http://").parse()?;
-    Ok(Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN)))
-}
 
 fn trigger_statuses(status: &Value) -> Vec<(String, String)> {
     let mut out = Vec::new();

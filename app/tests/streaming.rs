@@ -10,12 +10,9 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use common::*;
 use durable_agent::runtime::{AgentId, ConversationItem, ProviderRequest};
-use durable_agent_cli::access::Token;
-use durable_agent_cli::api::Client;
 use durable_agent_cli::config::{HttpToolConfig, ProviderConfig, ToolConfig};
 use durable_agent_cli::mock_llm::{MockLlm, Reply, Script};
 use durable_agent_cli::observe::{Attempt, AttemptOutcome, CallObserver, TextDelta};
@@ -314,19 +311,6 @@ fn a_run_whose_stream_is_cut_and_not_retried_fails_with_the_typed_error() -> Tes
     Ok(())
 }
 
-/// Start `serve` and wait for the URL it prints once listening.
-fn start_serve(config: &std::path::Path) -> Result<(Child, String), Box<dyn std::error::Error>> {
-    let mut child = spawn(&["serve", "--config", path_str(config)])?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    if line.trim().is_empty() {
-        let out = finish(child)?;
-        return Err(format!("serve printed no URL: {out:?}").into());
-    }
-    Ok((child, line.trim().to_string()))
-}
-
 /// A daemon on a fresh root whose provider streams `replies`, with the
 /// agent `mailer` created.
 struct Served {
@@ -363,11 +347,6 @@ fn served(replies: Vec<Reply>) -> Result<Served, Box<dyn std::error::Error>> {
         Some(&json!({"name": "mailer", "instructions": "Send what you are asked to."})),
     )?;
     Ok(served)
-}
-
-fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
-    let addr = url.trim_start_matches("http://").parse()?;
-    Ok(Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN)))
 }
 
 /// Server-sent events: (`event` name, `data` JSON), in order.

@@ -2,11 +2,14 @@
 //! the test started, the binary run with a deadline, and its JSON output.
 #![allow(dead_code)] // each test file uses a different subset
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use durable_agent_cli::access::Token;
+use durable_agent_cli::api::Client;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_durable-agent");
 
@@ -176,4 +179,24 @@ pub fn signal(child: &Child, signal: &str) -> TestResult {
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
+}
+
+/// Start `serve` and wait for the URL it prints once listening.
+pub fn start_serve(config: &Path) -> Result<(Child, String), Box<dyn std::error::Error>> {
+    let mut child = spawn(&["serve", "--config", path_str(config)])?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim().is_empty() {
+        let out = finish(child)?;
+        return Err(format!("serve printed no URL: {out:?}").into());
+    }
+    Ok((child, line.trim().to_string()))
+}
+
+/// A client of the API at `url` (as [`start_serve`] gives it), with the
+/// test token.
+pub fn client(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
+    let addr = url.trim_start_matches("http://").parse()?;
+    Ok(Client::new(addr, Duration::from_secs(10)).with_token(Token::new(TEST_TOKEN)))
 }
