@@ -763,16 +763,33 @@ fn tool_entry_error(text: &str, key: &str) -> Option<(usize, String, String)> {
 /// `value` with each `${NAME}` replaced by `x`: what a header value's
 /// own text must be valid as, whatever the variable will hold.
 fn without_placeholders(value: &str) -> String {
+    match expand_placeholders(value, |_| Ok::<_, std::convert::Infallible>("x".into())) {
+        Ok(text) => text,
+        Err(never) => match never {},
+    }
+}
+
+/// `value` with each `${NAME}` replaced by `lookup(NAME)`, the first
+/// error returned as is; a `${` with no closing `}` is text. The one
+/// reading of placeholders: the config checks a header's text with it
+/// (`without_placeholders`) and a tool call fills the header with it
+/// (`tools::endpoint::expand_env`), so the two cannot disagree on where
+/// a placeholder ends.
+pub(crate) fn expand_placeholders<E>(
+    value: &str,
+    mut lookup: impl FnMut(&str) -> Result<String, E>,
+) -> Result<String, E> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(start) = rest.find("${") {
-        let Some(end) = rest[start..].find('}') else { break };
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else { break };
         out.push_str(&rest[..start]);
-        out.push('x');
-        rest = &rest[start + end + 1..];
+        out.push_str(&lookup(&after[..end])?);
+        rest = &after[end + 1..];
     }
     out.push_str(rest);
-    out
+    Ok(out)
 }
 
 /// An environment variable's name as a config may give it.

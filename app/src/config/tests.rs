@@ -571,3 +571,24 @@ fn allowed_hosts_take_dns_names_only() {
         assert!(e.contains("`api.allowed_hosts[1]`"), "{bad:?}: {e}");
     }
 }
+
+#[test]
+fn placeholders_are_read_one_way_for_checking_and_filling() {
+    let env = |name: &str| match name {
+        "TOKEN" => Ok("s3cret".to_string()),
+        other => Err(other.to_string()),
+    };
+    assert_eq!(
+        expand_placeholders("Bearer ${TOKEN}!", env).as_deref(),
+        Ok("Bearer s3cret!")
+    );
+    assert_eq!(without_placeholders("a${X}b${Y}c"), "axbxc");
+    // An unclosed `${` is text to both readers.
+    assert_eq!(expand_placeholders("a${TOKEN", env).as_deref(), Ok("a${TOKEN"));
+    assert_eq!(without_placeholders("a${X}b${Y"), "axb${Y");
+    // The first unknown name is the error, and nothing after it is read.
+    assert_eq!(
+        expand_placeholders("${TOKEN}${MISSING}${ALSO}", env),
+        Err("MISSING".to_string())
+    );
+}

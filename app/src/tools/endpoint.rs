@@ -145,21 +145,7 @@ pub fn header_key(idem_key: &str) -> String {
 /// `NAME` (how a header carries a secret without the config holding it);
 /// `Err(NAME)` for an unset one. Text without `${` is returned as is.
 pub fn expand_env(value: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(value.len());
-    let mut rest = value;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else {
-            out.push_str(&rest[start..]);
-            return Ok(out);
-        };
-        let name = &after[..end];
-        out.push_str(&std::env::var(name).map_err(|_| name.to_string())?);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
+    crate::config::expand_placeholders(value, |name| std::env::var(name).map_err(|_| name.to_string()))
 }
 
 /// `url?k=v&...` from a JSON object's top-level fields (strings as they
