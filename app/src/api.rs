@@ -14,7 +14,7 @@
 //! | POST   | `/confirm`            | `{idem_key, delivered, provider_ref?}`           |
 //! | POST   | `/schedules`          | `{id, agent, prompt, period_ms}`                 |
 //! | DELETE | `/schedules/{id}`     |                                                  |
-//! | POST   | `/gc`                 | `{ttl_ms, payload_ttl_ms}` → counts per table    |
+//! | POST   | `/gc`                 | `{ttl_ms, payload_ttl_ms}` (both) → counts per table |
 //!
 //! The read-only views ([`crate::inspect`]; lists take `?limit=&offset=`,
 //! newest first, and answer `{items, total, limit, offset, next_offset}`):
@@ -310,6 +310,12 @@ mod tests {
             Ok(Request::Gc(r)) if r.ttl_ms == 1_000 && r.payload_ttl_ms == 500
         ));
         assert_eq!(route("GET", "/gc", "").map(|_| ()).unwrap_err().status, 405);
-        assert_eq!(route("POST", "/gc", "{}").map(|_| ()).unwrap_err().status, 400);
+        // Both TTLs are required (a pass deletes rows): a missing one is
+        // named.
+        let missing = route("POST", "/gc", r#"{"ttl_ms":1000}"#)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(missing.status, 400);
+        assert!(missing.message.contains("payload_ttl_ms"), "{}", missing.message);
     }
 }

@@ -5,7 +5,9 @@
 //! Invariant: every function here only SELECTs — no statement writes, and
 //! none opens a write transaction — so a view can never change what
 //! recovery or the oracle later reads. A page is `LIMIT`/`OFFSET` over one
-//! total order (newest first, ties broken by the row's key), and its
+//! total order (newest first, ties in the clock broken by insertion order,
+//! the rowid: never by a text key, where `trg-9` sorts after `trg-10` —
+//! a boot emits all its RESUME triggers in one millisecond), and its
 //! `total` is counted by the same `WHERE`, so paging through a table that
 //! does not change visits every row exactly once.
 //!
@@ -103,7 +105,7 @@ pub fn user_runs(conn: &Connection, page: Page) -> Result<(Vec<RunRow>, u64), St
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE run_id NOT LIKE ?1 \
-             ORDER BY created_at DESC, run_id DESC LIMIT ?2 OFFSET ?3"
+             ORDER BY created_at DESC, rowid DESC LIMIT ?2 OFFSET ?3"
         ))
         .map_err(sql("inspect runs"))?;
     let raws: Vec<RawRun> = stmt
@@ -215,7 +217,7 @@ pub fn usage_by_session(conn: &Connection, page: Page) -> Result<(Vec<SessionUsa
         .prepare_cached(
             "SELECT session_id, MIN(agent_id), COUNT(*), SUM(input_tokens), SUM(output_tokens), \
              MAX(created_at) AS last FROM token_usage GROUP BY session_id \
-             ORDER BY last DESC, session_id DESC LIMIT ?1 OFFSET ?2",
+             ORDER BY last DESC, MAX(id) DESC LIMIT ?1 OFFSET ?2",
         )
         .map_err(sql("inspect usage"))?;
     let rows = stmt
@@ -307,7 +309,7 @@ pub fn trigger_ids(
     let mut stmt = conn
         .prepare_cached(
             "SELECT id FROM triggers WHERE ?1 IS NULL OR status = ?1 \
-             ORDER BY created_at DESC, id DESC LIMIT ?2 OFFSET ?3",
+             ORDER BY created_at DESC, rowid DESC LIMIT ?2 OFFSET ?3",
         )
         .map_err(sql("inspect triggers"))?;
     let ids = stmt
