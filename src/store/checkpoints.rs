@@ -3,7 +3,11 @@
 //!
 //! Invariant: a checkpoint names a consistent boundary — `last_msg_id` is
 //! `MAX(messages.id)` of its session and `messages` is exactly the session's
-//! messages up to it, both read in the checkpoint's own transaction. Resume
+//! messages up to it, both read in the checkpoint's own transaction — and
+//! a session's checkpoints are all one run's: its messages are one
+//! sequence with no run column, so a second run's checkpoint is refused
+//! ([`StoreError::SessionOfAnotherRun`]) rather than let either run's
+//! resume roll back the other's acknowledged messages. Resume
 //! rolls the messages table back to that boundary (deleting the partial
 //! round a crash left behind) before reloading, and refuses a checkpoint
 //! from a newer schema ([`LoopCheckpoint::ensure_loadable`]).
@@ -172,6 +176,21 @@ impl CheckpointStore {
         now_ms: u64,
     ) -> Result<LoopCheckpoint, StoreError> {
         let tx = WriteTx::begin(conn).map_err(sql("checkpoint begin"))?;
+        let other_run: Option<String> = tx
+            .query_row_cached(
+                "SELECT run_id FROM loop_checkpoints WHERE session_id = ?1 AND run_id != ?2 LIMIT 1",
+                params![input.session_id, input.run_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql("checkpoint read other runs"))?;
+        if let Some(other_run) = other_run {
+            return Err(StoreError::SessionOfAnotherRun {
+                run_id: input.run_id.clone(),
+                session_id: input.session_id.clone(),
+                other_run,
+            });
+        }
         let last_msg_id: i64 = tx
             .query_row_cached(
                 "SELECT COALESCE(MAX(id), 0) FROM messages WHERE session_id = ?1",

@@ -100,6 +100,20 @@ pub enum StoreError {
     /// database, …); the error names the path.
     #[error(transparent)]
     Open(#[from] crate::sqlite::SqliteError),
+    /// A loop checkpoint of `run_id` asked for in a session another run
+    /// already checkpoints: the session's messages are one sequence with
+    /// no run column, so resuming either run would roll back the other's
+    /// acknowledged messages ([`crate::store::checkpoints`]).
+    #[error(
+        "loop checkpoint for run {run_id} refused: session {session_id} already holds checkpoints \
+         of run {other_run}, and a session's messages are one sequence (resuming one run would \
+         roll back the other's); give each run its own session"
+    )]
+    SessionOfAnotherRun {
+        run_id: String,
+        session_id: String,
+        other_run: String,
+    },
     /// A loop checkpoint was written by a newer build (seed 003).
     #[error(
         "loop checkpoint for run {run_id} has schema version {found} but this build supports at \
