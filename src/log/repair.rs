@@ -1,8 +1,9 @@
 //! Reading and repairing one session's log after a crash.
 //!
 //! Invariant: after [`repair`] returns `Ok`, `events.jsonl` holds only
-//! complete, valid entries with contiguous `seq` from 0, fsynced, and no
-//! `events.pending` is left. Only a torn append, never acknowledged, is
+//! complete, valid entries with contiguous `seq` from 0, fsynced, and
+//! `events.pending` beside a non-empty log holds a copy of an entry it
+//! has (the high-water mark below). Only a torn append, never acknowledged, is
 //! ever cut: the bytes after the last newline, or a damaged last line
 //! whose whole entry `events.pending` still holds (a power cut persisted
 //! the append's pages out of order), which is then replayed from it. Any
