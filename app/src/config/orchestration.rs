@@ -16,7 +16,8 @@
 //! max_agents = 64                     # in the whole tree (default 64)
 //! default_tools = ["send_message"]    # agents not listed below (default: every configured one)
 //! agents = { boss = ["spawn_agent", "send_message"] }
-//! wake = true                         # serve wakes recipients (default true)
+//! wake = true                         # serve wakes recipients (default true; with no
+//!                                     # [orchestration] section: on if send_message is a tool)
 //! ```
 //!
 //! Invariant: a validated section names only orchestration tools that
