@@ -313,7 +313,8 @@ impl TriggerStore {
                 // (a DEAD row always carries its reason).
                 "UPDATE triggers SET status = CASE WHEN attempts >= ?2 THEN 'DEAD' ELSE 'PENDING' END, \
                  last_error = CASE WHEN attempts >= ?2 THEN \
-                 'its lease was lost ' || attempts || ' times (the process running it died each time)' \
+                 'attempt ' || attempts || ' of ' || ?2 || ' lost its lease (the process running it died)' || \
+                 CASE WHEN last_error IS NULL THEN '' ELSE '; the last error before it: ' || last_error END \
                  ELSE last_error END, \
                  lease_until = NULL, updated_at = ?1 WHERE status = 'CLAIMED' AND lease_until <= ?3",
                 params![now_ms, self.policy.max_attempts, expired_by],
