@@ -129,6 +129,15 @@
 //!   pass must keep it until its turn completes
 //!   ([`Model::unfinished_fires`]).
 //!
+//! - **F1 An injected I/O fault is never called damage.** A boot an
+//!   injected fault failed (EIO or ENOSPC at a point of the recovery, a
+//!   write whose reply was lost) must fail with the I/O error — outcome
+//!   unknown, boot again — and never refuse the root as damaged (a
+//!   corrupt, lost or newer line, record, manifest or store): that answer
+//!   sends the operator to restore or quarantine over a transient error.
+//!   Checked where the harness boots again without the fault
+//!   (`exec/restart.rs`), unless a rot struck the disk at rest.
+//!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
 //!   that may be acknowledged, so "acknowledged means durable" cannot be

@@ -701,6 +701,11 @@ impl Driver {
         .map_err(|e| e.to_string())
     }
 
+    /// Whether a rot is pending (struck at the last crash, not yet judged).
+    pub fn rot_pending(&self) -> bool {
+        self.rot.is_some()
+    }
+
     /// The rot the next boot must detect, if one is pending.
     pub fn take_rot(&mut self) -> Option<Rot> {
         self.rot.take()

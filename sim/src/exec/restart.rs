@@ -20,6 +20,13 @@ const R6_FAILED: &str =
      or log lines lost at rest, was not handled as promised (refused with the typed error naming it, \
      replaced from events.pending, or — an older version's — read)";
 
+/// The failure title of a boot that called an injected I/O fault damage
+/// (F1, `crate::oracle`).
+const FAULT_AS_DAMAGE: &str =
+    "F1: a boot failed by an injected I/O fault (EIO, ENOSPC, a lost reply) refused the root as \
+     damaged (a corrupt, lost or newer line or file): the operator would restore or quarantine over \
+     a transient error";
+
 /// The failure title of an operator's `verify` that disagreed with the
 /// boot after it (I7).
 const VERIFY_DISAGREES: &str = "I7: `verify` did not say what the boot then did";
@@ -171,6 +178,28 @@ impl Exec {
             // that the next boot, without the fault, recovers as from any
             // crash. A boot that succeeded over the fault is judged as is.
             if opened.is_err() && self.fault_fired_since(boot_start) && attempts < MAX_RECOVERY_ATTEMPTS {
+                // F1: the error is the I/O error's (outcome unknown: boot
+                // again), never damage's. A disk damaged at rest (a rot
+                // pending) may be refused for that damage; nothing else
+                // on this disk is outside the crash model.
+                if !self.driver.rot_pending() {
+                    let claim = match (self.driver.take_corruption(), self.driver.take_refusal()) {
+                        (Some((line, newer)), _) => Some(format!(
+                            "{} line {} (byte {}) refused as {}",
+                            line.path.display(),
+                            line.line,
+                            line.offset,
+                            if newer { "a newer version's" } else { "corrupt" }
+                        )),
+                        (None, Some(refusal)) if !matches!(refusal, crate::loss::Refusal::Other(_)) => {
+                            Some(format!("refused as {refusal:?}"))
+                        }
+                        _ => None,
+                    };
+                    if let Some(claim) = claim {
+                        return Err(self.fail(FAULT_AS_DAMAGE, format!("{claim}\n{opened:?}"), None));
+                    }
+                }
                 self.restart_notes.push(format!(
                     "boot failed under an injected I/O fault, booted again: {opened:?}"
                 ));
