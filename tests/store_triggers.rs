@@ -252,7 +252,9 @@ fn reclaim_dead_letters_a_trigger_that_used_all_attempts() {
     // failed at the provider).
     assert_eq!(
         dead.last_error.as_deref(),
-        Some("attempt 3 of 3 lost its lease (the process running it died); the last error before it: HTTP 503")
+        Some(
+            "attempt 3 of 3 lost its lease (the process running it died); the last error before it: HTTP 503"
+        )
     );
 }
 

@@ -478,6 +478,15 @@ impl Config {
                 ),
             );
         }
+        if self.runtime.root.as_os_str().is_empty() {
+            // Resolved against the config's directory, an empty root would
+            // be that directory itself (or, for a bare `--config
+            // agent.toml`, the empty path): no root at all.
+            return err(
+                "runtime.root",
+                "must not be empty: name the root's directory (e.g. \"durable-agent-data\")".into(),
+            );
+        }
         if self.runtime.slots == 0 {
             return err("runtime.slots", "must be >= 1".into());
         }

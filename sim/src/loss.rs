@@ -46,7 +46,10 @@
 //! - **manifest**: `root.json` torn at rest (cut before its closing
 //!   brace: no longer JSON), one time in two with `store.db` lost beside
 //!   it — refused as an invalid manifest naming `root.json` (the boot
-//!   cannot tell which store the root had, so it trusts none);
+//!   cannot tell which store the root had, so it trusts none); one time
+//!   in three a newer build's `root.json` instead (its `schema_version`
+//!   raised), refused as newer (`ManifestError::NewerSchema`), which
+//!   `verify` reports as `NewerSchema`, not damage;
 //! - **rotted store**: `store.db` damaged at rest outside SQLite's
 //!   reach (a bad sector, a stray write): its 16-byte header overwritten
 //!   (no longer a SQLite file) or the rest of its first page (the
@@ -124,9 +127,10 @@ pub enum Loss {
     /// The `events.jsonl` and `events.pending` of a session a live session
     /// names as parent gone, its `session.json` kept.
     Created,
-    /// `root.json` no longer JSON; `store.db` (with its WAL and journal)
-    /// gone too when `store_too`.
-    Manifest { store_too: bool },
+    /// `root.json` no longer JSON, or (`newer`) a newer build's: its
+    /// `schema_version` raised; `store.db` (with its WAL and journal) gone
+    /// too when `store_too`.
+    Manifest { store_too: bool, newer: bool },
     /// `store.db` edited as a newer build leaves it: a loop checkpoint's
     /// schema version raised (`checkpoint`), else the store's own.
     Newer { checkpoint: bool },
@@ -152,6 +156,8 @@ pub enum Refusal {
     MissingRecord(PathBuf),
     MissingCreated(PathBuf),
     ManifestInvalid(PathBuf),
+    /// `root.json` is a newer build's (`ManifestError::NewerSchema`).
+    NewerManifest(PathBuf),
     /// The store is not a healthy SQLite database: typed
     /// `SqliteError::NotADatabase` or `Corrupt` (or `StoreError::Corrupt`),
     /// naming it.
@@ -210,6 +216,9 @@ pub fn refusal(e: &SystemError) -> Option<Refusal> {
         DamageError::MissingRecord { path } => Refusal::MissingRecord(path.clone()),
         DamageError::MissingCreated { path, .. } => Refusal::MissingCreated(path.clone()),
         DamageError::Manifest(ManifestError::Invalid { path, .. }) => Refusal::ManifestInvalid(path.clone()),
+        DamageError::Manifest(ManifestError::NewerSchema { path, .. }) => {
+            Refusal::NewerManifest(path.clone())
+        }
         other => Refusal::Other(other.to_string()),
     })
 }
@@ -309,8 +318,14 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
         for loss in [
             Loss::Store,
             Loss::StoreReplaced,
-            Loss::Manifest { store_too: false },
-            Loss::Manifest { store_too: true },
+            Loss::Manifest {
+                store_too: false,
+                newer: false,
+            },
+            Loss::Manifest {
+                store_too: true,
+                newer: false,
+            },
             // The store's own bytes, not a file lost: a kind of its own,
             // so each is drawn as often as a whole kind's share allows.
             Loss::Newer { checkpoint: true },
@@ -490,14 +505,18 @@ pub fn strike(fs: &SimFs, seed: u64, point: u64) -> Option<Rot> {
             fs.copy_in(copy, |p| files.iter().any(|f| f == p)).ok()?;
         }
         (Loss::Entries { .. }, Some(Some(len))) => fs.cut(&chosen.path, len).ok()?,
-        (Loss::Manifest { store_too }, _) => {
+        (Loss::Manifest { store_too, .. }, _) => {
             let bytes = disk.get(&chosen.path)?;
             match newer_version_digit(bytes) {
                 // One time in three, a newer build's `root.json` (a build
                 // rolled back over a root a newer one ran): valid JSON,
-                // its `schema_version` 9 — refused the same way.
+                // its `schema_version` 9 — refused as newer, not damage.
                 Some(at) if rng.random_bool(1.0 / 3.0) => {
-                    fs.rot(&chosen.path, at as u64, bytes[at] ^ b'9').ok()?
+                    fs.rot(&chosen.path, at as u64, bytes[at] ^ b'9').ok()?;
+                    loss = Loss::Manifest {
+                        store_too,
+                        newer: true,
+                    };
                 }
                 // Cut anywhere before the closing brace: never JSON again.
                 _ => {
@@ -726,7 +745,8 @@ fn wanted(loss: Loss, path: &Path) -> Refusal {
         },
         Loss::Record => Refusal::MissingRecord(path),
         Loss::Created => Refusal::MissingCreated(path),
-        Loss::Manifest { .. } => Refusal::ManifestInvalid(path),
+        Loss::Manifest { newer: true, .. } => Refusal::NewerManifest(path),
+        Loss::Manifest { newer: false, .. } => Refusal::ManifestInvalid(path),
         Loss::StoreRot { .. } => Refusal::StoreCorrupt(path),
         Loss::Newer { checkpoint: true } => Refusal::NewerCheckpoint { found: NEWER_VERSION },
         Loss::Newer { checkpoint: false } => Refusal::NewerStore {
@@ -820,18 +840,18 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
             .iter()
             .filter(|d| !verified.repaired_at_boot.iter().any(|c| &c.path == *d))
             .collect();
-        // And the converse: a session directory with a record listed as
-        // done at boot is one the boot terminates (a session terminated
-        // before, or one that never logged its creation, is not cut off).
-        // A directory with no record is listed too, as a crash orphan the
-        // boot removes (a crash inside session creation, which the lost
-        // parent does not change).
+        // And the converse: a session directory listed as done at boot
+        // that has a record and logged its creation is one the boot
+        // terminates (a session terminated before is not cut off). A crash
+        // orphan is listed too — no record, or a log without
+        // `agent.created` — which the boot removes (a crash inside session
+        // creation, which the lost parent does not change).
         let recorded = |p: &Path| {
             p.file_name().and_then(|n| n.to_str()).is_some_and(|id| {
                 verified
                     .sessions
                     .iter()
-                    .any(|s| s.session.as_str() == id && s.has_record)
+                    .any(|s| s.session.as_str() == id && s.has_record && s.created)
             })
         };
         let extra: Vec<&PathBuf> = verified
@@ -859,8 +879,8 @@ pub fn verify_agrees(verified: &Verification, rot: &Rot) -> Vec<String> {
         Loss::Entries { found, .. } => (FindingKind::LostEntries, Some(found + 1)),
         Loss::Record => (FindingKind::MissingRecord, None),
         Loss::Created => (FindingKind::MissingCreated, None),
-        Loss::Manifest { .. } => (FindingKind::ManifestInvalid, None),
-        Loss::Newer { .. } => (FindingKind::NewerSchema, None),
+        Loss::Manifest { newer: true, .. } | Loss::Newer { .. } => (FindingKind::NewerSchema, None),
+        Loss::Manifest { newer: false, .. } => (FindingKind::ManifestInvalid, None),
         Loss::StoreRot { .. } => (FindingKind::StoreCorrupt, None),
         Loss::Parent { .. } => return Vec::new(), // answered above
     };

@@ -48,6 +48,39 @@ pub fn read_full_at(fs: &dyn Fs, path: &Path, offset: u64, buf: &mut [u8], label
     Ok(filled)
 }
 
+/// The directory whose entry names `path`: where that entry is synced
+/// ([`Fs::sync_dir`]) to make it durable. Its parent, or `.` (the working
+/// directory) for a bare relative name, whose `Path::parent` is the empty
+/// path; `None` for `/` and the empty path, which no directory names.
+pub fn holding_dir(path: &Path) -> Option<&Path> {
+    match path.parent()? {
+        p if p.as_os_str().is_empty() => Some(Path::new(".")),
+        p => Some(p),
+    }
+}
+
+/// Every directory up the chain above `path`, nearest first, each holding
+/// the entry of the one below (`/a/b` gives `/a`, `/`; `a/b` gives `a`,
+/// `.`): what syncing a new directory "in its parents up the chain"
+/// syncs. A relative path's chain ends at `.`, the working directory.
+pub fn dirs_above(path: &Path) -> impl Iterator<Item = &Path> {
+    let mut last: Option<&Path> = None;
+    path.ancestors()
+        .skip(1)
+        .map(|dir| {
+            if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            }
+        })
+        .filter(move |dir| {
+            let new = last != Some(*dir);
+            last = Some(*dir);
+            new
+        })
+}
+
 /// How [`Fs::open`] treats an existing or missing file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpenMode {

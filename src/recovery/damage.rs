@@ -137,9 +137,7 @@ impl DamageError {
             | DamageError::StoreReplaced { path, .. }
             | DamageError::StoreBehind { path, .. }
             | DamageError::Io { path, .. } => Some(path),
-            DamageError::Manifest(ManifestError::Io { path, .. } | ManifestError::Invalid { path, .. }) => {
-                Some(path)
-            }
+            DamageError::Manifest(e) => Some(e.path()),
         }
     }
 }

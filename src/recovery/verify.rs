@@ -47,7 +47,7 @@ use crate::fs::{FsLock, OpenMode};
 use crate::log::{self, Event, LogError, EVENTS_FILE};
 use crate::runtime::{AgentId, SessionId};
 use crate::store::manifest::{self, LostStore, Manifest, ManifestError, MANIFEST_FILE, MANIFEST_VERSION};
-use crate::store::session::{SessionError, SessionStore};
+use crate::store::session::{SessionError, SessionState, SessionStore};
 
 /// Where [`quarantine`] moves things, under the root.
 pub const QUARANTINE_DIR: &str = "quarantine";
@@ -155,8 +155,9 @@ pub enum FindingKind {
     ManifestInvalid,
     /// A file could not be read (permissions, I/O).
     Unreadable,
-    /// `schedules.json` does not parse (the daemon's acknowledged
-    /// schedules: `worker::schedule`; checked by the product's `verify`).
+    /// `schedules.json` does not parse, or holds a schedule `POST
+    /// /schedules` refuses (the daemon's acknowledged schedules:
+    /// `worker::schedule`; checked by the product's `verify`).
     SchedulesInvalid,
 }
 
@@ -206,6 +207,9 @@ pub struct SessionInfo {
     /// From its `agent.created`, when the log reads.
     pub parent: Option<SessionId>,
     pub has_record: bool,
+    /// Its log holds `agent.created` (without it, and not terminated, the
+    /// session is a crash orphan the next boot removes).
+    pub created: bool,
     /// `agent.terminated` is logged (a damaged log counts as live).
     pub terminated: bool,
 }
@@ -365,6 +369,15 @@ fn check_store(fs: &dyn Fs, root: &Path, db_path: &Path, v: &mut Verification) -
                 &manifest_path,
                 format!("not a root manifest: {reason}"),
                 Remedy::QuarantineManifest,
+            ));
+            None
+        }
+        Err(e @ ManifestError::NewerSchema { .. }) => {
+            v.damaged.push(finding(
+                FindingKind::NewerSchema,
+                &manifest_path,
+                e.to_string(),
+                Remedy::Manual,
             ));
             None
         }
@@ -607,6 +620,7 @@ fn check_sessions(
             session: s.id.clone(),
             parent: s.parent().cloned(),
             has_record: s.has_record,
+            created: s.created(),
             terminated: s.terminated(),
         });
         check_session(fs.as_ref(), store.as_ref(), s, v);
@@ -659,7 +673,7 @@ fn cut_off(scans: &[SessionScan], store: Option<&SessionStore>, v: &mut Verifica
         .filter(|s| {
             store
                 .and_then(|st| st.load(&s.id).ok().flatten())
-                .is_some_and(|r| r.state != crate::store::session::SessionState::Terminated)
+                .is_some_and(|r| r.state != SessionState::Terminated)
         })
         .collect();
     let (_, cut) = super::placement::place(live, |s| &s.id, |s| s.parent());
@@ -857,12 +871,18 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
         || "no high-water mark".to_string(),
         |s| format!("high-water mark seq {s}"),
     );
-    let state = if created.is_some() {
-        ""
-    } else if s.terminated() {
+    // As the boot decides (recovery step 4): a session neither created
+    // nor terminated (in its log or its record) is a crash orphan from
+    // session creation, whose files the boot removes — listed at boot, as
+    // a record-less one is; its files are whole, so they are listed too.
+    let record_terminated = record
+        .as_ref()
+        .is_some_and(|r| r.state == SessionState::Terminated);
+    let terminated = s.terminated() || record_terminated;
+    let state = if created.is_none() && terminated {
         ", terminated"
     } else {
-        ", no agent.created: a crash orphan (the next boot removes its files)"
+        ""
     };
     healthy(
         v,
@@ -874,6 +894,14 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
     );
     if record.is_some() {
         healthy(v, &record_path, "record ok");
+    }
+    if created.is_none() && !terminated && record.is_some() {
+        at_boot(
+            v,
+            &s.dir,
+            "session.json, but no agent.created in its log: a crash orphan from session creation \
+             (the next boot removes its files)",
+        );
     }
 }
 

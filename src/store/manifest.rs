@@ -10,7 +10,9 @@
 //! rename, fsync the root) after the store's identity is committed and
 //! the store's directory entry is durable, so a crash leaves either no
 //! manifest (the next boot writes it from the store) or a whole one that
-//! names a store that exists.
+//! names a store that exists. A manifest is read version first: one a
+//! newer build wrote is [`ManifestError::NewerSchema`] whatever its shape
+//! (not damage: never quarantined, never rewritten).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -44,9 +46,45 @@ pub enum ManifestError {
     },
     #[error("{}: not a root manifest: {reason} (restore it from a backup; see docs/OPERATING.md)", path.display())]
     Invalid { path: PathBuf, reason: String },
+    /// `root.json` was written by a newer version of durable-agent: not
+    /// damage, so never quarantined (nor rewritten); an upgrade reads it.
+    #[error(
+        "{}: schema_version {found}, newer than the supported {supported}: upgrade durable-agent to \
+         read this root (nothing was changed)",
+        path.display()
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
 }
 
-/// Read `{root}/root.json`; `None` if there is none.
+impl ManifestError {
+    /// The file the error is about (`root.json`, or its `.tmp`).
+    pub fn path(&self) -> &Path {
+        match self {
+            ManifestError::Io { path, .. }
+            | ManifestError::Invalid { path, .. }
+            | ManifestError::NewerSchema { path, .. } => path,
+        }
+    }
+}
+
+/// The `schema_version` of a manifest, read alone: the member every
+/// version writes, so a newer build's manifest, whatever else it holds, is
+/// known as newer before the rest is fitted to this build's shape.
+fn manifest_version(bytes: &[u8]) -> Result<u32, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Probe {
+        schema_version: u32,
+    }
+    serde_json::from_slice::<Probe>(bytes).map(|p| p.schema_version)
+}
+
+/// Read `{root}/root.json`; `None` if there is none. A manifest a newer
+/// build wrote is [`ManifestError::NewerSchema`], whatever its shape; one
+/// that does not parse (or names no store) is [`ManifestError::Invalid`].
 pub fn read(fs: &dyn Fs, root: &Path) -> Result<Option<Manifest>, ManifestError> {
     let path = root.join(MANIFEST_FILE);
     let bytes = match fs.read(&path, "root.json read") {
@@ -60,18 +98,24 @@ pub fn read(fs: &dyn Fs, root: &Path) -> Result<Option<Manifest>, ManifestError>
             })
         }
     };
-    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| ManifestError::Invalid {
+    let invalid = |reason: String| ManifestError::Invalid {
         path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    if manifest.schema_version > MANIFEST_VERSION || manifest.store_id == 0 {
-        return Err(ManifestError::Invalid {
+        reason,
+    };
+    let version = manifest_version(&bytes).map_err(|e| invalid(e.to_string()))?;
+    if version > MANIFEST_VERSION {
+        return Err(ManifestError::NewerSchema {
             path,
-            reason: format!(
-                "schema_version {} (supported {MANIFEST_VERSION}), store_id {}",
-                manifest.schema_version, manifest.store_id
-            ),
+            found: version,
+            supported: MANIFEST_VERSION,
         });
+    }
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    if manifest.store_id == 0 {
+        return Err(invalid(format!(
+            "store_id 0 (schema_version {})",
+            manifest.schema_version
+        )));
     }
     Ok(Some(manifest))
 }

@@ -4,9 +4,11 @@
 //! Invariant: a reader sees either the previous complete record or the new
 //! complete one, never a torn one; once [`SessionStore::write`] returns the
 //! new record survives power loss. A session directory's creation is synced
-//! up the chain (`agents/`, the root, the root's parent) before a record is
+//! up the chain (`agents/`, the root, the directory holding the root: `.`
+//! for a bare relative one) before a record is
 //! written in it. `.tmp` leftovers are never read, and [`SessionStore::scan`]
-//! removes them.
+//! removes them. A record is read version first: one a newer build wrote
+//! is [`SessionError::NewerSchema`] whatever its shape, never damage.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -16,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::canary::{Canaries, Canary};
 use crate::checksum::{self, Sealed};
-use crate::fs::{Fs, OpenMode};
+use crate::fs::{holding_dir, Fs, OpenMode};
 use crate::runtime::ids::{AgentId, SessionId};
 
 /// Schema version of `session.json`.
@@ -94,6 +96,17 @@ fn io_err(path: &Path, step: &str) -> impl FnOnce(io::Error) -> SessionError {
     move |source| SessionError::Io { path, step, source }
 }
 
+/// The `schema_version` of a record, read alone: the one member every
+/// version of `session.json` writes, so it is known before the rest of the
+/// record is fitted to this build's shape.
+fn record_version(bytes: &[u8]) -> Result<u32, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Probe {
+        schema_version: u32,
+    }
+    serde_json::from_slice::<Probe>(bytes).map(|p| p.schema_version)
+}
+
 /// One directory found by [`SessionStore::scan`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum ScannedSession {
@@ -140,9 +153,10 @@ impl SessionStore {
             // chain root/agents is synced even when it already existed: a
             // process crash may have cut its first creation short of the
             // fsync, and everything acknowledged later depends on it.
-            let mut dirs: Vec<&Path> = missing.iter().filter_map(|d| d.parent()).collect();
+            // A bare relative root's entry is in `.` (see `holding_dir`).
+            let mut dirs: Vec<&Path> = missing.iter().filter_map(|d| holding_dir(d)).collect();
             dirs.extend([agents_dir.as_path(), root]);
-            dirs.extend(root.parent());
+            dirs.extend(holding_dir(root));
             let mut done = std::collections::BTreeSet::new();
             for dir in dirs {
                 if !dir.as_os_str().is_empty() && done.insert(dir) {
@@ -235,31 +249,36 @@ impl SessionStore {
                 ),
             });
         }
-        // A record that does not parse is damaged whatever its version (a
-        // flip in a sealed record's seal can break its JSON too).
-        let record: SessionRecord = serde_json::from_slice(&bytes).map_err(|e| SessionError::Corrupt {
+        // The version first, from only the key every version writes: a
+        // newer build's record may have a shape this build does not know
+        // (that is why versions are bumped), and it is refused as newer,
+        // never as damage. A line without even that much is damaged
+        // whatever its version (a flip in a sealed record's seal can break
+        // its JSON too).
+        let version = record_version(&bytes).map_err(|e| SessionError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
         })?;
         if sealed == Sealed::Unsealed
-            && record.schema_version >= CHECKSUM_VERSION
+            && version >= CHECKSUM_VERSION
             && !self.canaries.has(Canary::NoChecksumVerify)
         {
             return Err(SessionError::Corrupt {
                 path,
-                reason: format!(
-                    "a version-{} record without its checksum (its seal is damaged)",
-                    record.schema_version
-                ),
+                reason: format!("a version-{version} record without its checksum (its seal is damaged)"),
             });
         }
-        if record.schema_version > SESSION_SCHEMA_VERSION {
+        if version > SESSION_SCHEMA_VERSION {
             return Err(SessionError::NewerSchema {
                 path,
-                found: record.schema_version,
+                found: version,
                 supported: SESSION_SCHEMA_VERSION,
             });
         }
+        let record: SessionRecord = serde_json::from_slice(&bytes).map_err(|e| SessionError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
         if record.session_id != *id {
             return Err(SessionError::Invalid {
                 path,

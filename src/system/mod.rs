@@ -604,7 +604,7 @@ fn durable_root_locked(fs: &dyn Fs, root: &Path) -> Result<FsLock, SystemError> 
             }
         }
     })?;
-    for dir in root.ancestors().skip(1).filter(|d| !d.as_os_str().is_empty()) {
+    for dir in crate::fs::dirs_above(root) {
         fs.sync_dir(dir, "root parent chain fsync").map_err(io)?;
     }
     Ok(lock)

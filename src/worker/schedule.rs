@@ -13,6 +13,9 @@
 //! Invariants:
 //! - an acknowledged schedule (add or delete answered 200) survives any
 //!   crash: the rename is the commit point and is fsynced before the reply;
+//! - every schedule held passed the checks `add` applies, whether added or
+//!   loaded: a file holding one that does not (damage, a hand edit) is
+//!   refused on load naming the file and the schedule, never run;
 //! - each bucket fires at most once, across any number of kill -9
 //!   restarts, because its trigger is emitted with the dedup key
 //!   `scheduled:{id}:{bucket}` (the trigger store keeps at most one row per
@@ -119,12 +122,60 @@ pub enum ScheduleError {
     },
     #[error("{path} has version {found}, this build reads up to {SCHEDULES_VERSION}; upgrade durable-agent")]
     FutureVersion { path: PathBuf, found: u32 },
+    /// The file parses but holds what `add` refuses (a damaged or
+    /// hand-edited file): `schedule` names the entry (its id, or its
+    /// position when the id itself is what is wrong).
+    #[error(
+        "{path}: {schedule}: {reason}; fix or remove that schedule in the file, or move the file aside \
+         to start with no schedules"
+    )]
+    InvalidFile {
+        path: PathBuf,
+        schedule: String,
+        reason: String,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("{0}")]
     Conflict(String),
     #[error("no schedule {0:?}")]
     NotFound(String),
+}
+
+/// The schedules of a loaded file by id, each held to the rules `add`
+/// applies: a file only `save` wrote passes, so one that does not is
+/// damaged or hand-edited.
+fn checked(path: &Path, schedules: Vec<Schedule>) -> Result<BTreeMap<String, Schedule>, ScheduleError> {
+    let invalid = |schedule: String, reason: String| ScheduleError::InvalidFile {
+        path: path.to_path_buf(),
+        schedule,
+        reason,
+    };
+    if schedules.len() > MAX_SCHEDULES {
+        return Err(invalid(
+            "schedules".into(),
+            format!(
+                "{} schedules, a root holds at most {MAX_SCHEDULES}",
+                schedules.len()
+            ),
+        ));
+    }
+    let mut defs = BTreeMap::new();
+    for (index, schedule) in schedules.into_iter().enumerate() {
+        let name = if check_plain_id(&schedule.id).is_ok() {
+            format!("schedule {:?}", schedule.id)
+        } else {
+            format!("schedules[{index}]")
+        };
+        schedule
+            .validate()
+            .map_err(|reason| invalid(name.clone(), reason))?;
+        if defs.contains_key(&schedule.id) {
+            return Err(invalid(name, "the id appears more than once".into()));
+        }
+        defs.insert(schedule.id.clone(), schedule);
+    }
+    Ok(defs)
 }
 
 /// The schedules of one root, and the last bucket emitted for each.
@@ -143,7 +194,10 @@ pub struct Schedules {
 impl Schedules {
     /// Read `{root}/schedules.json` (none yet: no schedules). A leftover
     /// `.tmp` from a crash before the rename is an unacknowledged write and
-    /// is ignored (the next save truncates it).
+    /// is ignored (the next save truncates it). The file is held to what
+    /// [`Schedules::add`] accepts (each schedule valid, ids unique, at
+    /// most [`MAX_SCHEDULES`]): one that is not is refused naming the file
+    /// and the schedule, never run.
     pub fn load(fs: Arc<dyn Fs>, root: &Path) -> Result<Schedules, ScheduleError> {
         let path = root.join(SCHEDULES_FILE);
         let io = |step| {
@@ -162,8 +216,7 @@ impl Schedules {
                     found: doc.version,
                 });
             }
-            let defs: BTreeMap<String, Schedule> =
-                doc.schedules.into_iter().map(|s| (s.id.clone(), s)).collect();
+            let defs = checked(&path, doc.schedules)?;
             let mut added_at = doc.added_at_ms;
             added_at.retain(|id, _| defs.contains_key(id));
             (defs, added_at)
@@ -395,6 +448,39 @@ mod tests {
         std::fs::write(dir.path().join(SCHEDULES_FILE), b"{not json")?;
         let err = Schedules::load(fs, dir.path()).expect_err("corrupt");
         assert!(err.to_string().contains(SCHEDULES_FILE), "{err}");
+        Ok(())
+    }
+
+    /// A file holding what `add` refuses is refused on load, naming the
+    /// file and the schedule (by id, or by position when the id is bad).
+    #[test]
+    fn a_file_holding_what_add_refuses_is_refused_on_load() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let fs: Arc<dyn Fs> = Arc::new(RealFs::new());
+        let cases = [
+            (vec![schedule("daily", 0)], "schedule \"daily\""),
+            (vec![schedule("daily", MAX_PERIOD_MS + 1)], "schedule \"daily\""),
+            (
+                vec![schedule("ok", 1_000), schedule("bad:id", 1_000)],
+                "schedules[1]",
+            ),
+            (
+                vec![schedule("daily", 1_000), schedule("daily", 2_000)],
+                "schedule \"daily\"",
+            ),
+        ];
+        for (schedules, named) in cases {
+            let doc = Document {
+                version: SCHEDULES_VERSION,
+                schedules,
+                added_at_ms: BTreeMap::new(),
+            };
+            std::fs::write(dir.path().join(SCHEDULES_FILE), serde_json::to_vec(&doc)?)?;
+            let err = Schedules::load(fs.clone(), dir.path()).expect_err("refused");
+            assert!(matches!(err, ScheduleError::InvalidFile { .. }), "{err:?}");
+            let text = err.to_string();
+            assert!(text.contains(SCHEDULES_FILE) && text.contains(named), "{text}");
+        }
         Ok(())
     }
 }

@@ -125,6 +125,26 @@ fn empty_model_is_invalid() {
     assert_eq!(e, "/etc/agent/agent.toml:4: `provider.model`: must not be empty");
 }
 
+/// An empty root would resolve to the config's own directory (or, for a
+/// bare `--config agent.toml`, to the empty path, where the boot writes
+/// `LOCK` and `store.db` into the working directory).
+#[test]
+fn empty_root_is_invalid() {
+    let text = GOOD.replace("root = \"data\"", "root = \"\"");
+    let e = err(&text);
+    let line = GOOD
+        .lines()
+        .position(|l| l.starts_with("root = "))
+        .expect("root line")
+        + 1;
+    assert!(
+        e.starts_with(&format!(
+            "/etc/agent/agent.toml:{line}: `runtime.root`: must not be empty"
+        )),
+        "{e}"
+    );
+}
+
 #[test]
 fn irreversible_get_is_invalid() {
     let text = GOOD.replace(

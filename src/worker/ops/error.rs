@@ -122,7 +122,8 @@ impl From<ScheduleError> for OpError {
             // A failed replace may have renamed: unknown until reloaded.
             ScheduleError::Io { .. }
             | ScheduleError::Corrupt { .. }
-            | ScheduleError::FutureVersion { .. } => OpError::UnknownOutcome(e.to_string()),
+            | ScheduleError::FutureVersion { .. }
+            | ScheduleError::InvalidFile { .. } => OpError::UnknownOutcome(e.to_string()),
         }
     }
 }
