@@ -11,7 +11,8 @@
 //!   driver's id for it;
 //! - [`Worker::handle_result`]: the result of a call the worker handed out;
 //! - [`Worker::handle_timeout`]: a scheduler pass — schedule ticks
-//!   ([`schedule`]), wake-ups for pending messages, due-trigger claims with
+//!   ([`schedule`]), wake-ups for pending messages (a recipient's one at a
+//!   time, in enqueue order: `crate::system::WakeUps`), due-trigger claims with
 //!   a lease (RESUME triggers included), busy agents' claims waiting, and a
 //!   GC pass when one is due ([`gc`]); the driver calls it after every
 //!   event and whenever [`Worker::poll_timeout_ms`] has passed;

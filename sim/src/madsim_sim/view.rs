@@ -46,7 +46,7 @@ pub(super) fn final_view(ctx: &NodeCtx, end_ms: u64, events: &[(u64, super::Even
             let mut ids = BTreeMap::new();
             for (id, agent) in &state.agents {
                 let prompts = state.conversations.get(id).into_iter().flatten();
-                let msgs = AgentMessages {
+                let mut msgs = AgentMessages {
                     parent: agent.parent.as_ref().and_then(name_of),
                     pending: state.pending[id].iter().map(|m| m.id.to_string()).collect(),
                     delivered: state.delivered[id].iter().map(|m| m.to_string()).collect(),
@@ -56,19 +56,21 @@ pub(super) fn final_view(ctx: &NodeCtx, end_ms: u64, events: &[(u64, super::Even
                             _ => None,
                         })
                         .collect(),
+                    ..AgentMessages::default()
                 };
-                view.agents.insert(agent.name.clone(), msgs);
                 match runtime.session_dir(id).map(|dir| parse_log(&*fs, &dir, None)) {
                     Some(Ok(log)) => {
                         for (work, n) in completions(&log.entries) {
                             view.completions.insert((agent.name.clone(), work), n);
                         }
+                        (msgs.enqueued, msgs.deliveries) = message_order(&log.entries);
                     }
                     Some(Err(e)) => view
                         .runtime_violations
                         .push(format!("reading {}'s log: {e}", agent.name)),
                     None => {}
                 }
+                view.agents.insert(agent.name.clone(), msgs);
                 ids.insert(agent.name.clone(), id.clone());
                 ids.insert(id.to_string(), id.clone());
             }
@@ -185,6 +187,28 @@ fn producer_key(t: &Trigger) -> String {
         .and_then(|prompt| prompt.strip_prefix("trigger "))
         .and_then(|rest| rest.split_whitespace().next());
     client_key.map_or_else(|| t.id.clone(), str::to_string)
+}
+
+/// One agent's log's messages in enqueue order, and its deliveries in log
+/// order (each entry's delivered messages).
+fn message_order(entries: &[LogEntry]) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut enqueued = Vec::new();
+    let mut deliveries = Vec::new();
+    for entry in entries {
+        let ids = match &entry.event {
+            LogEvent::MessageEnqueued { message_id, .. } => {
+                enqueued.push(message_id.to_string());
+                continue;
+            }
+            LogEvent::TurnComplete { delivered, .. } => delivered,
+            LogEvent::MessageDelivered { message_ids } => message_ids,
+            _ => continue,
+        };
+        if !ids.is_empty() {
+            deliveries.push(ids.iter().map(ToString::to_string).collect());
+        }
+    }
+    (enqueued, deliveries)
 }
 
 /// How many times each work completed in one agent's log: a replay of the

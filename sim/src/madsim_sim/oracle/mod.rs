@@ -8,7 +8,11 @@
 //!   or delivered at its recipient, never both, never twice — and if
 //!   delivered, a completed turn of the recipient read it (its payload is
 //!   in that turn's prompt: a message counts as delivered only with the
-//!   turn that read it); an acked emit's trigger row exists, one row per
+//!   turn that read it); a recipient's messages are delivered in enqueue
+//!   order — none before a message enqueued earlier to it, unless that
+//!   one's wake-up was given up (DEAD or FAILED, at the end or when a
+//!   human re-pended it): a wake-up that cannot run holds no later message
+//!   back (`src/system/wake.rs`); an acked emit's trigger row exists, one row per
 //!   dedup key, and a later acked emit of the same key is answered
 //!   `duplicate`; a schedule id's last acked add or delete holds (an acked
 //!   add is defined, an acked delete's is not), unless a later request on
@@ -43,6 +47,11 @@ pub struct AgentMessages {
     /// The prompts of its completed turns (the messages they read are
     /// quoted in them).
     pub prompts: Vec<String>,
+    /// Its messages in enqueue order (its log's `message.enqueued`).
+    pub enqueued: Vec<String>,
+    /// Its deliveries in log order, each the messages one entry delivered
+    /// (a `turn.complete`'s, or a `message.delivered`'s).
+    pub deliveries: Vec<Vec<String>>,
 }
 
 /// One trigger row after the final recovery.
@@ -160,8 +169,69 @@ pub fn check(events: &[(u64, Event)], view: &FinalView, bounds: &Bounds) -> Vec<
             ));
         }
     }
+    delivery_order(events, view, &mut bad);
     triggers::check(events, view, bounds, &mut bad);
     bad
+}
+
+/// D1 order: no message is delivered before one enqueued earlier to the
+/// same recipient (in an earlier delivery, or while that one is still
+/// pending), unless the earlier one's wake-up was given up at some point:
+/// DEAD or FAILED at the end, or re-pended by a human (a retry of its row,
+/// a confirmation of a key of its turn) — a given-up wake-up holds no
+/// later message back, by design.
+fn delivery_order(events: &[(u64, Event)], view: &FinalView, bad: &mut Vec<String>) {
+    let mut repended_rows = BTreeSet::new();
+    let mut confirmed_keys = Vec::new();
+    for (_, e) in events {
+        match e {
+            Event::Sent {
+                op: Op::RetryTrigger { id, .. },
+                ..
+            } => {
+                repended_rows.insert(id.as_str());
+            }
+            Event::Sent {
+                op: Op::Confirm { key, .. },
+                ..
+            } => confirmed_keys.push(key.as_str()),
+            _ => {}
+        }
+    }
+    let given_up = |message: &str| {
+        let work = format!("trigger:wake:{message}-");
+        let row = view.triggers.get(&format!("wake:{message}"));
+        row.is_some_and(|r| {
+            matches!(r.status.as_str(), "DEAD" | "FAILED") || repended_rows.contains(r.id.as_str())
+        }) || confirmed_keys.iter().any(|k| k.starts_with(&work))
+    };
+    for (name, a) in &view.agents {
+        // Each message's first delivery (an index into `deliveries`).
+        let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, batch) in a.deliveries.iter().enumerate() {
+            for id in batch {
+                first.entry(id).or_insert(i);
+            }
+        }
+        for (k, later) in a.enqueued.iter().enumerate() {
+            let Some(&at) = first.get(later.as_str()) else {
+                continue;
+            };
+            let ahead = a.enqueued[..k]
+                .iter()
+                .find(|earlier| first.get(earlier.as_str()).is_none_or(|e| *e > at) && !given_up(earlier));
+            if let Some(earlier) = ahead {
+                let when = match first.get(earlier.as_str()) {
+                    Some(e) => format!("delivered only later (delivery {e})"),
+                    None => "still pending".to_string(),
+                };
+                bad.push(format!(
+                    "D1: agent {name}: message {later} was delivered (delivery {at}) ahead of {earlier}, \
+                     enqueued before it and {when}: reordered"
+                ));
+            }
+        }
+    }
 }
 
 /// D1 for schedules: each id's last answered add or delete holds at the
@@ -382,6 +452,69 @@ mod tests {
         ] {
             assert_eq!(check(&events, &view, &bounds()), Vec::<String>::new());
         }
+    }
+
+    /// w0 got m1 then m2; m2 was delivered while m1 was still pending.
+    fn reordered() -> FinalView {
+        let mut view = FinalView::default();
+        let agent = AgentMessages {
+            pending: vec!["m1".into()],
+            delivered: ["m2".to_string()].into(),
+            enqueued: vec!["m1".into(), "m2".into()],
+            deliveries: vec![vec!["m2".into()]],
+            prompts: vec!["Message m2".into()],
+            ..AgentMessages::default()
+        };
+        view.agents.insert("w0".into(), agent);
+        view
+    }
+
+    fn wake_row(status: &str) -> TriggerRow {
+        TriggerRow {
+            id: "trg-1".into(),
+            status: status.into(),
+            fire_at_ms: 0,
+            attempts: 1,
+            agent: Some("w0".into()),
+            work: "trigger:wake:m1".into(),
+        }
+    }
+
+    #[test]
+    fn a_message_delivered_ahead_of_an_earlier_one_is_reported() {
+        let mut view = reordered();
+        let bad = check(&[], &view, &bounds());
+        assert!(bad.iter().any(|v| v.contains("ahead of m1")), "{bad:?}");
+        // The earlier one's wake-up backing off holds it back all the same.
+        view.triggers.insert("wake:m1".into(), wake_row("PENDING"));
+        let bad = check(&[], &view, &bounds());
+        assert!(bad.iter().any(|v| v.contains("ahead of m1")), "{bad:?}");
+        // Delivered later: reordered too.
+        let a = view.agents.get_mut("w0").expect("w0");
+        a.pending.clear();
+        a.deliveries.push(vec!["m1".into()]);
+        let bad = check(&[], &view, &bounds());
+        assert!(bad.iter().any(|v| v.contains("delivered only later")), "{bad:?}");
+        // In one delivery, or in order: fine.
+        let a = view.agents.get_mut("w0").expect("w0");
+        a.deliveries = vec![vec!["m1".into(), "m2".into()]];
+        assert_eq!(check(&[], &view, &bounds()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_message_may_pass_an_earlier_one_whose_wake_up_was_given_up() {
+        let mut view = reordered();
+        view.triggers.insert("wake:m1".into(), wake_row("DEAD"));
+        assert_eq!(check(&[], &view, &bounds()), Vec::<String>::new());
+        // Given up, then retried by a human: it was given up meanwhile.
+        view.triggers.insert("wake:m1".into(), wake_row("DONE"));
+        let retry = Op::RetryTrigger {
+            id: "trg-1".into(),
+            status: "DEAD".into(),
+        };
+        let events = [(5, Event::Sent { client: 0, op: retry })];
+        let bad = check(&events, &view, &bounds());
+        assert!(bad.iter().all(|v| !v.contains("reordered")), "{bad:?}");
     }
 
     #[test]
