@@ -558,3 +558,54 @@ fn a_stop_gives_back_the_claims_it_keeps_from_running_uncounted() -> Result<(), 
     }
     Ok(())
 }
+
+/// Names address agents, so `POST /agents` refuses a name any live agent
+/// has — also when several do (children the model spawned may share a
+/// name across the tree), where the lookup is ambiguous rather than
+/// found (found by review: a third agent of that name was created).
+#[test]
+fn a_name_several_live_agents_share_is_taken() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = Arc::new(Manual::default());
+    let fs: Arc<dyn Fs> = Arc::new(SimFs::new(SimConfig::new(7)));
+    {
+        let deps = Deps {
+            provider: Arc::new(FakeProvider::new(7)),
+            tools: Arc::new(PureTools),
+            outbox: Arc::new(World::with_dedup()),
+            clock: clock.clone(),
+        };
+        let (mut system, _) = System::boot(fs.clone(), SystemConfig::new("/root", 7), deps)?;
+        let rt = system.runtime_mut();
+        for parent in ["a", "b"] {
+            let parent = rt.create_root(parent, "")?;
+            rt.spawn_child(&parent, "x", "")?;
+        }
+    }
+    let mut w = boot_on(&fs, &clock, false)?;
+    w.handle_request(
+        1,
+        Request::CreateAgent(CreateAgent {
+            name: "x".into(),
+            instructions: String::new(),
+            parent: None,
+        }),
+    )?;
+    let reply = settle(&mut w)?
+        .into_iter()
+        .find(|(id, _)| *id == 1)
+        .ok_or("no reply")?;
+    match reply.1 {
+        Err(OpError::Conflict(message)) => assert!(message.contains("\"x\""), "{message}"),
+        other => panic!("a third agent named x: {other:?}"),
+    }
+    let named_x = w
+        .system()
+        .runtime()
+        .tree()
+        .nodes()
+        .values()
+        .filter(|n| n.name == "x")
+        .count();
+    assert_eq!(named_x, 2);
+    Ok(())
+}

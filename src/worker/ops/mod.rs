@@ -213,7 +213,10 @@ fn create_agent(system: &mut System, lifecycle: &dyn Lifecycle, r: CreateAgent) 
     if r.name.trim().is_empty() || r.name.len() > 128 {
         return Err(OpError::BadRequest("`name` must be 1-128 characters".into()));
     }
-    if resolve(system, &r.name).is_ok() || AgentId::from_hex(&r.name).is_ok() {
+    // Any live agent of that name, one or several (spawned children may
+    // share a name across the tree), makes the name taken.
+    let taken = !matches!(resolve(system, &r.name), Err(OpError::NotFound(_)));
+    if taken || AgentId::from_hex(&r.name).is_ok() {
         return Err(OpError::Conflict(format!(
             "an agent named {:?} exists (or the name looks like an id); names address agents, so they are unique",
             r.name
