@@ -105,8 +105,10 @@ fn a_spawn_whose_answer_hangs_on_another_agents_open_turn_is_skipped() {
     // For a001, two live agents plus that unknown spawn straddle the
     // limit of three: the runtime may answer either way.
     assert!(m.resolve(&turn(1, vec![step(Orch::Spawn)])).is_none());
-    // A turn without spawns is unaffected, and a000's own turns do not
-    // count its earlier one (a new turn supersedes it).
+    // A turn without spawns is unaffected, and a000 running that turn
+    // again (the same prompt: it resumes) makes the spawn that is pending,
+    // not a second one. (A parked turn's spawn does count against a
+    // different turn of its agent: `Model::limit_refusals`.)
     assert!(m.resolve(&turn(1, vec![step(Orch::None)])).is_some());
     assert_eq!(spawns_ok(&m, &turn(0, vec![step(Orch::Spawn)])), [true]);
     // Once that turn completes, its child is live and a001's answer known.

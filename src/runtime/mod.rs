@@ -8,9 +8,11 @@
 //! [`RuntimeError::Poisoned`]) and must be followed by [`Runtime::open`],
 //! which runs [`crate::recovery`]. Acknowledgement points:
 //! - `create_root`: after `agent.created` is fsynced in the new session's log.
-//! - `spawn_child`: the child is added to the in-memory tree first; its
-//!   session and `agent.created` are the deferred part of the spawn, run
-//!   before `spawn_child` returns (in this synchronous API the call is the
+//! - `spawn_child`: once it has a provider slot (refused with
+//!   [`RuntimeError::SlotsBusy`] before anything changes, the tree
+//!   included), the child is added to the in-memory tree; its session and
+//!   `agent.created` are the deferred part of the spawn, run before
+//!   `spawn_child` returns (in this synchronous API the call is the
 //!   parent's turn boundary). A crash before `agent.created` is durable
 //!   makes the child vanish: it was never acknowledged.
 //! - `run_turn`: after `turn.complete` is fsynced; an unfinished turn is
@@ -123,7 +125,10 @@ pub trait CallLog: Send + Sync + std::fmt::Debug {
     fn completed(&self, at: &CallSite<'_>, usage: Option<Usage>) -> Result<(), String>;
     /// A completion failed: record it with its attempt number — how many
     /// failures of the same call (agent session, turn, round) are already
-    /// recorded, 0 for the first — and return that number. Kept where the
+    /// recorded, 0 for the first — and return that number. The turn is
+    /// its number (completed turns before it), so two turns started at
+    /// one number (one failed and set aside, then another) share a count:
+    /// the failures at that point of the conversation. Kept where the
     /// failures are (the store), never in memory: a restart between two
     /// failures of one call must not number both 0.
     fn failed(&self, at: &CallSite<'_>, error: &str) -> Result<u32, String>;

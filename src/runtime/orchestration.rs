@@ -34,23 +34,28 @@
 //! since every later step of an agent starts after those effects were
 //! applied. A call with no durable result has no effect and reserved
 //! nothing durable: run again after a crash, it reserves new ids.
-//! Reserved ids are observed by the id generator at open, so none is ever
-//! handed out twice. An interrupted turn that never completes never
-//! creates its children (seed 002: the unacknowledged spawn vanishes).
+//! Reserved ids are observed by the id generator at open — those in the
+//! logs of terminated agents too — so none is ever handed out twice. An
+//! interrupted turn that never completes never creates its children (seed
+//! 002: the unacknowledged spawn vanishes).
 //!
 //! Limits (checked when the call runs, against the live tree plus the
-//! spawns of every turn in flight, never when the effect is applied: a
-//! result already promised the child): `max_depth` (a root is depth 0),
-//! `max_children` per parent and `max_agents` in the tree. Which agent may
-//! call which tool is the [`Orchestration`] grant, by agent name; a call
-//! it does not grant is answered as a failed call.
+//! spawns of every turn of a live agent not completed — in flight,
+//! interrupted, or parked by a newer turn, since running it again creates
+//! its children — never when the effect is applied: a result already
+//! promised the child): `max_depth` (a root is depth 0), `max_children`
+//! per parent and `max_agents` in the tree, and a child's name unique
+//! among its parent's children. Which agent may call which tool is the
+//! [`Orchestration`] grant, by agent name; a call it does not grant is
+//! answered as a failed call.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::log::DecidedCall;
+use crate::log::{DecidedCall, Event, LogEntry};
+use crate::store::session::ScannedSession;
 
 use super::ids::{AgentId, MessageId, SessionId};
 use super::orchestrator::{NewAgent, Placement};
@@ -108,9 +113,11 @@ pub struct Orchestration {
     pub grants: BTreeMap<String, BTreeSet<OrchestrationTool>>,
     /// Deepest child a spawn may create (a root is depth 0).
     pub max_depth: u32,
-    /// Children one agent may have (live, and spawned in turns in flight).
+    /// Children one agent may have (live, and spawned in turns not
+    /// completed: in flight, interrupted or parked).
     pub max_children: u32,
-    /// Agents the tree may hold (live, and spawned in turns in flight).
+    /// Agents the tree may hold (live, and spawned in turns not completed:
+    /// in flight, interrupted or parked).
     pub max_agents: u32,
 }
 
@@ -245,6 +252,58 @@ fn effects_in(items: &[ConversationItem]) -> Vec<Effect> {
     out
 }
 
+/// The highest id counter the durable results in `items` reserved (0:
+/// none).
+fn max_reserved(items: &[ConversationItem]) -> u64 {
+    effects_in(items)
+        .iter()
+        .map(|effect| match effect {
+            Effect::Spawn { spawned, .. } => spawned.agent_id.counter().max(spawned.session_id.counter()),
+            Effect::Send { sent, .. } => sent.message_id.counter(),
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every tool call and result of a log, as conversation items, whatever
+/// turn they belong to (completed, interrupted, parked or rolled back: a
+/// durable result reserved its ids all the same).
+fn logged_calls(entries: &[LogEntry]) -> Vec<ConversationItem> {
+    entries
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ToolCall {
+                call_id,
+                tool,
+                args,
+                irreversible,
+            } => Some(ConversationItem::ToolCall {
+                call_id: call_id.clone(),
+                tool: tool.clone(),
+                args: args.clone(),
+                irreversible: *irreversible,
+            }),
+            Event::ToolResult { call_id, ok, output } => Some(ConversationItem::ToolResult {
+                call_id: call_id.clone(),
+                ok: *ok,
+                output: output.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The spawns among the effects of `items`, in call order.
+fn spawns_in(items: &[ConversationItem]) -> Vec<Spawned> {
+    effects_in(items)
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Spawn { spawned, .. } => Some(spawned),
+            Effect::Send { .. } => None,
+        })
+        .collect()
+}
+
 fn call_request(tool: &str, args: &Value) -> ToolRequest {
     ToolRequest {
         tool: tool.to_string(),
@@ -355,19 +414,31 @@ impl Runtime {
         })
     }
 
-    /// The spawns of every turn in flight or interrupted (their children
-    /// are created only when the turn completes), by spawning agent.
+    /// The spawns of every turn in flight or interrupted, by spawning
+    /// agent: each live agent's open turn and the turns a newer one
+    /// superseded (parked). Their children are created only when the turn
+    /// completes — a parked one too, when it is run again — so each is
+    /// promised a place in the tree: what the limits count.
     fn pending_spawns(&self) -> BTreeMap<AgentId, Vec<Spawned>> {
         let mut out: BTreeMap<AgentId, Vec<Spawned>> = BTreeMap::new();
         for (id, slot) in &self.agents {
-            let Some(open) = &slot.open else { continue };
-            for effect in effects_in(&open.items) {
-                if let Effect::Spawn { spawned, .. } = effect {
-                    out.entry(id.clone()).or_default().push(spawned);
-                }
+            let turns = slot.open.iter().chain(&slot.parked);
+            let spawned: Vec<Spawned> = turns.flat_map(|t| spawns_in(&t.items)).collect();
+            if !spawned.is_empty() {
+                out.insert(id.clone(), spawned);
             }
         }
         out
+    }
+
+    /// The spawns of `agent`'s open turn (the one in flight): the children
+    /// a send of this turn may name, enqueued when the turn ends.
+    fn spawning_now(&self, agent: &AgentId) -> Vec<Spawned> {
+        self.agents
+            .get(agent)
+            .and_then(|s| s.open.as_ref())
+            .map(|open| spawns_in(&open.items))
+            .unwrap_or_default()
     }
 
     fn depth(&self, agent: &AgentId) -> u32 {
@@ -419,8 +490,13 @@ impl Runtime {
                     .collect()
             })
             .unwrap_or_default();
-        if children.contains(&name) || mine.iter().any(|s| s.name == name) {
+        if children.contains(&name) {
             return Err(format!("this agent already has a child named {name:?}"));
+        }
+        if mine.iter().any(|s| s.name == name) {
+            return Err(format!(
+                "this agent is already spawning a child named {name:?} (in this turn, or in an interrupted one that creates it when it completes)"
+            ));
         }
         let count = children.len() + mine.len();
         if count >= policy.max_children as usize {
@@ -454,7 +530,7 @@ impl Runtime {
     /// its children, its parent, its siblings, then every agent. Returns
     /// the id, its name, and whether it is still being spawned.
     fn resolve_recipient(&self, agent: &AgentId, to: &str) -> Result<(AgentId, String, bool), String> {
-        let mine: Vec<Spawned> = self.pending_spawns().remove(agent).unwrap_or_default();
+        let mine = self.spawning_now(agent);
         let name_of = |id: &AgentId| self.tree.get(id).map(|n| n.name.clone()).unwrap_or_default();
         let me = self
             .tree
@@ -548,7 +624,7 @@ impl Runtime {
                 })
             })
             .collect();
-        let spawning: Vec<Spawned> = self.pending_spawns().remove(agent).unwrap_or_default();
+        let spawning = self.spawning_now(agent);
         json!({"you": agent, "agents": agents, "spawning": spawning})
     }
 
@@ -626,28 +702,56 @@ impl Runtime {
     }
 
     /// Make every id a durable orchestration result reserved unavailable
-    /// to the id generator (open, before any id is handed out).
-    pub(super) fn observe_reserved_ids(&mut self) {
+    /// to the id generator (open, after recovery, before any id is handed
+    /// out). Recovery observes the ids of every session and every enqueued
+    /// message, but a result's ids may be in neither (the child of a turn
+    /// that never completed, a send to a recipient gone since), so every
+    /// durable result is read: a live agent's in its turns (completed,
+    /// open, parked), a terminated agent's in its log — recovery rebuilds
+    /// no turn of it, yet what it reserved stays reserved (ids are never
+    /// reused). Those logs are read only when `report` says recovery
+    /// found terminated sessions: a root without any costs no I/O here.
+    pub(super) fn observe_reserved_ids(
+        &mut self,
+        report: &crate::recovery::RecoveryReport,
+    ) -> Result<(), RuntimeError> {
         let mut max = 0u64;
         for slot in self.agents.values() {
             let turns = std::iter::once(slot.conversation.as_slice())
                 .chain(slot.open.iter().map(|o| o.items.as_slice()))
                 .chain(slot.parked.iter().map(|p| p.items.as_slice()));
             for items in turns {
-                for effect in effects_in(items) {
-                    let counter = match &effect {
-                        Effect::Spawn { spawned, .. } => {
-                            spawned.agent_id.counter().max(spawned.session_id.counter())
-                        }
-                        Effect::Send { sent, .. } => sent.message_id.counter(),
-                    };
-                    max = max.max(counter);
+                max = max.max(max_reserved(items));
+            }
+        }
+        // Every directory recovery scanned is foreign, an orphan it
+        // cleaned, a live agent's, or a terminated agent's.
+        let terminated = usize::try_from(report.sessions_scanned)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(report.foreign_entries.len())
+            .saturating_sub(report.orphans_cleaned.len())
+            .saturating_sub(self.agents.len());
+        if terminated > 0 {
+            let live: BTreeSet<&SessionId> = self.agents.values().map(|s| &s.record.session_id).collect();
+            // Recovery left no `.tmp` behind: this scan only reads.
+            let (sessions, _) = self.store.scan()?;
+            for session in sessions {
+                let ScannedSession::Record(record) = session else {
+                    // A foreign entry, or an orphan recovery emptied.
+                    continue;
+                };
+                let id = &record.session_id;
+                if live.contains(id) {
+                    continue;
                 }
+                let log = crate::log::parse_log(self.fs.as_ref(), &self.store.dir(id), Some(id))?;
+                max = max.max(max_reserved(&logged_calls(&log.entries)));
             }
         }
         if max > 0 {
             self.ids.observe(max);
         }
+        Ok(())
     }
 
     /// Apply every effect a durable result promises that a crash left

@@ -87,7 +87,7 @@ impl Runtime {
         // Ids the orchestration tools reserved in logged results are never
         // handed out again, and the effects those results promise are all
         // there before anything else runs (see `orchestration`).
-        runtime.observe_reserved_ids();
+        runtime.observe_reserved_ids(&report)?;
         runtime.complete_orchestration(&mut report)?;
         Ok((runtime, report))
     }
@@ -132,8 +132,10 @@ impl Runtime {
         self.poison_on(r)
     }
 
-    /// Spawn a child of `parent`: `tree.add` now, then the deferred spawn
-    /// (session + `agent.created`) before returning.
+    /// Spawn a child of `parent`: a provider slot (refused with
+    /// [`RuntimeError::SlotsBusy`], leaving nothing behind, when every slot
+    /// has a turn in flight), `tree.add`, then the deferred spawn (session
+    /// + `agent.created`) before returning.
     pub fn spawn_child(
         &mut self,
         parent: &AgentId,
@@ -169,6 +171,14 @@ impl Runtime {
     /// Create an agent under ids chosen before (see [`NewAgent`]), its
     /// session ACTIVE (taking a provider slot now, evicting the least
     /// recently used) or SUSPENDED (taking none until its first turn).
+    ///
+    /// A refusal that is not an unknown outcome (a parent that is not live,
+    /// every slot held by a turn in flight: [`RuntimeError::SlotsBusy`])
+    /// happens before anything changes — the tree included — so the
+    /// runtime stays usable and its memory equals the disk (a child left
+    /// in the tree without a session would pin its parent: it could never
+    /// be terminated). Once the tree holds the node, every error is an I/O
+    /// one and poisons the runtime.
     pub(super) fn create_with(
         &mut self,
         agent: NewAgent<'_>,
@@ -181,11 +191,12 @@ impl Runtime {
             instructions,
             parent,
         } = agent;
-        if parent.is_some() {
-            // Child: in the tree synchronously; durable only after the
-            // deferred spawn below logs agent.created.
-            self.tree.add(id.clone(), name.to_string(), parent.clone())?;
-        }
+        // The refusals first: an unknown parent, then a busy slot (what it
+        // suspends to make room is a complete, durable operation of its own).
+        let parent_session_id = match &parent {
+            Some(p) => Some(self.slot(p)?.record.session_id.clone()),
+            None => None,
+        };
         let state = match placement {
             Placement::Active => {
                 self.make_room(None)?;
@@ -193,6 +204,11 @@ impl Runtime {
             }
             Placement::Suspended => SessionState::Suspended,
         };
+        if parent.is_some() {
+            // Child: in the tree synchronously; durable only after the
+            // deferred spawn below logs agent.created.
+            self.tree.add(id.clone(), name.to_string(), parent.clone())?;
+        }
         let record = SessionRecord {
             schema_version: SESSION_SCHEMA_VERSION,
             session_id: session_id.clone(),
@@ -208,10 +224,6 @@ impl Runtime {
         if parent.is_none() {
             self.tree.add(id.clone(), name.to_string(), None)?;
         }
-        let parent_session_id = match &parent {
-            Some(p) => Some(self.slot(p)?.record.session_id.clone()),
-            None => None,
-        };
         self.agents.insert(
             id.clone(),
             AgentSlot {

@@ -376,16 +376,18 @@ pub const MAX_REPLAYS: u32 = 3;
 pub const MAX_DEPTH: u32 = 2;
 
 /// Children per agent (`orchestration.max_children`), live or being
-/// spawned by its turn: the driver boots with this, far below the
-/// product's default (8), so that cases reach it. A spawn past it is
-/// refused like one past [`MAX_DEPTH`] ([`Model::limit_refusals`]).
+/// spawned by its turns not completed (in flight, interrupted or parked):
+/// the driver boots with this, far below the product's default (8), so
+/// that cases reach it. A spawn past it is refused like one past
+/// [`MAX_DEPTH`] ([`Model::limit_refusals`]).
 pub const MAX_CHILDREN: usize = 2;
 
 /// Agents in the tree (`orchestration.max_agents`), live or being spawned
-/// by any turn in flight, that the run with `seed` boots with: 9 for half
-/// the seeds, 5 or 3 for a quarter each — far below the product's default
-/// (64), and small enough in some runs that a turn's second spawn meets
-/// the limit with its first still pending. Drawn from bits of the seed
+/// by any turn not completed (in flight, interrupted or parked), that the
+/// run with `seed` boots with: 9 for half the seeds, 5 or 3 for a quarter
+/// each — far below the product's default (64), and small enough in some
+/// runs that a turn's second spawn meets the limit with its first still
+/// pending. Drawn from bits of the seed
 /// [`dedup_world`] and [`installed_by`] do not read.
 pub fn max_agents(seed: u64) -> usize {
     match (seed >> 5) % 4 {
@@ -1066,10 +1068,10 @@ pub struct Model {
     /// resume runs its prompt. Bookkeeping.
     #[serde(default)]
     pub jobs: BTreeMap<String, Action>,
-    /// Prompts with spawns whose turn started since the agent's last
-    /// completed turn, by agent ([`Model::note_started`]): what may still
-    /// count against the tree's limit ([`max_agents`]) while that turn is
-    /// open. Bookkeeping.
+    /// Prompts with spawns whose turn started and has not completed, by
+    /// agent ([`Model::note_started`]): what may still count against the
+    /// limits ([`MAX_CHILDREN`], [`max_agents`]) while that turn is open
+    /// or parked. Bookkeeping.
     #[serde(default)]
     pub open_spawns: BTreeMap<String, BTreeSet<String>>,
     /// The tree's limit the system was booted with ([`max_agents`];
@@ -1139,7 +1141,7 @@ impl Model {
     fn within_depth(&self, caller: &str, tools: &[ToolStep]) -> Vec<ToolStep> {
         let no_spawn = self.spawn_refused(caller);
         let no_send = !granted(caller, OrchestrationTool::SendMessage);
-        let limited = self.limit_refusals(caller, tools).unwrap_or_default();
+        let limited = self.limit_refusals(caller, None, tools).unwrap_or_default();
         let spawn_refused = |i: usize| no_spawn || limited.get(i).copied().unwrap_or(false);
         tools
             .iter()
@@ -1158,24 +1160,27 @@ impl Model {
             .collect()
     }
 
-    /// Which of the spawns of a turn of `caller` running `tools` (by step)
-    /// the limits refuse, as the runtime checks them when each call runs:
-    /// the caller's live children plus its turn's spawns before this one
-    /// against [`MAX_CHILDREN`], then the live tree plus the spawns of
-    /// every turn in flight against the tree's limit ([`max_agents`]).
-    /// Spawns refused for depth or grant count for nothing. The turns in flight of other
-    /// agents are the one unknown: a crash, a provider failure or a hook
-    /// leaves a turn open with as many of its spawns decided as got
-    /// logged, and the runtime counts them until that turn completes or
-    /// another turn of its agent supersedes it. Their number lies between
-    /// none and every spawn of the turns of other agents that started and
-    /// never completed ([`Model::open_spawns`]); `None` when the answer
-    /// differs across that range (the op is then skipped:
-    /// [`Model::limits_hold`]). A retried or resumed turn reuses the
-    /// decisions its earlier run logged, so it counts the same way only
-    /// if the limits answer now as they did then, which `limits_hold`
+    /// Which of the spawns of a turn of `caller` with `prompt` (`None`: a
+    /// new one) running `tools` (by step) the limits refuse, as the
+    /// runtime checks them when each call runs: the caller's live
+    /// children plus the spawns of its turns not completed — this one's
+    /// before this call, and its other turns' — against [`MAX_CHILDREN`],
+    /// then the live tree plus the spawns of every turn not completed
+    /// against the tree's limit ([`max_agents`]). Spawns refused for depth
+    /// or grant count for nothing. The other turns not completed, the
+    /// caller's and other agents', are the one unknown: a crash, a
+    /// provider failure or a hook leaves a turn open with as many of its
+    /// spawns decided as got logged, and the runtime counts them until
+    /// that turn completes — a newer turn of its agent that supersedes it
+    /// parks it, and a parked turn still counts (run again, it creates its
+    /// children). Their number lies between none and every spawn of the
+    /// turns that started and never completed ([`Model::open_spawns`]);
+    /// `None` when the answer differs across that range (the op is then
+    /// skipped: [`Model::limits_hold`]). A retried or resumed turn reuses
+    /// the decisions its earlier run logged, so it counts the same way
+    /// only if the limits answer now as they did then, which `limits_hold`
     /// checks too.
-    fn limit_refusals(&self, caller: &str, tools: &[ToolStep]) -> Option<Vec<bool>> {
+    fn limit_refusals(&self, caller: &str, prompt: Option<&str>, tools: &[ToolStep]) -> Option<Vec<bool>> {
         let mut refused = vec![false; tools.len()];
         if self.spawn_refused(caller) || !tools.iter().any(|t| t.orch == Orch::Spawn) {
             return Some(refused);
@@ -1188,13 +1193,25 @@ impl Model {
             .count();
         // A job run's turn runs on the root the run makes first.
         let live = self.state.agents.len() + usize::from(!self.state.agents.contains_key(caller));
+        // The spawns of the turns not completed besides this one: the
+        // caller's own (its parked turns count against its children too)
+        // and the other live agents'.
+        let open = |agent: &String| -> usize {
+            self.open_spawns
+                .get(agent)
+                .into_iter()
+                .flatten()
+                .filter(|p| !(agent == caller && Some(p.as_str()) == prompt))
+                .map(|p| spawn_calls(p))
+                .sum()
+        };
+        let own = self.open_spawns.get_key_value(caller).map_or(0, |(a, _)| open(a));
         let others: usize = self
             .open_spawns
-            .iter()
-            .filter(|(agent, _)| *agent != caller && self.state.agents.contains_key(*agent))
-            .filter(|(agent, _)| !self.spawn_refused(agent))
-            .flat_map(|(_, prompts)| prompts)
-            .map(|p| spawn_calls(p))
+            .keys()
+            .filter(|agent| *agent != caller && self.state.agents.contains_key(*agent))
+            .filter(|agent| !self.spawn_refused(agent))
+            .map(open)
             .sum();
         let max_agents = self.max_agents.unwrap_or(MAX_AGENTS_MOST);
         let mut mine = 0;
@@ -1204,7 +1221,7 @@ impl Model {
             }
             if children + mine >= MAX_CHILDREN || live + mine >= max_agents {
                 refused[i] = true;
-            } else if live + mine + others < max_agents {
+            } else if children + mine + own < MAX_CHILDREN && live + mine + own + others < max_agents {
                 mine += 1;
             } else {
                 return None;
@@ -1220,13 +1237,13 @@ impl Model {
     /// answer it got, one it did not gets today's, and the model cannot
     /// tell which are which), or unless the answer is not known.
     fn limits_hold(&self, action: &Action) -> bool {
-        let Some((agent, _, tools)) = action.turn().filter(|_| !self.runs_no_turn(action)) else {
+        let Some((agent, prompt, tools)) = action.turn().filter(|_| !self.runs_no_turn(action)) else {
             return true;
         };
         if self.spawn_refused(agent) {
             return true;
         }
-        let Some(refused) = self.limit_refusals(agent, tools) else {
+        let Some(refused) = self.limit_refusals(agent, Some(prompt), tools) else {
             return false;
         };
         tools
@@ -1236,10 +1253,10 @@ impl Model {
     }
 
     /// `action` starts a turn whose spawns the runtime counts against the
-    /// tree's limit ([`max_agents`]) while it is in flight (or left
-    /// open): remembered in [`Model::open_spawns`] until a turn of its
-    /// agent completes (an answer from the log, [`Model::runs_no_turn`],
-    /// starts none). Called on the model before the op's candidates are
+    /// limits ([`MAX_CHILDREN`], [`max_agents`]) while it is in flight (or
+    /// left open, or parked by a newer turn): remembered in
+    /// [`Model::open_spawns`] until that turn completes (an answer from
+    /// the log, [`Model::runs_no_turn`], starts none). Called on the model before the op's candidates are
     /// cloned from it, so every one of them remembers it.
     pub fn note_started(&mut self, action: &Action) {
         let Some((agent, prompt, _)) = action.turn().filter(|_| !self.runs_no_turn(action)) else {
@@ -1358,10 +1375,15 @@ impl Model {
             self.sent_by_turn(effect_key(agent, prompt, i, occurrence), t);
         }
         self.orchestrate(agent, prompt, tools);
-        // The completed turn was the agent's open one: any turn it
-        // superseded is parked, and the runtime counts a parked turn's
-        // spawns no more (a retry that resumes one notes it again).
-        self.open_spawns.remove(agent);
+        // Its spawns are children now (or refused). A turn it superseded
+        // is parked, and the runtime still counts a parked turn's spawns
+        // (run again, it creates its children): only this one's leave.
+        if let Some(prompts) = self.open_spawns.get_mut(agent) {
+            prompts.remove(prompt);
+            if prompts.is_empty() {
+                self.open_spawns.remove(agent);
+            }
+        }
     }
 
     /// The effects of a completed turn's orchestration calls: each child
