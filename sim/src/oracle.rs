@@ -138,6 +138,12 @@
 //!   Checked where the harness boots again without the fault
 //!   (`exec/restart.rs`), unless a rot struck the disk at rest.
 //!
+//! - **F2 `verify` under an injected I/O fault says it could not read**
+//!   (`driver/verify_fault.rs`): at one boot in eight, the operator's
+//!   `verify` of the disk runs again on a detached copy with one EIO at a
+//!   point of its own reads; its report is the fault-free one, or names
+//!   the file in an `unreadable` finding and is not healthy.
+//!
 //! - **R6 Bit rot is refused, never read (`PowerRot`).** A flipped bit in
 //!   a complete, durable event-log line or session record destroys data
 //!   that may be acknowledged, so "acknowledged means durable" cannot be
@@ -288,7 +294,7 @@
 //! nothing. And the model holds spawns to the product's default depth
 //! limit ([`crate::model::MAX_DEPTH`]) and to low children and tree limits
 //! ([`crate::model::MAX_CHILDREN`], [`crate::model::max_agents`]), each
-//! counting the spawns pending in turns in flight: a spawn past any is a
+//! counting the spawns pending in turns in flight or parked: a spawn past any is a
 //! failed call that creates nothing (an op whose answer hangs on other
 //! agents' open turns is skipped, `Model::limit_refusals`).
 //!

@@ -667,15 +667,26 @@ fn check_sessions(
 /// Live as the boot counts it: a record not TERMINATED, a log that reads,
 /// holds `agent.created` and no `agent.terminated`.
 fn cut_off(scans: &[SessionScan], store: Option<&SessionStore>, v: &mut Verification) {
+    let mut unread = Vec::new();
     let live: Vec<&SessionScan> = scans
         .iter()
         .filter(|s| s.has_record && matches!(s.log, Some(Ok(_))) && s.created() && !s.terminated())
-        .filter(|s| {
-            store
-                .and_then(|st| st.load(&s.id).ok().flatten())
-                .is_some_and(|r| r.state != SessionState::Terminated)
+        .filter(|s| match store.map(|st| st.load(&s.id)) {
+            Some(Ok(Some(r))) => r.state != SessionState::Terminated,
+            // A read that failed here (the record read fine a moment ago,
+            // or its damage is reported there) is reported, never taken
+            // for a record that is not live: the placement below would be
+            // judged without it (found by the harness's F2).
+            Some(Err(e @ SessionError::Io { .. })) => {
+                let mut f = unreadable(&s.dir.join(crate::store::session::SESSION_FILE), e);
+                f.session = Some(s.id.clone());
+                unread.push(f);
+                false
+            }
+            _ => false,
         })
         .collect();
+    v.damaged.extend(unread);
     let (_, cut) = super::placement::place(live, |s| &s.id, |s| s.parent());
     for s in cut {
         let parent = s.parent().map(SessionId::as_str).unwrap_or_default();
@@ -779,10 +790,17 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
             offset,
             reason,
         }) => {
-            if matches!(
-                log::repair::pending_replaces_line(fs, &s.dir, &s.id, *offset),
-                Ok(true)
-            ) {
+            let replaced = match log::repair::pending_replaces_line(fs, &s.dir, &s.id, *offset) {
+                Ok(replaced) => replaced,
+                // Unknown: not corruption either (the boot may replace
+                // it), so the read is reported (found by the harness's F2).
+                Err(e) => {
+                    v.damaged
+                        .push(with_session(unreadable(&s.dir.join(log::PENDING_FILE), e)));
+                    return;
+                }
+            };
+            if replaced {
                 at_boot(
                     v,
                     path,
@@ -851,9 +869,16 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
     if found.lost_entries().is_some() {
         return; // reported by session_damage
     }
-    let on_disk = fs
-        .len(&log_path, "events.jsonl size (verify)")
-        .unwrap_or(found.valid_len);
+    // An error is reported, never taken for "no torn tail" (found by the
+    // harness's F2: the report then called the log healthy).
+    let on_disk = match fs.len(&log_path, "events.jsonl size (verify)") {
+        Ok(len) => len,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => found.valid_len,
+        Err(e) => {
+            v.damaged.push(with_session(unreadable(&log_path, e)));
+            return;
+        }
+    };
     if on_disk > found.valid_len {
         at_boot(
             v,
@@ -1204,7 +1229,9 @@ fn new_store(
         path: db_path.to_path_buf(),
         reason,
     };
-    let mut lost = manifest::read_lost(fs.as_ref(), root).unwrap_or_default();
+    // The history of lost stores keeps a new store id from repeating an
+    // old one: unread, the check below would be blind.
+    let mut lost = manifest::read_lost(fs.as_ref(), root).map_err(|e| err(e.to_string()))?;
     let mut bytes = now_ms.to_le_bytes().to_vec();
     bytes.extend_from_slice(root.as_os_str().as_encoded_bytes());
     bytes.extend_from_slice(b"accept-store-loss");

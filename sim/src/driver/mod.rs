@@ -43,6 +43,7 @@ mod stamps;
 mod typed;
 mod usage;
 pub mod verified;
+mod verify_fault;
 mod views;
 
 use project::checkpoint;
@@ -502,6 +503,14 @@ impl Driver {
         // A memoized report that differs from a fresh one fails the run
         // before the boot (no refusal can excuse it).
         let verified = verified::verified(&self.fs, || self.verify())?;
+        if let Some(v) = verify_fault::check(
+            &self.fs,
+            self.seed,
+            std::path::Path::new(ROOT),
+            std::path::Path::new(STORE_DB),
+        ) {
+            self.answer_violations.push(v);
+        }
         let lost_before = self.lost_replies() as usize;
         let booted = System::boot(Arc::new(self.fs.clone()), config, deps);
         self.clock.set(step_ms);
