@@ -3,7 +3,7 @@
 //! path"), refused before anything is written: resolved against the
 //! config's directory, an empty root would be the empty path for a bare
 //! `--config agent.toml` (the boot would write `LOCK` and `store.db` into
-//! the working directory and fail with a "damaged root" error naming no
+//! the working directory and fail with a misleading "damaged root" error naming no
 //! file), or the config file's own directory for an absolute one.
 
 mod common;

@@ -202,9 +202,11 @@ pub enum SystemError {
     AwaitsConfirmation { run_id: String },
     #[error("after recovery the runtime breaks its invariants: {0:?}")]
     Invariants(Vec<String>),
-    /// Damage outside the crash model (see [`crate::recovery::damage`]):
-    /// refused before anything changed.
-    #[error("damaged root: {0}")]
+    /// Damage outside the crash model (see [`crate::recovery::damage`]),
+    /// a file a newer build wrote, or a preflight read that failed:
+    /// refused before anything changed. The message is the cause's (it
+    /// says which), not "damaged" for all three.
+    #[error("root refused: {0}")]
     Damaged(#[from] DamageError),
 }
 
