@@ -344,13 +344,26 @@ pub fn scan_sessions(fs: &dyn Fs, root: &Path) -> Result<Vec<SessionScan>, Damag
             .exists(&record, "session.json exists (preflight)")
             .map_err(io(&record, "exists"))?;
         let log = has_record.then(|| log::repair::inspect(fs, &dir, &id));
+        // Without a record, whether the log holds `agent.created` decides
+        // between a crash orphan (deleted) and a lost record (refused): a
+        // read that failed decides nothing, so it fails the scan (found by
+        // the harness's F2: an EIO here had the lost record's log taken
+        // for an orphan's, which the boot deletes).
         let created_without_record = !has_record
-            && log::repair::inspect(fs, &dir, &id).is_ok_and(|found| {
-                found
+            && match log::repair::inspect(fs, &dir, &id) {
+                Ok(found) => found
                     .entries
                     .iter()
-                    .any(|e| matches!(e.event, Event::AgentCreated { .. }))
-            });
+                    .any(|e| matches!(e.event, Event::AgentCreated { .. })),
+                Err(LogError::Io { path, source, .. }) => {
+                    return Err(DamageError::Io {
+                        path,
+                        step: "log read without session.json (preflight)",
+                        source,
+                    })
+                }
+                Err(_) => false,
+            };
         out.push(SessionScan {
             id,
             dir,
