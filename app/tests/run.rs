@@ -80,12 +80,31 @@ fn job_with_an_irreversible_tool_round_runs_to_completion() -> TestResult {
     assert_eq!(w.sink.requests(), 1);
     assert_eq!(w.mock.requests().len(), 2);
 
-    // An unknown run is named, with the runs there are.
+    // An unknown run is named, with the runs there are: job runs only,
+    // never the per-session bookkeeping runs (`session:…`), which are
+    // not runs `--resume` can take and are refused as unknown (found by
+    // review: they were listed, and resuming one blamed "another
+    // version" for its missing job).
     let unknown = run(&["run", "--resume", "job-9", "--config", path_str(&w.config)])?;
     assert_eq!(unknown.status.code(), Some(1));
     assert!(
         unknown.stderr.contains("no run job-9") && unknown.stderr.contains("job-1"),
         "{unknown:?}"
+    );
+    assert!(!unknown.stderr.contains("session:"), "{unknown:?}");
+    // The job's agent's session (its directory under the root's agents/).
+    let session = std::fs::read_dir(w.dir.path().join("root/agents"))?
+        .next()
+        .ok_or("no session directory")??
+        .file_name()
+        .to_string_lossy()
+        .into_owned();
+    let session_run = format!("session:{session}");
+    let bookkeeping = run(&["run", "--resume", &session_run, "--config", path_str(&w.config)])?;
+    assert_eq!(bookkeeping.status.code(), Some(1));
+    assert!(
+        bookkeeping.stderr.contains(&format!("no run {session_run}")),
+        "{bookkeeping:?}"
     );
     Ok(())
 }

@@ -109,15 +109,25 @@ impl System {
         Ok((run, agent))
     }
 
-    /// Run `run_id` as recorded.
+    /// Run `run_id` as recorded: a job run (the per-session bookkeeping
+    /// runs, `session:…`, are not runs `run --resume` or `--fork` can
+    /// take, and are neither found nor listed as known).
     pub fn job_run(&self, run_id: &str) -> Result<RunRecord, JobRunError> {
         let store = ToolCallStore::default();
         let db = self.db();
-        match store.get_run(db.conn(), run_id)? {
+        let is_job = |id: &str| !id.starts_with(crate::store::inspect::BOOKKEEPING_RUN_PREFIX);
+        match store
+            .get_run(db.conn(), run_id)?
+            .filter(|run| is_job(&run.run_id))
+        {
             Some(run) => Ok(run),
             None => Err(JobRunError::NoSuchRun {
                 run_id: run_id.to_string(),
-                known: store.run_ids(db.conn())?,
+                known: store
+                    .run_ids(db.conn())?
+                    .into_iter()
+                    .filter(|id| is_job(id))
+                    .collect(),
             }),
         }
     }
