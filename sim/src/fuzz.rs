@@ -238,7 +238,14 @@ pub fn worker(spec: &str) -> Result<bool, String> {
         let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
         if last.elapsed() >= Duration::from_millis(100) {
             *last = Instant::now();
-            let _ = Message::Progress(p).emit(&mut std::io::stdout().lock());
+            if let Err(e) = Message::Progress(p).emit(&mut std::io::stdout().lock()) {
+                // The parent's end of the pipe is closed: it was killed,
+                // and nobody reads this campaign any more. Stop now rather
+                // than run out the budget as an orphan (found killing a
+                // `fuzz --jobs 2` by its pid: both workers ran on).
+                eprintln!("worker {}: the parent stopped reading ({e}); stopping", spec.index);
+                std::process::exit(2);
+            }
         }
     });
     let passed = out.found.is_none();
