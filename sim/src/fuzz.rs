@@ -243,7 +243,10 @@ pub fn worker(spec: &str) -> Result<bool, String> {
                 // and nobody reads this campaign any more. Stop now rather
                 // than run out the budget as an orphan (found killing a
                 // `fuzz --jobs 2` by its pid: both workers ran on).
-                eprintln!("worker {}: the parent stopped reading ({e}); stopping", spec.index);
+                eprintln!(
+                    "worker {}: the parent stopped reading ({e}); stopping",
+                    spec.index
+                );
                 std::process::exit(2);
             }
         }
