@@ -64,21 +64,8 @@ pub fn holding_dir(path: &Path) -> Option<&Path> {
 /// `.`): what syncing a new directory "in its parents up the chain"
 /// syncs. A relative path's chain ends at `.`, the working directory.
 pub fn dirs_above(path: &Path) -> impl Iterator<Item = &Path> {
-    let mut last: Option<&Path> = None;
-    path.ancestors()
-        .skip(1)
-        .map(|dir| {
-            if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            }
-        })
-        .filter(move |dir| {
-            let new = last != Some(*dir);
-            last = Some(*dir);
-            new
-        })
+    // `.` holds itself: the chain ends there.
+    std::iter::successors(holding_dir(path), |dir| holding_dir(dir).filter(|up| up != dir))
 }
 
 /// How [`Fs::open`] treats an existing or missing file.
