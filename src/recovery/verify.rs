@@ -47,7 +47,7 @@ use crate::fs::{FsLock, OpenMode};
 use crate::log::{self, Event, LogError, EVENTS_FILE};
 use crate::runtime::{AgentId, SessionId};
 use crate::store::manifest::{self, LostStore, Manifest, ManifestError, MANIFEST_FILE, MANIFEST_VERSION};
-use crate::store::session::{SessionError, SessionState, SessionStore};
+use crate::store::session::{SessionError, SessionRecord, SessionState, SessionStore};
 
 /// Where [`quarantine`] moves things, under the root.
 pub const QUARANTINE_DIR: &str = "quarantine";
@@ -615,6 +615,10 @@ fn check_sessions(
             None
         }
     };
+    // Each session's record as read once (None: none, or unreadable and
+    // reported): the placement check judges the records the session
+    // checks judged, not a second read of them.
+    let mut records = Vec::with_capacity(scans.len());
     for s in &scans {
         v.sessions.push(SessionInfo {
             session: s.id.clone(),
@@ -623,9 +627,15 @@ fn check_sessions(
             created: s.created(),
             terminated: s.terminated(),
         });
-        check_session(fs.as_ref(), store.as_ref(), s, v);
+        let record = if s.has_record {
+            load_record(store.as_ref(), s, v)
+        } else {
+            None
+        };
+        check_session(fs.as_ref(), s, record.as_ref(), v);
+        records.push(record);
     }
-    cut_off(&scans, store.as_ref(), v);
+    cut_off(&scans, &records, v);
     for damage in session_damage(&scans) {
         let session = scans
             .iter()
@@ -666,27 +676,21 @@ fn check_sessions(
 /// reports it (recovery step 5), so `verify` lists each as done at boot.
 /// Live as the boot counts it: a record not TERMINATED, a log that reads,
 /// holds `agent.created` and no `agent.terminated`.
-fn cut_off(scans: &[SessionScan], store: Option<&SessionStore>, v: &mut Verification) {
-    let mut unread = Vec::new();
+fn cut_off(scans: &[SessionScan], records: &[Option<SessionRecord>], v: &mut Verification) {
     let live: Vec<&SessionScan> = scans
         .iter()
-        .filter(|s| s.has_record && matches!(s.log, Some(Ok(_))) && s.created() && !s.terminated())
-        .filter(|s| match store.map(|st| st.load(&s.id)) {
-            Some(Ok(Some(r))) => r.state != SessionState::Terminated,
-            // A read that failed here (the record read fine a moment ago,
-            // or its damage is reported there) is reported, never taken
-            // for a record that is not live: the placement below would be
-            // judged without it (found by the harness's F2).
-            Some(Err(e @ SessionError::Io { .. })) => {
-                let mut f = unreadable(&s.dir.join(crate::store::session::SESSION_FILE), e);
-                f.session = Some(s.id.clone());
-                unread.push(f);
-                false
-            }
-            _ => false,
+        .zip(records)
+        .filter(|(s, record)| {
+            s.has_record
+                && matches!(s.log, Some(Ok(_)))
+                && s.created()
+                && !s.terminated()
+                && record
+                    .as_ref()
+                    .is_some_and(|r| r.state != SessionState::Terminated)
         })
+        .map(|(s, _)| s)
         .collect();
-    v.damaged.extend(unread);
     let (_, cut) = super::placement::place(live, |s| &s.id, |s| s.parent());
     for s in cut {
         let parent = s.parent().map(SessionId::as_str).unwrap_or_default();
@@ -719,25 +723,15 @@ fn damage_message(damage: &DamageError) -> String {
     }
 }
 
-fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: &mut Verification) {
-    let log_path = s.dir.join(EVENTS_FILE);
+/// `s`'s record, read once; a record that cannot be read, or is damaged
+/// or newer, is reported here (and is `None`).
+fn load_record(store: Option<&SessionStore>, s: &SessionScan, v: &mut Verification) -> Option<SessionRecord> {
     let record_path = s.dir.join(crate::store::session::SESSION_FILE);
     let with_session = |mut f: Finding| {
         f.session = Some(s.id.clone());
         f
     };
-    if s.created_without_record {
-        return; // reported with the session damage (MissingRecord)
-    }
-    if !s.has_record {
-        at_boot(
-            v,
-            &s.dir,
-            "no session.json: a crash orphan from session creation (the next boot removes its files)",
-        );
-        return;
-    }
-    let record = match store.map(|st| st.load(&s.id)) {
+    match store.map(|st| st.load(&s.id)) {
         Some(Ok(record)) => record,
         Some(Err(SessionError::Corrupt { reason, .. })) => {
             let mut f = finding(
@@ -780,7 +774,28 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
             None
         }
         None => None,
+    }
+}
+
+/// `s`'s log and its agreement with `record` (as [`load_record`] read it).
+fn check_session(fs: &dyn Fs, s: &SessionScan, record: Option<&SessionRecord>, v: &mut Verification) {
+    let log_path = s.dir.join(EVENTS_FILE);
+    let record_path = s.dir.join(crate::store::session::SESSION_FILE);
+    let with_session = |mut f: Finding| {
+        f.session = Some(s.id.clone());
+        f
     };
+    if s.created_without_record {
+        return; // reported with the session damage (MissingRecord)
+    }
+    if !s.has_record {
+        at_boot(
+            v,
+            &s.dir,
+            "no session.json: a crash orphan from session creation (the next boot removes its files)",
+        );
+        return;
+    }
     let Some(log) = &s.log else { return };
     let found = match log {
         Ok(found) => found,
@@ -851,7 +866,7 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
         Event::AgentCreated { agent_id, .. } => Some(agent_id),
         _ => None,
     });
-    if let (Some(record), Some(agent)) = (&record, created) {
+    if let (Some(record), Some(agent)) = (record, created) {
         if &record.agent_id != agent {
             v.damaged.push(with_session(finding(
                 FindingKind::AgentMismatch,
@@ -900,9 +915,7 @@ fn check_session(fs: &dyn Fs, store: Option<&SessionStore>, s: &SessionScan, v: 
     // nor terminated (in its log or its record) is a crash orphan from
     // session creation, whose files the boot removes — listed at boot, as
     // a record-less one is; its files are whole, so they are listed too.
-    let record_terminated = record
-        .as_ref()
-        .is_some_and(|r| r.state == SessionState::Terminated);
+    let record_terminated = record.is_some_and(|r| r.state == SessionState::Terminated);
     let terminated = s.terminated() || record_terminated;
     let state = if created.is_none() && terminated {
         ", terminated"
