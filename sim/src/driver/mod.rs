@@ -502,10 +502,11 @@ impl Driver {
         let logs_before = self.fs.disk_image_where(project::is_log_file);
         // A memoized report that differs from a fresh one fails the run
         // before the boot (no refusal can excuse it).
-        let verified = verified::verified(&self.fs, || self.verify())?;
+        let (verified, verify_points) = verified::verified(&self.fs, || self.verify())?;
         if let Some(v) = verify_fault::check(
             &self.fs,
             self.seed,
+            (&verified, verify_points),
             std::path::Path::new(ROOT),
             std::path::Path::new(STORE_DB),
         ) {
@@ -685,16 +686,19 @@ impl Driver {
     /// The operator's `durable-agent verify` of the disk as it is now, run
     /// on a detached copy ([`SimFs::detached`]): the run's points, draws
     /// and armed fault are untouched (I7).
-    fn verify(&self) -> durable_agent::recovery::verify::Verification {
-        let copy = self.fs.detached(durable_agent::fs::SimConfig::new(self.seed));
+    /// The operator's `verify` of the disk now, and the I/O points it took.
+    fn verify(&self) -> verified::Verified {
+        let copy = Arc::new(self.fs.detached(durable_agent::fs::SimConfig::new(self.seed)));
         use durable_agent::recovery::verify::{verify_with, Writers};
+        let start = copy.points();
         // A dead process's disk: nobody writes it.
-        verify_with(
-            Arc::new(copy),
+        let report = verify_with(
+            copy.clone(),
             std::path::Path::new(ROOT),
             std::path::Path::new(STORE_DB),
             Writers::None,
-        )
+        );
+        (report, copy.points() - start)
     }
 
     /// The store as the disk holds it now, opened on a detached copy

@@ -22,26 +22,28 @@ use durable_agent::fs::sim::{FailKind, Outcome};
 use durable_agent::fs::{Fault, SimConfig, SimFs};
 use durable_agent::recovery::verify::{verify_with, FindingKind, Verification, Writers};
 
-/// One boot in this many runs the check (two verifies: one to count the
-/// points, one under the fault).
+/// One boot in this many runs the check (one verify under the fault; the
+/// fault-free report and its point count are the boot's own, from
+/// [`super::verified`]).
 pub const SAMPLE_EVERY: u64 = 8;
 
 /// The violation of F2 on `fs`'s disk, if this boot is sampled and the
-/// faulted verify breaks it. Independent of the memo of
-/// [`super::verified`]: whether a boot is checked depends on the seed and
-/// the run's point count only, so a replay or a shrink checks the same
-/// boots.
-pub fn check(fs: &SimFs, seed: u64, root: &Path, db: &Path) -> Option<String> {
+/// faulted verify breaks it; `(fresh, points)` is the fault-free report of
+/// this disk and the I/O points it took. Whether a boot is checked depends
+/// on the seed and the run's point count only (not on the memo of
+/// [`super::verified`], which only saves computing `fresh`), so a replay
+/// or a shrink checks the same boots.
+pub fn check(
+    fs: &SimFs,
+    seed: u64,
+    (fresh, points): (&Verification, u64),
+    root: &Path,
+    db: &Path,
+) -> Option<String> {
     let draw = mix(seed ^ fs.points().wrapping_mul(0x9e37_79b9_7f4a_7c15));
     if !draw.is_multiple_of(SAMPLE_EVERY) {
         return None;
     }
-    let (fresh, points) = {
-        let copy = Arc::new(fs.detached(SimConfig::new(seed)));
-        let start = copy.points();
-        let fresh = verify_with(copy.clone(), root, db, Writers::None);
-        (fresh, copy.points() - start)
-    };
     if points == 0 {
         return None;
     }
@@ -54,7 +56,7 @@ pub fn check(fs: &SimFs, seed: u64, root: &Path, db: &Path) -> Option<String> {
     if !matches!(hit.outcome, Outcome::Failed(_)) {
         return None; // the point was not a failable one
     }
-    if report == fresh {
+    if &report == fresh {
         return None; // a read the report did not need (a second look)
     }
     let path = Path::new(&hit.path);
