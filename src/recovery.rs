@@ -20,8 +20,9 @@
 //! 2. repair each log (cut a partial trailing line, replay or clean the
 //!    pending entry);
 //! 3. `agent.terminated` sessions are skipped (their record is made
-//!    TERMINATED if the crash hit before it was); ACTIVE becomes SUSPENDED
-//!    (persisted);
+//!    TERMINATED if the crash hit before it was; the ids their durable
+//!    tool results reserved are observed, never handed out again); ACTIVE
+//!    becomes SUSPENDED (persisted);
 //! 4. sessions without `agent.created` are orphans: their files are removed;
 //! 5. the tree is rebuilt from `agent.created` in dependency order; a
 //!    session whose parent never resolves is terminated and reported;
@@ -55,6 +56,7 @@ pub use stores::{recover_stores, StoreRecovery, StoreRecoveryError};
 use crate::fs::Fs;
 use crate::log::{self, Event, EventLog, LogEntry, LogRepair};
 use crate::runtime::inbox::{Inboxes, Message};
+use crate::runtime::orchestration::max_reserved_in_log;
 use crate::runtime::tree::AgentTree;
 use crate::runtime::turn::replay_turns;
 use crate::runtime::{AgentId, AgentSlot, MessageId, RuntimeConfig, RuntimeError, SessionId};
@@ -177,6 +179,9 @@ pub(crate) fn recover(
             .iter()
             .any(|e| matches!(e.event, Event::AgentTerminated { .. }));
         if terminated || record.state == SessionState::Terminated {
+            // Recovery rebuilds no turn of a terminated agent, yet the ids
+            // its durable results reserved stay reserved.
+            max_id = max_id.max(max_reserved_in_log(&entries));
             if record.state != SessionState::Terminated {
                 record.state = SessionState::Terminated;
                 store.write(&record)?;
@@ -226,7 +231,7 @@ pub(crate) fn recover(
             parent_session,
         });
     }
-    let (tree, agents, inbox) = rebuild(fs, &store, config, candidates, &mut report, max_ts)?;
+    let (tree, agents, inbox) = rebuild(fs, &store, config, candidates, &mut report, max_ts, &mut max_id)?;
     // Postcondition, checked in production too: a broken tree here would
     // be acknowledged state silently misread.
     let violations = tree.violations();
@@ -266,6 +271,7 @@ fn rebuild(
     candidates: Vec<Candidate>,
     report: &mut RecoveryReport,
     max_ts: u64,
+    max_id: &mut u64,
 ) -> Result<Rebuilt, RuntimeError> {
     let mut tree = AgentTree::default();
     let mut agents = BTreeMap::new();
@@ -306,7 +312,9 @@ fn rebuild(
     let mut ts = max_ts;
     for mut c in cut_off {
         // Parent unknown: the tree would dangle. Terminate durably, keep the
-        // files for inspection.
+        // files for inspection (and the ids its results reserved, as a
+        // terminated agent's).
+        *max_id = (*max_id).max(max_reserved_in_log(&c.entries));
         let dir = store.dir(&c.record.session_id);
         let next = c.entries.len() as u64;
         let mut log = EventLog::reopen(

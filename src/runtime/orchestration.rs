@@ -55,7 +55,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::log::{DecidedCall, Event, LogEntry};
-use crate::store::session::ScannedSession;
 
 use super::ids::{AgentId, MessageId, SessionId};
 use super::orchestrator::{NewAgent, Placement};
@@ -263,6 +262,13 @@ fn max_reserved(items: &[ConversationItem]) -> u64 {
         })
         .max()
         .unwrap_or(0)
+}
+
+/// The highest id counter the durable results in a log reserved,
+/// whatever turn they belong to (0: none): recovery's reading of a
+/// terminated agent's log (see `Runtime::observe_reserved_ids`).
+pub(crate) fn max_reserved_in_log(entries: &[LogEntry]) -> u64 {
+    max_reserved(&logged_calls(entries))
 }
 
 /// Every tool call and result of a log, as conversation items, whatever
@@ -701,20 +707,17 @@ impl Runtime {
         Ok(())
     }
 
-    /// Make every id a durable orchestration result reserved unavailable
-    /// to the id generator (open, after recovery, before any id is handed
-    /// out). Recovery observes the ids of every session and every enqueued
-    /// message, but a result's ids may be in neither (the child of a turn
-    /// that never completed, a send to a recipient gone since), so every
-    /// durable result is read: a live agent's in its turns (completed,
-    /// open, parked), a terminated agent's in its log — recovery rebuilds
-    /// no turn of it, yet what it reserved stays reserved (ids are never
-    /// reused). Those logs are read only when `report` says recovery
-    /// found terminated sessions: a root without any costs no I/O here.
-    pub(super) fn observe_reserved_ids(
-        &mut self,
-        report: &crate::recovery::RecoveryReport,
-    ) -> Result<(), RuntimeError> {
+    /// Make every id a live agent's durable orchestration results reserved
+    /// unavailable to the id generator (open, after recovery, before any
+    /// id is handed out). Recovery observes the ids of every session and
+    /// every enqueued message, but a result's ids may be in neither (the
+    /// child of a turn that never completed, a send to a recipient gone
+    /// since), so every durable result is read: a live agent's in its
+    /// turns (completed, open, parked) here; a terminated agent's in its
+    /// log, by recovery as it reads that log ([`max_reserved_in_log`]):
+    /// recovery rebuilds no turn of it, yet what it reserved stays
+    /// reserved (ids are never reused).
+    pub(super) fn observe_reserved_ids(&mut self) {
         let mut max = 0u64;
         for slot in self.agents.values() {
             let turns = std::iter::once(slot.conversation.as_slice())
@@ -724,34 +727,9 @@ impl Runtime {
                 max = max.max(max_reserved(items));
             }
         }
-        // Every directory recovery scanned is foreign, an orphan it
-        // cleaned, a live agent's, or a terminated agent's.
-        let terminated = usize::try_from(report.sessions_scanned)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(report.foreign_entries.len())
-            .saturating_sub(report.orphans_cleaned.len())
-            .saturating_sub(self.agents.len());
-        if terminated > 0 {
-            let live: BTreeSet<&SessionId> = self.agents.values().map(|s| &s.record.session_id).collect();
-            // Recovery left no `.tmp` behind: this scan only reads.
-            let (sessions, _) = self.store.scan()?;
-            for session in sessions {
-                let ScannedSession::Record(record) = session else {
-                    // A foreign entry, or an orphan recovery emptied.
-                    continue;
-                };
-                let id = &record.session_id;
-                if live.contains(id) {
-                    continue;
-                }
-                let log = crate::log::parse_log(self.fs.as_ref(), &self.store.dir(id), Some(id))?;
-                max = max.max(max_reserved(&logged_calls(&log.entries)));
-            }
-        }
         if max > 0 {
             self.ids.observe(max);
         }
-        Ok(())
     }
 
     /// Apply every effect a durable result promises that a crash left

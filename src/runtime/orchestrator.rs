@@ -87,7 +87,7 @@ impl Runtime {
         // Ids the orchestration tools reserved in logged results are never
         // handed out again, and the effects those results promise are all
         // there before anything else runs (see `orchestration`).
-        runtime.observe_reserved_ids(&report)?;
+        runtime.observe_reserved_ids();
         runtime.complete_orchestration(&mut report)?;
         Ok((runtime, report))
     }
