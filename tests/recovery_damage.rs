@@ -129,12 +129,52 @@ fn a_lost_record_whose_log_holds_agent_created_is_refused_not_deleted() {
     fs.remove(&record, "test deletes the record").expect("remove");
     let image = fs.disk_image();
     match boot(&fs) {
-        Err(SystemError::Damaged(DamageError::MissingRecord { path })) => assert_eq!(path, record),
+        Err(SystemError::Damaged(DamageError::MissingRecord { path, .. })) => assert_eq!(path, record),
         other => panic!("expected MissingRecord, got {:?}", other.map(|_| ())),
     }
     assert!(fs.disk_image() == image, "the refused boot changed the disk");
     assert!(
         fs.exists(&child.join(EVENTS_FILE), "t").expect("exists"),
         "the log is kept"
+    );
+}
+
+/// Two damages at once: the record deleted and a line of the log rotted
+/// (here its first, `agent.created`). The log holds a complete line, and
+/// every line is appended after the record is durable, so the session is
+/// not a crash orphan (whose log holds no complete line): the boot refuses
+/// it, naming the record, instead of deleting the session's files, and
+/// `verify` reports the same damage.
+#[test]
+fn a_lost_record_whose_log_line_rotted_is_refused_not_deleted() {
+    let (fs, _, child) = tree();
+    let record = child.join(durable_agent::store::session::SESSION_FILE);
+    let log = child.join(EVENTS_FILE);
+    fs.remove(&record, "test deletes the record").expect("remove");
+    let bytes = fs.read(&log, "test reads the log").expect("read");
+    let at = bytes.iter().position(|&b| b == b'"').expect("a JSON line") + 1;
+    fs.write_at(&log, at as u64, &[bytes[at] ^ 0x01], "test rots a byte")
+        .expect("write");
+    let image = fs.disk_image();
+    match boot(&fs) {
+        Err(SystemError::Damaged(DamageError::MissingRecord { path, evidence })) => {
+            assert_eq!(path, record);
+            assert!(evidence.contains("complete line"), "{evidence}");
+        }
+        other => panic!("expected MissingRecord, got {:?}", other.map(|_| ())),
+    }
+    assert!(fs.disk_image() == image, "the refused boot changed the disk");
+    let report = durable_agent::recovery::verify::verify_with(
+        Arc::new(fs.clone()),
+        std::path::Path::new("/root"),
+        std::path::Path::new("/root/store.db"),
+        durable_agent::recovery::verify::Writers::None,
+    );
+    assert!(!report.is_healthy(), "{report:?}");
+    assert!(
+        report.damaged.iter().any(
+            |f| f.kind == durable_agent::recovery::verify::FindingKind::MissingRecord && f.path == record
+        ),
+        "{report:?}"
     );
 }

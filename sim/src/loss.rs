@@ -213,7 +213,7 @@ pub fn refusal(e: &SystemError) -> Option<Refusal> {
             expected: *expected,
             found: *found,
         },
-        DamageError::MissingRecord { path } => Refusal::MissingRecord(path.clone()),
+        DamageError::MissingRecord { path, .. } => Refusal::MissingRecord(path.clone()),
         DamageError::MissingCreated { path, .. } => Refusal::MissingCreated(path.clone()),
         DamageError::Manifest(ManifestError::Invalid { path, .. }) => Refusal::ManifestInvalid(path.clone()),
         DamageError::Manifest(ManifestError::NewerSchema { path, .. }) => {

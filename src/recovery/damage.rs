@@ -69,13 +69,13 @@ pub enum DamageError {
     )]
     MissingCreated { path: PathBuf, evidence: String },
     #[error(
-        "{}: missing, but the session's log holds agent.created (the record is written, and made \
-         durable, before it): the record was lost or deleted, not a crash orphan, and the boot would \
-         delete the log. Nothing was changed. Restore session.json from a backup, or move the session \
-         aside with `durable-agent repair --quarantine` (see docs/OPERATING.md)",
+        "{}: missing, but {evidence} (the record is written, and made durable, before the log's first \
+         line): the record was lost or deleted, not a crash orphan, and the boot would delete the log. \
+         Nothing was changed. Restore session.json from a backup, or move the session aside with \
+         `durable-agent repair --quarantine` (see docs/OPERATING.md)",
         path.display()
     )]
-    MissingRecord { path: PathBuf },
+    MissingRecord { path: PathBuf, evidence: String },
     #[error(
         "{}: missing or empty, but {} says this root has a store (store id {store_id:08x}): \
          triggers, runs and the side-effect ledger would be forgotten. Nothing was changed. Restore \
@@ -132,7 +132,7 @@ impl DamageError {
         match self {
             DamageError::LostEntries { path, .. }
             | DamageError::MissingCreated { path, .. }
-            | DamageError::MissingRecord { path }
+            | DamageError::MissingRecord { path, .. }
             | DamageError::StoreMissing { path, .. }
             | DamageError::StoreReplaced { path, .. }
             | DamageError::StoreBehind { path, .. }
@@ -153,10 +153,12 @@ pub struct SessionScan {
     pub has_record: bool,
     /// The log as [`log::repair::inspect`] reads it (only with a record).
     pub log: Option<Result<LogInspection, LogError>>,
-    /// Without a record: the log nevertheless holds a readable
-    /// `agent.created` — which is only appended after the record is
-    /// durable, so the record was lost (damage), not never written.
-    pub created_without_record: bool,
+    /// Without a record: what in the log says it was written — a
+    /// readable `agent.created`, or a complete line that does not read (a
+    /// damaged line, or a newer build's). Every line is appended after the
+    /// record is durable, so the record was lost (damage), not never
+    /// written; a crash orphan's log holds no complete line.
+    pub created_without_record: Option<String>,
 }
 
 impl SessionScan {
@@ -344,17 +346,22 @@ pub fn scan_sessions(fs: &dyn Fs, root: &Path) -> Result<Vec<SessionScan>, Damag
             .exists(&record, "session.json exists (preflight)")
             .map_err(io(&record, "exists"))?;
         let log = has_record.then(|| log::repair::inspect(fs, &dir, &id));
-        // Without a record, whether the log holds `agent.created` decides
-        // between a crash orphan (deleted) and a lost record (refused): a
-        // read that failed decides nothing, so it fails the scan (found by
-        // the harness's F2: an EIO here had the lost record's log taken
-        // for an orphan's, which the boot deletes).
-        let created_without_record = !has_record
-            && match log::repair::inspect(fs, &dir, &id) {
+        // Without a record, what the log holds decides between a crash
+        // orphan (deleted) and a lost record (refused): `agent.created`, or
+        // any complete line — a damaged one too (two damages at once: the
+        // record lost and a line rotted must not make the session an
+        // orphan the boot deletes). A read that failed decides nothing,
+        // so it fails the scan (found by the harness's F2: an EIO here had
+        // the lost record's log taken for an orphan's).
+        let created_without_record = if has_record {
+            None
+        } else {
+            match log::repair::inspect(fs, &dir, &id) {
                 Ok(found) => found
                     .entries
                     .iter()
-                    .any(|e| matches!(e.event, Event::AgentCreated { .. })),
+                    .any(|e| matches!(e.event, Event::AgentCreated { .. }))
+                    .then(|| "the session's log holds agent.created".to_string()),
                 Err(LogError::Io { path, source, .. }) => {
                     return Err(DamageError::Io {
                         path,
@@ -362,8 +369,9 @@ pub fn scan_sessions(fs: &dyn Fs, root: &Path) -> Result<Vec<SessionScan>, Damag
                         source,
                     })
                 }
-                Err(_) => false,
-            };
+                Err(e) => Some(format!("the session's log holds a complete line ({e})")),
+            }
+        };
         out.push(SessionScan {
             id,
             dir,
@@ -382,9 +390,13 @@ pub fn scan_sessions(fs: &dyn Fs, root: &Path) -> Result<Vec<SessionScan>, Damag
 pub fn session_damage(scans: &[SessionScan]) -> Vec<DamageError> {
     let mut out: Vec<DamageError> = scans
         .iter()
-        .filter(|s| s.created_without_record)
-        .map(|s| DamageError::MissingRecord {
-            path: s.dir.join(SESSION_FILE),
+        .filter_map(|s| {
+            s.created_without_record
+                .as_ref()
+                .map(|evidence| DamageError::MissingRecord {
+                    path: s.dir.join(SESSION_FILE),
+                    evidence: evidence.clone(),
+                })
         })
         .collect();
     for s in scans {

@@ -785,7 +785,7 @@ fn check_session(fs: &dyn Fs, s: &SessionScan, record: Option<&SessionRecord>, v
         f.session = Some(s.id.clone());
         f
     };
-    if s.created_without_record {
+    if s.created_without_record.is_some() {
         return; // reported with the session damage (MissingRecord)
     }
     if !s.has_record {
