@@ -15,7 +15,11 @@
 //!
 //! The table is bounded ([`RealFs::MAX_KEPT`]): past it, descriptors with nothing
 //! unsynced are closed first; one with unsynced writes is never closed
-//! before its fsync.
+//! before its fsync. Opening a file again (an `open` of a path already
+//! kept: a truncate, a second SQLite connection) replaces its descriptor,
+//! but never loses what the old one knew: a failed fsync stays sticky on
+//! the new one, and an old descriptor with writes not yet synced stays
+//! open, and is fsynced first, until the file's next successful `sync`.
 //!
 //! Private by construction: every file this creates is mode 0600 and every
 //! directory 0700 ([`FILE_MODE`], [`DIR_MODE`]; the umask can only take
@@ -49,6 +53,10 @@ struct Kept {
     dirty: AtomicBool,
     /// The error of a failed fsync: sticky (see the module doc).
     failed: Mutex<Option<String>>,
+    /// Descriptors of the same file this one replaced while they held
+    /// writes not yet synced: their writeback errors are reported to them
+    /// (see the module doc), so they are fsynced before this one.
+    earlier: Mutex<Vec<Arc<Kept>>>,
 }
 
 impl Kept {
@@ -57,11 +65,28 @@ impl Kept {
             file,
             dirty: AtomicBool::new(false),
             failed: Mutex::new(None),
+            earlier: Mutex::new(Vec::new()),
         })
     }
 
     fn failed(&self) -> MutexGuard<'_, Option<String>> {
         self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn earlier(&self) -> MutexGuard<'_, Vec<Arc<Kept>>> {
+        self.earlier.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This descriptor replaces `old`, of the same file: a failed fsync
+    /// stays failed, and unsynced writes stay to be synced through `old`.
+    fn replaces(&self, old: Arc<Kept>) {
+        if let Some(first) = old.failed().clone() {
+            *self.failed() = Some(first);
+        }
+        if old.dirty.load(Ordering::SeqCst) {
+            self.dirty.store(true, Ordering::SeqCst);
+            self.earlier().push(old);
+        }
     }
 
     /// fsync, unless an earlier one failed.
@@ -74,6 +99,15 @@ impl Kept {
         }
         // Cleared before the fsync: a write racing it stays dirty.
         self.dirty.store(false, Ordering::SeqCst);
+        // The replaced descriptors first: their writes are this file's.
+        let earlier = std::mem::take(&mut *self.earlier());
+        for old in &earlier {
+            if let Err(e) = old.sync() {
+                self.dirty.store(true, Ordering::SeqCst);
+                *failed = Some(e.to_string());
+                return Err(e);
+            }
+        }
         match self.file.sync_all() {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -191,7 +225,9 @@ impl RealFs {
             table.retain(|_, k| k.dirty.load(Ordering::SeqCst) || k.failed().is_some());
         }
         let kept = Kept::new(file);
-        table.insert(path.to_path_buf(), Arc::clone(&kept));
+        if let Some(old) = table.insert(path.to_path_buf(), Arc::clone(&kept)) {
+            kept.replaces(old);
+        }
         kept
     }
 
@@ -436,5 +472,51 @@ mod tests {
         );
         assert!(again.to_string().contains(&first.to_string()), "{again}");
         assert!(kept.dirty.load(Ordering::SeqCst));
+    }
+
+    /// Opening a kept file again replaces its descriptor without losing
+    /// what the old one knew: here the old one's fsync failed (a pipe
+    /// stands in for the writeback error), and the file's next `sync`
+    /// after a truncating `open` must fail too, not succeed on the fresh
+    /// descriptor.
+    #[test]
+    fn reopening_a_file_keeps_its_failed_fsync_sticky() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("events.pending");
+        let fs = RealFs::new();
+        fs.open(&path, OpenMode::Truncate, "t").expect("open");
+        let (_reader, writer) = std::io::pipe().expect("pipe");
+        let failing = Kept::new(File::from(std::os::fd::OwnedFd::from(writer)));
+        failing.sync().expect_err("fsync of a pipe fails");
+        fs.table().insert(path.clone(), failing);
+        fs.open(&path, OpenMode::Truncate, "t").expect("reopen");
+        let e = fs.sync(&path, "t").expect_err("the failed fsync is sticky");
+        assert!(
+            e.to_string().contains("an earlier fsync of this file failed"),
+            "{e}"
+        );
+    }
+
+    /// An old descriptor with writes not yet synced stays open across a
+    /// reopen and is fsynced first: its failure fails the file's `sync`.
+    #[test]
+    fn reopening_a_file_syncs_the_replaced_descriptor_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.db-wal");
+        let fs = RealFs::new();
+        let (_reader, writer) = std::io::pipe().expect("pipe");
+        let unsynced = Kept::new(File::from(std::os::fd::OwnedFd::from(writer)));
+        unsynced.dirty.store(true, Ordering::SeqCst);
+        fs.table().insert(path.clone(), unsynced);
+        fs.open(&path, OpenMode::Create, "t").expect("reopen");
+        fs.sync(&path, "t")
+            .expect_err("the replaced descriptor's fsync fails");
+        fs.sync(&path, "t").expect_err("and stays failed");
+        // A clean replaced descriptor is simply closed.
+        let clean = dir.path().join("clean");
+        fs.open(&clean, OpenMode::Truncate, "t").expect("open");
+        fs.sync(&clean, "t").expect("sync");
+        fs.open(&clean, OpenMode::Existing, "t").expect("reopen");
+        fs.sync(&clean, "t").expect("a clean reopen syncs");
     }
 }
