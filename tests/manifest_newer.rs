@@ -9,36 +9,21 @@
 //! (upgrade, fix permissions): `repair` refuses"; only an unparsable
 //! `root.json` is `manifest_invalid`.
 
+mod boot_support;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
 use durable_agent::recovery::verify::{plan_quarantine, verify, FindingKind, Remedy};
-use durable_agent::runtime::{FakeProvider, PureTools};
 use durable_agent::store::manifest::{self, MANIFEST_FILE, MANIFEST_VERSION};
-use durable_agent::system::{Deps, LogicalClock, System, SystemConfig, SystemError};
-use durable_agent::world::World;
+use durable_agent::system::{System, SystemError};
 
 const SEED: u64 = 17;
-const ROOT: &str = "/root";
-
-#[derive(Debug)]
-struct Fixed;
-
-impl LogicalClock for Fixed {
-    fn now_ms(&self) -> u64 {
-        1_000
-    }
-}
+use boot_support::ROOT;
 
 fn boot(fs: &SimFs) -> Result<System, SystemError> {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(SEED)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::without_dedup()),
-        clock: Arc::new(Fixed),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new(ROOT, SEED), deps).map(|(s, _)| s)
+    boot_support::boot(fs, SEED)
 }
 
 #[test]

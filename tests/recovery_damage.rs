@@ -5,35 +5,20 @@
 //! whose manifest names a store that is gone, are refused too. Every
 //! refusal leaves the disk byte for byte as it was.
 
+mod boot_support;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
 use durable_agent::log::{EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::DamageError;
-use durable_agent::runtime::{FakeProvider, PureTools};
-use durable_agent::system::{Deps, LogicalClock, System, SystemConfig, SystemError};
-use durable_agent::world::World;
+use durable_agent::system::{System, SystemError};
 
 const SEED: u64 = 11;
 
-#[derive(Debug)]
-struct Fixed;
-
-impl LogicalClock for Fixed {
-    fn now_ms(&self) -> u64 {
-        1_000
-    }
-}
-
 fn boot(fs: &SimFs) -> Result<System, SystemError> {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(SEED)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::without_dedup()),
-        clock: Arc::new(Fixed),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new("/root", SEED), deps).map(|(s, _)| s)
+    boot_support::boot(fs, SEED)
 }
 
 /// A root with a parent and a child agent, each with a turn; the parent's

@@ -5,6 +5,8 @@
 //! damage); a damaged parent with a live child is refused by the
 //! quarantine plan unless forced, and then the child goes along.
 
+mod boot_support;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,31 +15,14 @@ use durable_agent::log::{EVENTS_FILE, PENDING_FILE};
 use durable_agent::recovery::verify::{
     plan_quarantine, verify, FindingKind, ReadOnlyFs, Remedy, RepairError, Verification,
 };
-use durable_agent::runtime::{FakeProvider, PureTools};
 use durable_agent::store::session::SESSION_FILE;
-use durable_agent::system::{Deps, LogicalClock, System, SystemConfig, SystemError};
-use durable_agent::world::World;
+use durable_agent::system::{System, SystemError};
 
 const SEED: u64 = 12;
-const ROOT: &str = "/root";
-
-#[derive(Debug)]
-struct Fixed;
-
-impl LogicalClock for Fixed {
-    fn now_ms(&self) -> u64 {
-        1_000
-    }
-}
+use boot_support::ROOT;
 
 fn boot(fs: &SimFs) -> Result<System, SystemError> {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(SEED)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::without_dedup()),
-        clock: Arc::new(Fixed),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new(ROOT, SEED), deps).map(|(s, _)| s)
+    boot_support::boot(fs, SEED)
 }
 
 /// A root with a parent and a child agent, each with a turn.

@@ -7,6 +7,8 @@
 //! `ok`. The check is the boot's own: neither created nor terminated (in
 //! the log or the record).
 
+mod boot_support;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -14,31 +16,16 @@ use durable_agent::canary::Canaries;
 use durable_agent::fs::{SimConfig, SimFs};
 use durable_agent::log::EventLog;
 use durable_agent::recovery::verify::verify;
-use durable_agent::runtime::{AgentId, FakeProvider, PureTools, SessionId};
+use durable_agent::runtime::{AgentId, SessionId};
 use durable_agent::store::session::{SessionRecord, SessionState, SessionStore, SESSION_SCHEMA_VERSION};
-use durable_agent::system::{Deps, LogicalClock, System, SystemConfig, SystemError};
+use durable_agent::system::{System, SystemError};
 use durable_agent::world::World;
 
 const SEED: u64 = 23;
-const ROOT: &str = "/root";
-
-#[derive(Debug)]
-struct Fixed;
-
-impl LogicalClock for Fixed {
-    fn now_ms(&self) -> u64 {
-        1_000
-    }
-}
+use boot_support::ROOT;
 
 fn boot(fs: &SimFs) -> Result<(System, durable_agent::system::BootReport), SystemError> {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(SEED)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::without_dedup()),
-        clock: Arc::new(Fixed),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new(ROOT, SEED), deps)
+    boot_support::boot_with(fs, SEED, boot_support::NOW_MS, World::without_dedup())
 }
 
 #[test]

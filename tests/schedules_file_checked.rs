@@ -11,35 +11,21 @@
 //! garbage JSON, a bad config, ...) gets a clear error naming the file and
 //! offset or key".
 
+mod boot_support;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
-use durable_agent::runtime::{FakeProvider, PureTools};
-use durable_agent::system::{Deps, LogicalClock, System, SystemConfig, SystemError};
+use durable_agent::system::{System, SystemError};
 use durable_agent::worker::schedule::{Schedules, SCHEDULES_FILE};
 use durable_agent::world::World;
 
 const SEED: u64 = 7;
-const ROOT: &str = "/root";
-
-#[derive(Debug)]
-struct Fixed;
-
-impl LogicalClock for Fixed {
-    fn now_ms(&self) -> u64 {
-        5_000
-    }
-}
+use boot_support::ROOT;
 
 fn boot(fs: &SimFs) -> Result<System, SystemError> {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(SEED)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::without_dedup()),
-        clock: Arc::new(Fixed),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new(ROOT, SEED), deps).map(|(s, _)| s)
+    boot_support::boot_with(fs, SEED, 5_000, World::without_dedup()).map(|(system, _)| system)
 }
 
 /// A schedules file as the product writes it (version 1), except that the

@@ -7,35 +7,19 @@
 //! second run's checkpoint is refused, typed and naming both runs, and
 //! writes nothing; what was acknowledged survives the boot.
 
-use std::sync::Arc;
+mod boot_support;
 
 use durable_agent::fs::{SimConfig, SimFs};
-use durable_agent::runtime::{FakeProvider, PureTools};
 use durable_agent::store::checkpoints::{CheckpointInput, Message, TokenUsage};
 use durable_agent::store::StoreError;
-use durable_agent::system::{BootReport, Deps, LogicalClock, System, SystemConfig};
+use durable_agent::system::{BootReport, System};
 use durable_agent::world::World;
 
 const SEED: u64 = 7;
 const SESSION: &str = "s1";
 
-#[derive(Debug)]
-struct Fixed;
-
-impl LogicalClock for Fixed {
-    fn now_ms(&self) -> u64 {
-        1_000
-    }
-}
-
 fn boot(fs: &SimFs) -> (System, BootReport) {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(SEED)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::with_dedup()),
-        clock: Arc::new(Fixed),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new("/root", SEED), deps).expect("boot")
+    boot_support::boot_with(fs, SEED, boot_support::NOW_MS, World::with_dedup()).expect("boot")
 }
 
 fn input(run: &str, turn: u64) -> CheckpointInput {

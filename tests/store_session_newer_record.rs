@@ -13,37 +13,22 @@
 //! "a line from a newer durable-agent or an unreadable file is not
 //! quarantine's to fix (upgrade, fix permissions): `repair` refuses").
 
+mod boot_support;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use durable_agent::checksum;
 use durable_agent::fs::{Fs, OpenMode, SimConfig, SimFs};
 use durable_agent::recovery::verify::{plan_quarantine, verify, FindingKind, Remedy};
-use durable_agent::runtime::{FakeProvider, PureTools};
 use durable_agent::store::session::SESSION_FILE;
-use durable_agent::system::{Deps, LineFault, LogicalClock, System, SystemConfig, SystemError};
-use durable_agent::world::World;
+use durable_agent::system::{LineFault, System, SystemError};
 
 const SEED: u64 = 31;
-const ROOT: &str = "/root";
-
-#[derive(Debug)]
-struct Fixed;
-
-impl LogicalClock for Fixed {
-    fn now_ms(&self) -> u64 {
-        1_000
-    }
-}
+use boot_support::ROOT;
 
 fn boot(fs: &SimFs) -> Result<System, SystemError> {
-    let deps = Deps {
-        provider: Arc::new(FakeProvider::new(SEED)),
-        tools: Arc::new(PureTools),
-        outbox: Arc::new(World::without_dedup()),
-        clock: Arc::new(Fixed),
-    };
-    System::boot(Arc::new(fs.clone()), SystemConfig::new(ROOT, SEED), deps).map(|(s, _)| s)
+    boot_support::boot(fs, SEED)
 }
 
 /// A root with one agent and one turn; then its `session.json` replaced by
