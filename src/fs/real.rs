@@ -78,12 +78,15 @@ impl Kept {
     }
 
     /// This descriptor replaces `old`, of the same file: a failed fsync
-    /// stays failed, and unsynced writes stay to be synced through `old`.
+    /// stays failed (`old` is then closed: its error is recorded, and a
+    /// file reopened again and again keeps one descriptor), and unsynced
+    /// writes stay to be synced through `old`.
     fn replaces(&self, old: Arc<Kept>) {
-        if let Some(first) = old.failed().clone() {
+        let failed = old.failed().clone();
+        if let Some(first) = failed {
             *self.failed() = Some(first);
-        }
-        if old.dirty.load(Ordering::SeqCst) {
+            self.dirty.store(true, Ordering::SeqCst);
+        } else if old.dirty.load(Ordering::SeqCst) {
             self.dirty.store(true, Ordering::SeqCst);
             self.earlier().push(old);
         }
@@ -488,17 +491,26 @@ mod tests {
         let (_reader, writer) = std::io::pipe().expect("pipe");
         let failing = Kept::new(File::from(std::os::fd::OwnedFd::from(writer)));
         failing.sync().expect_err("fsync of a pipe fails");
-        fs.table().insert(path.clone(), failing);
+        fs.table().insert(path.clone(), Arc::clone(&failing));
         fs.open(&path, OpenMode::Truncate, "t").expect("reopen");
+        // The failure is the new descriptor's own, not its predecessor's
+        // fsync run again: the failed one is closed.
+        assert!(fs.table()[&path].earlier().is_empty());
+        assert_eq!(Arc::strong_count(&failing), 1, "the failed descriptor is closed");
         let e = fs.sync(&path, "t").expect_err("the failed fsync is sticky");
         assert!(
             e.to_string().contains("an earlier fsync of this file failed"),
             "{e}"
         );
+        // Reopened again and again, the file keeps one descriptor.
+        fs.open(&path, OpenMode::Truncate, "t").expect("reopen");
+        assert!(fs.table()[&path].earlier().is_empty());
+        fs.sync(&path, "t").expect_err("still failed");
     }
 
     /// An old descriptor with writes not yet synced stays open across a
-    /// reopen and is fsynced first: its failure fails the file's `sync`.
+    /// reopen and is fsynced first: its failure fails the file's `sync`;
+    /// its success lets it go.
     #[test]
     fn reopening_a_file_syncs_the_replaced_descriptor_first() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -509,14 +521,24 @@ mod tests {
         unsynced.dirty.store(true, Ordering::SeqCst);
         fs.table().insert(path.clone(), unsynced);
         fs.open(&path, OpenMode::Create, "t").expect("reopen");
+        // Kept, and the new descriptor dirty (else the bound in `keep`
+        // could close both unsynced).
+        assert_eq!(fs.table()[&path].earlier().len(), 1);
+        assert!(fs.table()[&path].dirty.load(Ordering::SeqCst));
         fs.sync(&path, "t")
             .expect_err("the replaced descriptor's fsync fails");
         fs.sync(&path, "t").expect_err("and stays failed");
+        // A dirty replaced descriptor of a file that then syncs is let go.
+        let ok = dir.path().join("ok");
+        fs.open(&ok, OpenMode::Truncate, "t").expect("open");
+        fs.write_at(&ok, 0, b"x", "t").expect("write");
+        fs.open(&ok, OpenMode::Existing, "t").expect("reopen");
+        assert_eq!(fs.table()[&ok].earlier().len(), 1);
+        fs.sync(&ok, "t").expect("sync");
+        assert!(fs.table()[&ok].earlier().is_empty(), "synced, let go");
         // A clean replaced descriptor is simply closed.
-        let clean = dir.path().join("clean");
-        fs.open(&clean, OpenMode::Truncate, "t").expect("open");
-        fs.sync(&clean, "t").expect("sync");
-        fs.open(&clean, OpenMode::Existing, "t").expect("reopen");
-        fs.sync(&clean, "t").expect("a clean reopen syncs");
+        fs.open(&ok, OpenMode::Existing, "t").expect("reopen");
+        assert!(fs.table()[&ok].earlier().is_empty());
+        fs.sync(&ok, "t").expect("a clean reopen syncs");
     }
 }

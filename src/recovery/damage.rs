@@ -30,7 +30,10 @@
 //! recovery steps clean it up as before.
 //!
 //! Invariant: [`preflight`] only reads. A file it cannot parse is left to
-//! the recovery steps, which report it with its line and offset.
+//! the recovery steps, which report it with its line and offset — except
+//! the log of a session without `session.json`: a complete line there,
+//! readable or not, says the record was lost (no crash leaves an orphan's
+//! log a complete line), and the boot would delete it, so it is refused.
 //! `durable-agent verify` ([`super::verify`]) runs the same read-only
 //! checks ([`scan_sessions`], [`session_damage`], [`store_is_missing`])
 //! over the whole root and reports every finding, not just the first.
@@ -385,8 +388,9 @@ pub fn scan_sessions(fs: &dyn Fs, root: &Path) -> Result<Vec<SessionScan>, Damag
 
 /// The session damage in `scans` (see the module doc), in the order
 /// [`preflight`] reports it: lost entries by session, then missing
-/// `agent.created`. A log that does not parse is not here: the recovery
-/// steps report it with its line and offset ([`verify`] reports it too).
+/// `agent.created`. A log that does not parse is not here (the recovery
+/// steps report it with its line and offset, and [`verify`] too) unless
+/// its record is missing: then it is a lost record ([`SessionScan`]).
 pub fn session_damage(scans: &[SessionScan]) -> Vec<DamageError> {
     let mut out: Vec<DamageError> = scans
         .iter()
